@@ -1,0 +1,59 @@
+# gelastic: `make demo` runs a real multi-node job on this host; `make test` runs every test.
+# Both create their own virtualenv in .venv and install what they need.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PROTO  := protos/gelastic/v1/gelastic.proto
+
+.PHONY: setup protos check-protos fmt lint typecheck test test-fast demo bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,torch]'
+	@touch $(STAMP)
+
+protos: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
+
+# Regenerate into a scratch tree and fail on any difference from the committed code.
+check-protos: $(STAMP)
+	@rm -rf .protos-check && mkdir -p .protos-check
+	@$(PY) -m grpc_tools.protoc -I. --python_out=.protos-check --pyi_out=.protos-check \
+		--grpc_python_out=.protos-check $(PROTO)
+	@for f in gelastic_pb2.py gelastic_pb2.pyi gelastic_pb2_grpc.py; do \
+		diff -q .protos-check/protos/gelastic/v1/$$f protos/gelastic/v1/$$f >/dev/null || \
+		{ echo "check-protos: protos/gelastic/v1/$$f is out of date; run 'make protos'"; rm -rf .protos-check; exit 1; }; \
+	done
+	@rm -rf .protos-check
+	@echo "check-protos: generated code matches $(PROTO)"
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test: $(STAMP) check-protos lint typecheck
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .protos-check .pytest_cache .mypy_cache .ruff_cache

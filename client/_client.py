@@ -1,0 +1,290 @@
+"""The Python client: `submit()` a JobSpec and follow the `Job` it returns.
+
+Blocking calls over a gRPC channel. Every call has a deadline; only idempotent calls are
+retried. Results come back as domain objects, never protobuf messages. Function arguments are
+pickled here and return values unpickled here: the coordinator only ever sees bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from types import TracebackType
+from typing import Any, TextIO, TypeVar
+
+import grpc
+
+from client._convert import (
+    event_from_pb,
+    job_status_from_pb,
+    node_from_pb,
+    result_from_pb,
+    spec_to_pb,
+)
+from client._model import JobEvent, JobSpec, JobStatus, NodeInfo, RunResult
+from protos.gelastic.v1 import gelastic_pb2 as pb
+from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+
+__all__ = ["Client", "GelasticError", "Job", "submit"]
+
+DEFAULT_COORDINATOR = "127.0.0.1:29400"
+CALL_TIMEOUT_S = 30.0
+RETRIES = 5
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+T = TypeVar("T")
+
+
+class GelasticError(RuntimeError):
+    """A call to the coordinator failed; `code` is the gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode | None, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _coordinator_address(address: str | None) -> str:
+    return address or os.environ.get("GELASTIC_COORDINATOR") or DEFAULT_COORDINATOR
+
+
+def _wrap(exc: grpc.RpcError) -> GelasticError:
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return GelasticError(code, f"{code.name if code else 'ERROR'}: {details}")
+
+
+class Client:
+    """A connection to one coordinator. Usable as a context manager."""
+
+    def __init__(self, coordinator: str | None = None, *, timeout: float = CALL_TIMEOUT_S) -> None:
+        self.address = _coordinator_address(coordinator)
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(
+            self.address,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        self._stub = pb_grpc.CoordinatorStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _call(self, fn: Callable[[], T], *, idempotent: bool) -> T:
+        delay = 0.1
+        for attempt in range(RETRIES if idempotent else 1):
+            try:
+                return fn()
+            except grpc.RpcError as exc:
+                retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE,)  # type: ignore[attr-defined]
+                if not (idempotent and retryable) or attempt == RETRIES - 1:
+                    raise _wrap(exc) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")
+
+    # ---- calls -----------------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> Job:
+        if spec.is_function and not spec.function_args:
+            payload = pickle.dumps((tuple(spec.args), dict(spec.kwargs)), protocol=4)
+            spec = replace(spec, function_args=payload)
+        spec.validate()
+        msg = pb.SubmitRequest(spec=spec_to_pb(spec))
+        resp = self._call(lambda: self._stub.Submit(msg, timeout=self.timeout), idempotent=False)
+        return Job(self, resp.job_id)
+
+    def job(self, job_id: str) -> Job:
+        return Job(self, job_id)
+
+    def get_job(self, job_id: str) -> pb.Job:
+        req = pb.GetJobRequest(job_id=job_id)
+        return self._call(lambda: self._stub.GetJob(req, timeout=self.timeout), idempotent=True)
+
+    def list_jobs(self, include_finished: bool = True) -> list[JobStatus]:
+        req = pb.ListJobsRequest(include_finished=include_finished)
+        resp = self._call(lambda: self._stub.ListJobs(req, timeout=self.timeout), idempotent=True)
+        return [job_status_from_pb(j) for j in resp.jobs]
+
+    def list_nodes(self) -> list[NodeInfo]:
+        req = pb.ListNodesRequest()
+        resp = self._call(lambda: self._stub.ListNodes(req, timeout=self.timeout), idempotent=True)
+        return [node_from_pb(n) for n in resp.nodes]
+
+    def cancel(self, job_id: str) -> JobStatus:
+        req = pb.CancelJobRequest(job_id=job_id)
+        # Cancelling twice is harmless, so the call is safe to retry.
+        resp = self._call(lambda: self._stub.CancelJob(req, timeout=self.timeout), idempotent=True)
+        return job_status_from_pb(resp)
+
+    def events(self, job_id: str, after_seq: int = 0) -> list[JobEvent]:
+        req = pb.GetEventsRequest(job_id=job_id, after_seq=after_seq)
+        resp = self._call(lambda: self._stub.GetEvents(req, timeout=self.timeout), idempotent=True)
+        return [event_from_pb(e) for e in resp.events]
+
+    def watch(self, job_id: str, timeout: float | None = None) -> Iterator[pb.JobUpdate]:
+        req = pb.WatchJobRequest(job_id=job_id)
+        try:
+            yield from self._stub.WatchJob(req, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise _wrap(exc) from None
+
+    def logs(
+        self, job_id: str, rank: int, stream: str = "stdout", attempt: int | None = None,
+        follow: bool = False, timeout: float | None = None,
+    ) -> Iterator[bytes]:
+        req = pb.ReadLogsRequest(
+            job_id=job_id, rank=rank, stream=stream,
+            attempt=-1 if attempt is None else attempt, follow=follow,
+        )
+        if timeout is None and not follow:
+            timeout = self.timeout
+        try:
+            for chunk in self._stub.ReadLogs(req, timeout=timeout):
+                yield chunk.data
+        except grpc.RpcError as exc:
+            raise _wrap(exc) from None
+
+
+class Job:
+    """A submitted job. Cheap to create; every method asks the coordinator."""
+
+    def __init__(self, client: Client, job_id: str) -> None:
+        self.client = client
+        self.job_id = job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.job_id!r})"
+
+    def status(self) -> JobStatus:
+        return job_status_from_pb(self.client.get_job(self.job_id))
+
+    def poll(self) -> RunResult | None:
+        """The RunResult once the job is terminal, else None."""
+        msg = self.client.get_job(self.job_id)
+        return _result_of(msg)
+
+    def wait(
+        self, timeout: float | None = None, *, progress: bool = False, out: TextIO | None = None
+    ) -> RunResult:
+        """Block until the job is terminal and return its RunResult.
+
+        Raises TimeoutError when `timeout` seconds pass first. With `progress`, prints one line
+        per change (or one updating line on a terminal).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        printer = _Progress(out or sys.stderr) if progress else None
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"job {self.job_id} did not finish within {timeout} s")
+            try:
+                for update in self.client.watch(self.job_id, timeout=remaining):
+                    if printer is not None:
+                        printer.show(update)
+                    result = _result_of(update.job)
+                    if result is not None:
+                        if printer is not None:
+                            printer.done()
+                        return result
+            except GelasticError as exc:
+                if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise TimeoutError(f"job {self.job_id} did not finish within {timeout} s") from None
+                if exc.code != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                time.sleep(0.2)
+            # A watch that ended without a result (coordinator restarting): ask once, then rewatch.
+            with _suppress_unavailable():
+                result = self.poll()
+                if result is not None:
+                    return result
+
+    def cancel(self) -> JobStatus:
+        return self.client.cancel(self.job_id)
+
+    def events(self, after_seq: int = 0) -> list[JobEvent]:
+        return self.client.events(self.job_id, after_seq)
+
+    def logs(
+        self, rank: int = 0, stream: str = "stdout", attempt: int | None = None, follow: bool = False
+    ) -> Iterator[bytes]:
+        """Stream a rank's log from the agent that holds it, through the coordinator."""
+        return self.client.logs(self.job_id, rank, stream, attempt, follow)
+
+
+class _suppress_unavailable:  # noqa: N801
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        return isinstance(ev, GelasticError) and ev.code == grpc.StatusCode.UNAVAILABLE
+
+
+class _Progress:
+    """Live progress: one updating line on a terminal, plain lines otherwise."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.last = ""
+
+    def show(self, update: pb.JobUpdate) -> None:
+        for e in update.events:
+            if e.kind in ("worker_failed", "node_lost", "restart", "round_formed", "finished"):
+                self._line(e.reason, keep=True)
+        line = progress_line(job_status_from_pb(update.job))
+        if line != self.last:
+            self._line(line, keep=False)
+            self.last = line
+
+    def _line(self, text: str, keep: bool) -> None:
+        if self.tty:
+            self.out.write("\r\x1b[2K" + text + ("\n" if keep else ""))
+        else:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def progress_line(status: JobStatus) -> str:
+    """One human line for a job's current state."""
+    from client._model import JobState, WorkerState
+
+    if status.state in (JobState.RUNNING,) and status.workers:
+        healthy = sum(1 for w in status.workers if w.state == WorkerState.HEALTHY)
+        return f"[{status.job_id}] attempt {status.attempt} running: {healthy}/{len(status.workers)} workers healthy"
+    return f"[{status.job_id}] {status.state.value.lower()}: {status.reason}"
+
+
+def _result_of(job: pb.Job) -> RunResult | None:
+    if not job.has_result:
+        return None
+    raw = result_from_pb(job.result, job_id=job.job_id, name=job.name)
+    values: dict[int, Any] = {}
+    for rank, blob in raw.return_values.items():
+        values[rank] = pickle.loads(blob)  # noqa: S301 - produced by the job's own workers
+    return replace(raw, return_values=values)
+
+
+def submit(spec: JobSpec, coordinator: str | None = None, *, timeout: float = CALL_TIMEOUT_S) -> Job:
+    """Submit a job to the coordinator (default `$GELASTIC_COORDINATOR` or 127.0.0.1:29400)."""
+    return Client(coordinator, timeout=timeout).submit(spec)

@@ -1,0 +1,357 @@
+"""Translation between the generated protobuf messages and gelastic's domain types.
+
+The one adapter module for both directions; every servicer and client call goes through it, so
+no decision code ever sees a protobuf message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from client._model import (
+    AttemptSummary,
+    FailureCategory,
+    JobEvent,
+    JobSpec,
+    JobState,
+    JobStatus,
+    Member,
+    NodeInfo,
+    ProcessFailure,
+    RunResult,
+    WorkerState,
+    WorkerStatus,
+)
+from protos.gelastic.v1 import gelastic_pb2 as pb
+
+__all__ = [
+    "event_from_pb",
+    "event_to_pb",
+    "failure_from_pb",
+    "failure_to_pb",
+    "job_status_from_pb",
+    "job_to_pb",
+    "node_from_pb",
+    "node_to_pb",
+    "result_from_pb",
+    "result_to_pb",
+    "spec_from_pb",
+    "spec_to_pb",
+]
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def _s(ms: int) -> float:
+    return ms / 1000.0
+
+
+_JOB_STATES = {s: getattr(pb, f"JOB_STATE_{s.value}") for s in JobState}
+_JOB_STATES_BACK = {v: k for k, v in _JOB_STATES.items()}
+_WORKER_STATES = {s: getattr(pb, f"WORKER_STATE_{s.value}") for s in WorkerState}
+_WORKER_STATES_BACK = {v: k for k, v in _WORKER_STATES.items()}
+_CATEGORIES = {c: getattr(pb, f"FAILURE_CATEGORY_{c.value}") for c in FailureCategory}
+_CATEGORIES_BACK = {v: k for k, v in _CATEGORIES.items()}
+
+
+def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
+    """The wire form of a spec. Function arguments must already be pickled into function_args."""
+    return pb.JobSpec(
+        name=spec.name,
+        role=spec.role,
+        entrypoint=list(spec.entrypoint) if not spec.function else [],
+        function=spec.function,
+        args=[str(a) for a in spec.args] if not spec.function else [],
+        function_args=spec.function_args,
+        nproc_per_node=spec.nproc_per_node,
+        min_nodes=spec.min_nodes,
+        max_nodes=spec.max_nodes,
+        max_restarts=spec.max_restarts,
+        env=dict(spec.env),
+        redirects=spec.redirects,
+        tee=spec.tee,
+        join_timeout_ms=_ms(spec.join_timeout),
+        last_call_timeout_ms=_ms(spec.last_call_timeout),
+        exit_barrier_timeout_ms=_ms(spec.exit_barrier_timeout),
+        stop_grace_ms=_ms(spec.stop_grace),
+        restart_backoff_ms=_ms(spec.restart_backoff),
+        scale_up=spec.scale_up,
+        watchdog=spec.watchdog,
+        cwd=spec.cwd,
+        stderr_tail_lines=spec.stderr_tail_lines,
+        unhealthy_timeout_ms=_ms(spec.unhealthy_timeout),
+    )
+
+
+def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
+    """A domain spec from the wire; unset optional fields take the domain defaults.
+
+    Not validated here: the caller validates, so the error names the field.
+    """
+    d = JobSpec()
+
+    def opt_s(name: str, default: float) -> float:
+        return _s(getattr(msg, name)) if msg.HasField(name) else default  # type: ignore[arg-type]
+
+    def opt_i(name: str, default: int) -> int:
+        return int(getattr(msg, name)) if msg.HasField(name) else default  # type: ignore[arg-type]
+
+    entrypoint: tuple[str, ...] | str = msg.function if msg.function else tuple(msg.entrypoint)
+    return JobSpec(
+        entrypoint=entrypoint,
+        args=() if msg.function else tuple(msg.args),
+        nproc_per_node=opt_i("nproc_per_node", d.nproc_per_node),
+        min_nodes=opt_i("min_nodes", d.min_nodes),
+        max_nodes=opt_i("max_nodes", d.max_nodes),
+        max_restarts=msg.max_restarts,
+        role=msg.role or d.role,
+        name=msg.name,
+        env=dict(msg.env),
+        redirects=msg.redirects or "0",
+        tee=msg.tee or "0",
+        join_timeout=opt_s("join_timeout_ms", d.join_timeout),
+        last_call_timeout=opt_s("last_call_timeout_ms", d.last_call_timeout),
+        exit_barrier_timeout=opt_s("exit_barrier_timeout_ms", d.exit_barrier_timeout),
+        stop_grace=opt_s("stop_grace_ms", d.stop_grace),
+        restart_backoff=opt_s("restart_backoff_ms", d.restart_backoff),
+        scale_up=msg.scale_up or d.scale_up,
+        watchdog=msg.watchdog,
+        cwd=msg.cwd,
+        stderr_tail_lines=opt_i("stderr_tail_lines", d.stderr_tail_lines),
+        unhealthy_timeout=opt_s("unhealthy_timeout_ms", d.unhealthy_timeout),
+        function_args=msg.function_args,
+    )
+
+
+def failure_to_pb(f: ProcessFailure) -> pb.ProcessFailure:
+    return pb.ProcessFailure(
+        node=f.node,
+        global_rank=f.global_rank,
+        local_rank=f.local_rank,
+        pid=f.pid,
+        exitcode=f.exitcode,
+        signal=f.signal,
+        error_file=f.error_file,
+        message=f.message,
+        traceback=f.traceback,
+        timestamp=f.timestamp,
+        attempt=f.attempt,
+        round=f.round,
+        root_cause=f.root_cause,
+        category=_CATEGORIES[f.category],
+        stderr_tail=f.stderr_tail,
+        role_rank=f.role_rank,
+        role=f.role,
+    )
+
+
+def failure_from_pb(m: pb.ProcessFailure) -> ProcessFailure:
+    return ProcessFailure(
+        global_rank=m.global_rank,
+        local_rank=m.local_rank,
+        pid=m.pid,
+        exitcode=m.exitcode,
+        message=m.message,
+        timestamp=m.timestamp,
+        node=m.node,
+        signal=m.signal,
+        error_file=m.error_file or "<N/A>",
+        traceback=m.traceback,
+        attempt=m.attempt,
+        round=m.round,
+        root_cause=m.root_cause,
+        category=_CATEGORIES_BACK.get(m.category, FailureCategory.USER),
+        stderr_tail=m.stderr_tail,
+        role=m.role,
+        role_rank=m.role_rank,
+    )
+
+
+def _attempt_to_pb(a: AttemptSummary) -> pb.AttemptSummary:
+    return pb.AttemptSummary(
+        attempt=a.attempt,
+        round=a.round,
+        nodes=list(a.nodes),
+        end_reason=a.end_reason,
+        failures=[failure_to_pb(f) for f in a.failures],
+        started_at=a.started_at,
+        ended_at=a.ended_at,
+    )
+
+
+def _attempt_from_pb(m: pb.AttemptSummary) -> AttemptSummary:
+    return AttemptSummary(
+        attempt=m.attempt,
+        round=m.round,
+        nodes=tuple(m.nodes),
+        end_reason=m.end_reason,
+        failures=tuple(failure_from_pb(f) for f in m.failures),
+        started_at=m.started_at,
+        ended_at=m.ended_at,
+    )
+
+
+def result_to_pb(r: RunResult) -> pb.RunResult:
+    """Return values travel as the pickled bytes the workers produced."""
+    root = r.root_cause
+    return pb.RunResult(
+        state=_WORKER_STATES[r.state],
+        return_values={int(k): bytes(v) for k, v in r.return_values.items()},
+        failures={int(k): failure_to_pb(f) for k, f in r.failures.items()},
+        root_cause_rank=root.global_rank if root is not None else -1,
+        attempts=[_attempt_to_pb(a) for a in r.attempts],
+        reason=r.reason,
+    )
+
+
+def result_from_pb(m: pb.RunResult, job_id: str = "", name: str = "") -> RunResult:
+    """Return values stay pickled bytes here; the client unpickles them."""
+    return RunResult(
+        state=_WORKER_STATES_BACK.get(m.state, WorkerState.UNKNOWN),
+        return_values={int(k): bytes(v) for k, v in m.return_values.items()},
+        failures={int(k): failure_from_pb(f) for k, f in m.failures.items()},
+        attempts=tuple(_attempt_from_pb(a) for a in m.attempts),
+        reason=m.reason,
+        job_id=job_id,
+        name=name,
+    )
+
+
+def job_to_pb(status: JobStatus, result: RunResult | None, spec: JobSpec | None = None) -> pb.Job:
+    msg = pb.Job(
+        job_id=status.job_id,
+        name=status.name,
+        state=_JOB_STATES[status.state],
+        reason=status.reason,
+        attempt=status.attempt,
+        round=status.round,
+        max_restarts=status.max_restarts,
+        members=[
+            pb.Member(node=m.node, addr=m.addr, group_rank=m.group_rank, nproc=m.nproc, done=m.done)
+            for m in status.members
+        ],
+        workers=[
+            pb.WorkerStatus(
+                global_rank=w.global_rank,
+                local_rank=w.local_rank,
+                node=w.node,
+                state=_WORKER_STATES[w.state],
+                pid=w.pid,
+                cpu_percent=w.cpu_percent,
+                rss_bytes=w.rss_bytes,
+                proc_state=w.proc_state,
+                exitcode=w.exitcode if w.exitcode is not None else 0,
+            )
+            for w in status.workers
+        ],
+        submitted_at=status.submitted_at,
+        finished_at=status.finished_at,
+        min_nodes=status.min_nodes,
+        max_nodes=status.max_nodes,
+        nodes_joined=status.nodes_joined,
+        last_call_deadline=status.last_call_deadline,
+        world_size=status.world_size,
+    )
+    if spec is not None:
+        msg.spec.CopyFrom(spec_to_pb(spec))
+    if result is not None:
+        msg.result.CopyFrom(result_to_pb(result))
+        msg.has_result = True
+    return msg
+
+
+def job_status_from_pb(m: pb.Job) -> JobStatus:
+    return JobStatus(
+        job_id=m.job_id,
+        name=m.name,
+        state=_JOB_STATES_BACK.get(m.state, JobState.QUEUED),
+        reason=m.reason,
+        attempt=m.attempt,
+        round=m.round,
+        max_restarts=m.max_restarts,
+        min_nodes=m.min_nodes,
+        max_nodes=m.max_nodes,
+        members=tuple(
+            Member(node=x.node, addr=x.addr, group_rank=x.group_rank, nproc=x.nproc, done=x.done)
+            for x in m.members
+        ),
+        workers=tuple(
+            WorkerStatus(
+                global_rank=w.global_rank,
+                local_rank=w.local_rank,
+                node=w.node,
+                state=_WORKER_STATES_BACK.get(w.state, WorkerState.UNKNOWN),
+                pid=w.pid,
+                cpu_percent=w.cpu_percent,
+                rss_bytes=w.rss_bytes,
+                proc_state=w.proc_state,
+                exitcode=w.exitcode,
+            )
+            for w in m.workers
+        ),
+        nodes_joined=m.nodes_joined,
+        last_call_deadline=m.last_call_deadline,
+        world_size=m.world_size,
+        submitted_at=m.submitted_at,
+        finished_at=m.finished_at,
+    )
+
+
+def node_to_pb(n: NodeInfo) -> pb.Node:
+    return pb.Node(
+        name=n.name,
+        addr=n.addr,
+        slots=n.slots,
+        slots_used=n.slots_used,
+        state=n.state,
+        last_seen=n.last_seen,
+        jobs=list(n.jobs),
+        incarnation=n.incarnation,
+    )
+
+
+def node_from_pb(m: pb.Node) -> NodeInfo:
+    return NodeInfo(
+        name=m.name,
+        addr=m.addr,
+        slots=m.slots,
+        slots_used=m.slots_used,
+        state=m.state,
+        last_seen=m.last_seen,
+        jobs=tuple(m.jobs),
+        incarnation=m.incarnation,
+    )
+
+
+def event_to_pb(e: JobEvent) -> pb.Event:
+    return pb.Event(
+        seq=e.seq,
+        job_id=e.job_id,
+        timestamp=e.timestamp,
+        kind=e.kind,
+        reason=e.reason,
+        attempt=e.attempt,
+        round=e.round,
+        node=e.node,
+        rank=e.rank,
+    )
+
+
+def event_from_pb(m: pb.Event) -> JobEvent:
+    return JobEvent(
+        seq=m.seq,
+        job_id=m.job_id,
+        timestamp=m.timestamp,
+        kind=m.kind,
+        reason=m.reason,
+        attempt=m.attempt,
+        round=m.round,
+        node=m.node,
+        rank=m.rank,
+    )
+
+
+def mapping_of(values: Mapping[int, bytes]) -> dict[int, bytes]:
+    return {int(k): bytes(v) for k, v in values.items()}

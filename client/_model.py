@@ -1,0 +1,479 @@
+"""The domain types every part of gelastic shares: job specs, states, failures and results.
+
+Pure data and validation only: nothing here imports grpc or the generated protos, so the
+coordinator's decision code, the node agent and the client all speak these types.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+import signal as _signal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+__all__ = [
+    "AttemptSummary",
+    "FailureCategory",
+    "JobEvent",
+    "JobSpec",
+    "JobState",
+    "JobStatus",
+    "Member",
+    "NodeInfo",
+    "ProcessFailure",
+    "RunResult",
+    "SpecError",
+    "WorkerState",
+    "WorkerStatus",
+    "signal_message",
+]
+
+# Limits that keep one job from hurting the coordinator or another job.
+MAX_NODES = 100_000
+MAX_NPROC_PER_NODE = 4096
+MAX_RESTARTS = 10_000
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_FUNCTION_ARGS_BYTES = 4 * 1024 * 1024
+MAX_RETURN_VALUE_BYTES = 4 * 1024 * 1024
+MAX_ARGV_ITEMS = 4096
+MAX_STRING = 64 * 1024
+MAX_ENV_ITEMS = 1024
+
+_FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+_STD_MAPPING = re.compile(r"^(\d+:[0123],)*(\d+:[0123])$")
+
+
+class SpecError(ValueError):
+    """A job spec (or request) field is invalid. `field` names it."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.detail = message
+
+
+class WorkerState(enum.Enum):
+    """torchelastic's worker-group states; a group changes state as a unit."""
+
+    UNKNOWN = "UNKNOWN"
+    INIT = "INIT"
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+    def is_running(self) -> bool:
+        return self in (WorkerState.HEALTHY, WorkerState.UNHEALTHY)
+
+
+class JobState(enum.Enum):
+    """Lifecycle of a job on the coordinator."""
+
+    QUEUED = "QUEUED"
+    RENDEZVOUS = "RENDEZVOUS"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELED = "CANCELED"
+
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL
+
+    def can_become(self, other: JobState) -> bool:
+        return other in _JOB_TRANSITIONS[self]
+
+
+_TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELED})
+_JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.RENDEZVOUS, JobState.FAILED, JobState.CANCELED}),
+    JobState.RENDEZVOUS: frozenset(
+        {JobState.QUEUED, JobState.RUNNING, JobState.STOPPING, JobState.FAILED, JobState.CANCELED}
+    ),
+    JobState.RUNNING: frozenset(
+        {JobState.STOPPING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELED}
+    ),
+    JobState.STOPPING: frozenset(
+        {JobState.QUEUED, JobState.FAILED, JobState.CANCELED, JobState.SUCCEEDED}
+    ),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELED: frozenset(),
+}
+
+
+class FailureCategory(enum.Enum):
+    """torchelastic's error categories: who is to blame for a failure."""
+
+    USER = "USER"  # the worker failed
+    PLATFORM = "PLATFORM"  # the agent failed
+    INFRA = "INFRA"  # the host or the network failed
+    INPUT = "INPUT"  # the spec was invalid
+
+
+def signal_message(signum: int, pid: int) -> str:
+    """torchelastic's wording for a death by signal: `Signal 9 (SIGKILL) received by PID 1234`."""
+    return f"Signal {signum} ({signal_name(signum)}) received by PID {pid}"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return "<N/A>"
+
+
+def _seconds(field_name: str, value: float, *, allow_zero: bool = True) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(field_name, f"must be a number of seconds, got {value!r}")
+    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
+        raise SpecError(field_name, f"must be a positive number of seconds, got {value!r}")
+    if value > MAX_TIMEOUT_S:
+        raise SpecError(field_name, f"must be at most {MAX_TIMEOUT_S:.0f} s, got {value!r}")
+
+
+def _count(field_name: str, value: int, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(field_name, f"must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise SpecError(field_name, f"must be between {low} and {high}, got {value}")
+
+
+def parse_std_mapping(field_name: str, value: str, nproc: int) -> dict[int, int]:
+    """torchrun's `--redirects/--tee` syntax: "3" for every local rank, or "0:3,1:1".
+
+    Returns {local_rank: mask} with mask bits 1 = stdout, 2 = stderr.
+    """
+    value = value.strip() or "0"
+    if value.isdigit():
+        mask = int(value)
+        if mask > 3:
+            raise SpecError(field_name, f"must be 0-3 or 'local_rank:mask,...', got {value!r}")
+        return dict.fromkeys(range(nproc), mask)
+    if not _STD_MAPPING.match(value):
+        raise SpecError(field_name, f"must be 0-3 or 'local_rank:mask,...', got {value!r}")
+    out = dict.fromkeys(range(nproc), 0)
+    for part in value.split(","):
+        rank_s, mask_s = part.split(":")
+        out[int(rank_s)] = int(mask_s)
+    return out
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to run, on how many nodes, and how to treat failures.
+
+    `entrypoint` is a command (a list of argv, e.g. ``["python", "train.py"]``), a function
+    reference ``"pkg.module:function"``, or an importable callable. For a function, `args` and
+    `kwargs` are pickled by the client and unpickled only inside the worker.
+    """
+
+    entrypoint: Sequence[str] | str | Callable[..., Any] = ()
+    """Command argv, or a function reference / importable callable."""
+    args: Sequence[Any] = ()
+    """Extra argv for a command; positional arguments for a function."""
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments for a function entrypoint."""
+    nproc_per_node: int = 1
+    """Workers per node (torchrun's --nproc-per-node, local_world_size)."""
+    min_nodes: int = 1
+    """Smallest number of nodes the job runs on."""
+    max_nodes: int = 1
+    """Largest number of nodes; the round closes at once when this many are free."""
+    max_restarts: int = 0
+    """Failure restarts allowed for the whole job (membership changes do not count)."""
+    role: str = "default"
+    """ROLE_NAME of the workers."""
+    name: str = ""
+    """A label for people; the coordinator makes the job id."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment for every worker."""
+    redirects: str = "0"
+    """torchrun --redirects: 0 none, 1 stdout, 2 stderr, 3 both; or "0:3,1:1"."""
+    tee: str = "0"
+    """torchrun --tee: like redirects, but also printed by the agent with a prefix."""
+    join_timeout: float = 600.0
+    """Seconds a job waits for min_nodes free nodes before it fails."""
+    last_call_timeout: float = 30.0
+    """Seconds a round waits for more nodes once min_nodes are there (0 = close at once)."""
+    exit_barrier_timeout: float = 300.0
+    """Seconds nodes that finished wait for the others before being released."""
+    stop_grace: float = 30.0
+    """Seconds between SIGTERM and SIGKILL when workers are stopped."""
+    restart_backoff: float = 0.0
+    """Seconds to wait before a failure restart."""
+    scale_up: str = "restart"
+    """"restart": re-form when a node joins below max_nodes; "never": keep running."""
+    watchdog: bool = False
+    """Serve torch's FileTimer protocol at TORCHELASTIC_TIMER_FILE."""
+    cwd: str = ""
+    """Working directory of the workers ("" = the agent's)."""
+    stderr_tail_lines: int = 50
+    """Lines of stderr attached to a failure without an error file."""
+    unhealthy_timeout: float = 60.0
+    """Seconds a worker may stay in uninterruptible sleep or stopped before it is a failure."""
+    function: str = ""
+    """Set from `entrypoint` when it names a function; "pkg.module:qualname"."""
+    function_args: bytes = b""
+    """Pickled (args, kwargs) of a function entrypoint, as sent over the wire."""
+
+    def __post_init__(self) -> None:
+        ep = self.entrypoint
+        if callable(ep):
+            object.__setattr__(self, "function", function_reference(ep))
+            object.__setattr__(self, "entrypoint", ())
+        elif isinstance(ep, str):
+            if _FUNCTION_REF.match(ep):
+                object.__setattr__(self, "function", ep)
+                object.__setattr__(self, "entrypoint", ())
+            else:
+                object.__setattr__(self, "entrypoint", (ep,))
+        else:
+            object.__setattr__(self, "entrypoint", tuple(ep))
+        if not self.function:
+            object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "kwargs", dict(self.kwargs))
+
+    @property
+    def is_function(self) -> bool:
+        return bool(self.function)
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """The full command of a command entrypoint."""
+        return tuple(self.entrypoint) + tuple(str(a) for a in self.args)
+
+    def validate(self) -> None:
+        """Raise SpecError naming the first bad field."""
+        if self.function and self.entrypoint:
+            raise SpecError("entrypoint", "give a command or a function, not both")
+        if not self.function:
+            if not self.entrypoint:
+                raise SpecError("entrypoint", "must not be empty")
+            argv = self.argv
+            if len(argv) > MAX_ARGV_ITEMS:
+                raise SpecError("args", f"at most {MAX_ARGV_ITEMS} items, got {len(argv)}")
+            for i, a in enumerate(argv):
+                if not isinstance(a, str):
+                    raise SpecError("entrypoint", f"item {i} must be a string, got {a!r}")
+                if "\x00" in a or len(a) > MAX_STRING:
+                    raise SpecError("entrypoint", f"item {i} is not a valid argument")
+            if not self.entrypoint[0]:
+                raise SpecError("entrypoint", "the program name must not be empty")
+        elif not _FUNCTION_REF.match(self.function):
+            raise SpecError("entrypoint", f"not a function reference 'pkg.module:name': {self.function!r}")
+        if len(self.function_args) > MAX_FUNCTION_ARGS_BYTES:
+            raise SpecError(
+                "args",
+                f"pickled arguments are {len(self.function_args)} bytes, "
+                f"over the limit of {MAX_FUNCTION_ARGS_BYTES}",
+            )
+        _count("nproc_per_node", self.nproc_per_node, 1, MAX_NPROC_PER_NODE)
+        _count("min_nodes", self.min_nodes, 1, MAX_NODES)
+        _count("max_nodes", self.max_nodes, 1, MAX_NODES)
+        if self.min_nodes > self.max_nodes:
+            raise SpecError(
+                "min_nodes", f"must be <= max_nodes (got {self.min_nodes} > {self.max_nodes})"
+            )
+        _count("max_restarts", self.max_restarts, 0, MAX_RESTARTS)
+        if not isinstance(self.role, str) or not _NAME.match(self.role):
+            raise SpecError("role", f"must be 1-128 of [A-Za-z0-9_.-], got {self.role!r}")
+        if not isinstance(self.name, str) or (self.name and not _NAME.match(self.name)):
+            raise SpecError("name", f"must be 1-128 of [A-Za-z0-9_.-], got {self.name!r}")
+        if len(self.env) > MAX_ENV_ITEMS:
+            raise SpecError("env", f"at most {MAX_ENV_ITEMS} variables, got {len(self.env)}")
+        for k, v in self.env.items():
+            if not isinstance(k, str) or not _ENV_NAME.match(k):
+                raise SpecError("env", f"invalid variable name {k!r} (letters, digits, _; no '=')")
+            if not isinstance(v, str) or "\x00" in v or len(v) > MAX_STRING:
+                raise SpecError("env", f"invalid value for {k}")
+        parse_std_mapping("redirects", self.redirects, self.nproc_per_node)
+        parse_std_mapping("tee", self.tee, self.nproc_per_node)
+        _seconds("join_timeout", self.join_timeout, allow_zero=False)
+        _seconds("last_call_timeout", self.last_call_timeout)
+        _seconds("exit_barrier_timeout", self.exit_barrier_timeout)
+        _seconds("stop_grace", self.stop_grace)
+        _seconds("restart_backoff", self.restart_backoff)
+        _seconds("unhealthy_timeout", self.unhealthy_timeout, allow_zero=False)
+        if self.scale_up not in ("restart", "never"):
+            raise SpecError("scale_up", f"must be 'restart' or 'never', got {self.scale_up!r}")
+        if not isinstance(self.cwd, str) or "\x00" in self.cwd or len(self.cwd) > 4096:
+            raise SpecError("cwd", "invalid path")
+        _count("stderr_tail_lines", self.stderr_tail_lines, 0, 10_000)
+
+
+def function_reference(fn: Callable[..., Any]) -> str:
+    """"module:qualname" of an importable function; raises SpecError otherwise."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:
+        raise SpecError("entrypoint", f"{fn!r} is not importable by reference (module:qualname)")
+    if module == "__main__":
+        raise SpecError(
+            "entrypoint",
+            f"{qualname} is defined in __main__; move it into an importable module",
+        )
+    return f"{module}:{qualname}"
+
+
+@dataclass(frozen=True)
+class ProcessFailure:
+    """One worker's failure, as torchelastic reports it, plus where and when."""
+
+    global_rank: int
+    local_rank: int
+    pid: int
+    exitcode: int
+    message: str
+    timestamp: float
+    """Seconds since the epoch; sub-second when gelastic's own writer or agent set it."""
+    node: str = ""
+    signal: str = ""
+    error_file: str = "<N/A>"
+    traceback: str = ""
+    attempt: int = 0
+    round: int = 0
+    root_cause: bool = False
+    category: FailureCategory = FailureCategory.USER
+    stderr_tail: str = ""
+    role: str = ""
+    role_rank: int = -1
+
+    def signal_name(self) -> str:
+        return self.signal or "<N/A>"
+
+    def timestamp_iso(self) -> str:
+        return datetime.fromtimestamp(self.timestamp).isoformat(sep="_", timespec="seconds")
+
+
+@dataclass(frozen=True)
+class AttemptSummary:
+    """One attempt (restart count) and why it ended."""
+
+    attempt: int
+    round: int
+    nodes: tuple[str, ...]
+    end_reason: str
+    failures: tuple[ProcessFailure, ...] = ()
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The outcome of a job: torchelastic's RunResult, for every node of the job.
+
+    `return_values` and `failures` are keyed by global rank and never share a key; workers
+    that gelastic stopped on purpose are in neither.
+    """
+
+    state: WorkerState
+    return_values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, ProcessFailure] = field(default_factory=dict)
+    attempts: tuple[AttemptSummary, ...] = ()
+    reason: str = ""
+    job_id: str = ""
+    name: str = ""
+
+    def is_failed(self) -> bool:
+        return self.state == WorkerState.FAILED
+
+    @property
+    def root_cause(self) -> ProcessFailure | None:
+        """The first failure observed across all nodes (smallest timestamp)."""
+        marked = [f for f in self.failures.values() if f.root_cause]
+        if marked:
+            return marked[0]
+        return first_failure(self.failures)
+
+    def format_failures(self, name: str = "") -> str:
+        """A report shaped like torchelastic's ChildFailedError table, root cause first."""
+        from client._report import format_failures
+
+        return format_failures(self, name or self.name or self.job_id)
+
+
+def first_failure(failures: Mapping[int, ProcessFailure]) -> ProcessFailure | None:
+    """Root cause: smallest timestamp; ties go to the smallest global rank."""
+    if not failures:
+        return None
+    return min(failures.values(), key=lambda f: (f.timestamp, f.global_rank))
+
+
+@dataclass(frozen=True)
+class Member:
+    node: str
+    addr: str
+    group_rank: int
+    nproc: int
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    global_rank: int
+    local_rank: int
+    node: str
+    state: WorkerState
+    pid: int = 0
+    cpu_percent: float = 0.0
+    rss_bytes: int = 0
+    proc_state: str = ""
+    exitcode: int | None = None
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A snapshot of a job, as `job.status()` returns it."""
+
+    job_id: str
+    name: str
+    state: JobState
+    reason: str
+    attempt: int
+    round: int
+    max_restarts: int
+    min_nodes: int
+    max_nodes: int
+    members: tuple[Member, ...] = ()
+    workers: tuple[WorkerStatus, ...] = ()
+    nodes_joined: int = 0
+    last_call_deadline: float = 0.0
+    world_size: int = 0
+    submitted_at: float = 0.0
+    finished_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    addr: str
+    slots: int
+    slots_used: int
+    state: str
+    last_seen: float
+    jobs: tuple[str, ...] = ()
+    incarnation: str = ""
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One entry of a job's timeline."""
+
+    seq: int
+    job_id: str
+    timestamp: float
+    kind: str
+    reason: str
+    attempt: int = 0
+    round: int = 0
+    node: str = ""
+    rank: int = -1

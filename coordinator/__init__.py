@@ -1,0 +1,1 @@
+"""The coordinator: rendezvous, ranks, restarts, the exit barrier and results, over gRPC."""

@@ -1,0 +1,1260 @@
+"""The coordinator's decisions: node registry, job queue, rendezvous rounds, restarts, barrier.
+
+`Cluster.handle(event, now)` takes one fact (a node connected, a worker exited, a job was
+submitted, time passed) and returns the effects to carry out (send this node an assignment, stop
+that round, the job changed). It never touches the network, the disk or the clock, so every
+decision is tested directly with a fake clock.
+
+Rounds are fenced: every node message names its job and round, and a message from any round but
+the job's current one is refused. Restart accounting is one budget per job; a change of membership
+(a node lost, a node joined) re-forms the job without spending it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from client._model import (
+    AttemptSummary,
+    JobEvent,
+    JobSpec,
+    JobState,
+    JobStatus,
+    Member,
+    NodeInfo,
+    ProcessFailure,
+    RunResult,
+    WorkerState,
+    WorkerStatus,
+    first_failure,
+)
+from coordinator._ranks import GroupRanks, NodeRole, assign_worker_ranks
+from nodeagent._assignment import RoundAssignment, WorkerRanks
+
+__all__ = [
+    "AssignRound",
+    "Cluster",
+    "ClusterConfig",
+    "CloseSession",
+    "Effect",
+    "EventRecorded",
+    "JobChanged",
+    "JobNotFound",
+    "NodeNameInUse",
+    "ReleaseRound",
+    "RequestPort",
+    "StopRound",
+]
+
+logger = logging.getLogger(__name__)
+
+PORT_TIMEOUT_S = 10.0
+STOP_MARGIN_S = 15.0
+MAX_EVENTS_PER_JOB = 10_000
+
+
+class JobNotFound(KeyError):
+    """No job has this id."""
+
+
+class NodeNameInUse(ValueError):
+    """A different live agent already uses this node name."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerExitReport:
+    """One worker's exit as its agent saw it."""
+
+    local_rank: int
+    global_rank: int
+    pid: int
+    exitcode: int
+    stopped_by_agent: bool = False
+    failure: ProcessFailure | None = None
+    return_value: bytes | None = None
+    timestamp: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunningGroupReport:
+    """What a (re)connecting agent still holds for one job round."""
+
+    job_id: str
+    round: int
+    attempt: int
+    pids: tuple[tuple[int, int], ...]  # (local_rank, pid)
+    exits: tuple[WorkerExitReport, ...] = ()
+    stopped: bool = False
+
+
+@dataclass(frozen=True)
+class WorkerHealthSample:
+    local_rank: int
+    pid: int
+    cpu_percent: float
+    rss_bytes: int
+    proc_state: str
+
+
+# ------------------------------------------------------------------------------------------------
+# Outputs
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestPort:
+    """Ask group rank 0's agent for a free MASTER_PORT for this round."""
+
+    node: str
+    job_id: str
+    round: int
+
+
+@dataclass(frozen=True)
+class AssignRound:
+    node: str
+    assignment: RoundAssignment
+
+
+@dataclass(frozen=True)
+class StopRound:
+    node: str
+    job_id: str
+    round: int
+    grace: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReleaseRound:
+    """The exit barrier let this node go."""
+
+    node: str
+    job_id: str
+    round: int
+
+
+@dataclass(frozen=True)
+class CloseSession:
+    """Drop a node's stream (its lease expired)."""
+
+    node: str
+    incarnation: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class JobChanged:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class EventRecorded:
+    event: JobEvent
+
+
+Effect = (
+    RequestPort | AssignRound | StopRound | ReleaseRound | CloseSession | JobChanged | EventRecorded
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# State
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Coordinator-wide timing."""
+
+    heartbeat_interval: float = 1.0
+    """Seconds between agent heartbeats."""
+    lease: float = 5.0
+    """Seconds without any message after which a node is lost."""
+
+
+@dataclass
+class _Node:
+    name: str
+    addr: str
+    slots: int
+    incarnation: str
+    live: bool
+    last_seen: float
+    jobs: dict[str, int] = field(default_factory=dict)  # job id -> slots used
+
+    def free_slots(self) -> int:
+        return self.slots - sum(self.jobs.values())
+
+
+class _WorkerPhase(enum.Enum):
+    INIT = "INIT"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+
+@dataclass
+class _Worker:
+    local_rank: int
+    global_rank: int
+    phase: _WorkerPhase = _WorkerPhase.INIT
+    pid: int = 0
+    exitcode: int | None = None
+    cpu_percent: float = 0.0
+    rss_bytes: int = 0
+    proc_state: str = ""
+
+
+@dataclass
+class _Member:
+    node: str
+    addr: str
+    group_rank: int
+    ranks: GroupRanks
+    workers: dict[int, _Worker]
+    done: bool = False  # all workers exited 0; waiting in the exit barrier
+    stopped: bool = False  # no worker of this round runs there any more
+    released: bool = False  # slots given back
+    lost: bool = False
+    seen_exits: set[tuple[int, int]] = field(default_factory=set)
+
+
+class _StopKind(enum.Enum):
+    FAILURE = "failure"
+    MEMBERSHIP = "membership"
+    CANCEL = "cancel"
+
+
+@dataclass
+class _Job:
+    job_id: str
+    spec: JobSpec
+    state: JobState
+    reason: str
+    submitted_at: float
+    join_deadline: float
+    attempt: int = 0
+    round: int = 0
+    members: list[_Member] = field(default_factory=list)
+    last_call_deadline: float | None = None
+    port_deadline: float | None = None
+    master_port: int = 0
+    stop_kind: _StopKind | None = None
+    stop_reason: str = ""
+    stop_deadline: float | None = None
+    barrier_deadline: float | None = None
+    not_before: float = 0.0
+    failures: dict[int, ProcessFailure] = field(default_factory=dict)
+    return_values: dict[int, bytes] = field(default_factory=dict)
+    attempts: list[AttemptSummary] = field(default_factory=list)
+    round_started_at: float = 0.0
+    finished_at: float = 0.0
+    result: RunResult | None = None
+    events: list[JobEvent] = field(default_factory=list)
+
+    def member(self, node: str) -> _Member | None:
+        for m in self.members:
+            if m.node == node:
+                return m
+        return None
+
+
+# ------------------------------------------------------------------------------------------------
+# The state machine
+# ------------------------------------------------------------------------------------------------
+
+
+class Cluster:
+    """Every decision of the coordinator. Not thread-safe: one event at a time."""
+
+    def __init__(self, config: ClusterConfig | None = None) -> None:
+        self.config = config or ClusterConfig()
+        self._nodes: dict[str, _Node] = {}
+        self._jobs: dict[str, _Job] = {}
+        self._event_seq = 0
+        self._effects: list[Effect] = []
+
+    # ---- queries ----------------------------------------------------------------------------
+
+    def job_ids(self) -> list[str]:
+        return list(self._jobs)
+
+    def has_job(self, job_id: str) -> bool:
+        return job_id in self._jobs
+
+    def job_spec(self, job_id: str) -> JobSpec:
+        return self._job(job_id).spec
+
+    def job_state(self, job_id: str) -> JobState:
+        return self._job(job_id).state
+
+    def job_status(self, job_id: str) -> JobStatus:
+        job = self._job(job_id)
+        workers: list[WorkerStatus] = []
+        for m in job.members:
+            for w in m.workers.values():
+                workers.append(
+                    WorkerStatus(
+                        global_rank=w.global_rank,
+                        local_rank=w.local_rank,
+                        node=m.node,
+                        state=_worker_state(w.phase, w.proc_state),
+                        pid=w.pid,
+                        cpu_percent=w.cpu_percent,
+                        rss_bytes=w.rss_bytes,
+                        proc_state=w.proc_state,
+                        exitcode=w.exitcode,
+                    )
+                )
+        workers.sort(key=lambda w: w.global_rank)
+        return JobStatus(
+            job_id=job.job_id,
+            name=job.spec.name,
+            state=job.state,
+            reason=job.reason,
+            attempt=job.attempt,
+            round=job.round,
+            max_restarts=job.spec.max_restarts,
+            min_nodes=job.spec.min_nodes,
+            max_nodes=job.spec.max_nodes,
+            members=tuple(
+                Member(m.node, m.addr, m.group_rank, m.ranks.local_world_size, m.done)
+                for m in job.members
+            ),
+            workers=tuple(workers),
+            nodes_joined=len(job.members) if job.members else self._free_count(job),
+            last_call_deadline=job.last_call_deadline or 0.0,
+            world_size=sum(m.ranks.local_world_size for m in job.members),
+            submitted_at=job.submitted_at,
+            finished_at=job.finished_at,
+        )
+
+    def job_result(self, job_id: str) -> RunResult | None:
+        return self._job(job_id).result
+
+    def job_events(self, job_id: str, after_seq: int = 0) -> list[JobEvent]:
+        return [e for e in self._job(job_id).events if e.seq > after_seq]
+
+    def nodes(self) -> list[NodeInfo]:
+        return [
+            NodeInfo(
+                name=n.name,
+                addr=n.addr,
+                slots=n.slots,
+                slots_used=n.slots - n.free_slots(),
+                state="live" if n.live else "lost",
+                last_seen=n.last_seen,
+                jobs=tuple(n.jobs),
+                incarnation=n.incarnation,
+            )
+            for n in sorted(self._nodes.values(), key=lambda n: n.name)
+        ]
+
+    def node_is_live(self, name: str, incarnation: str) -> bool:
+        n = self._nodes.get(name)
+        return n is not None and n.live and n.incarnation == incarnation
+
+    def log_location(self, job_id: str, rank: int, attempt: int | None) -> tuple[str, int] | None:
+        """(node, attempt) that holds the logs of `rank`; the latest round when attempt is None."""
+        job = self._job(job_id)
+        if attempt is None or attempt == job.attempt:
+            for m in job.members:
+                for w in m.workers.values():
+                    if w.global_rank == rank:
+                        return m.node, job.attempt
+        for summary in reversed(job.attempts):
+            if attempt is not None and summary.attempt != attempt:
+                continue
+            node = self._rank_node_in_summary(job, summary, rank)
+            if node:
+                return node, summary.attempt
+        return None
+
+    # ---- inputs -----------------------------------------------------------------------------
+
+    def submit(self, job_id: str, spec: JobSpec, now: float) -> list[Effect]:
+        """A validated spec enters the queue."""
+        if job_id in self._jobs:
+            raise ValueError(f"job id {job_id} already exists")
+        job = _Job(
+            job_id=job_id,
+            spec=spec,
+            state=JobState.QUEUED,
+            reason="queued",
+            submitted_at=now,
+            join_deadline=now + spec.join_timeout,
+        )
+        self._jobs[job_id] = job
+        self._event(job, now, "submitted", _describe_spec(spec))
+        self._changed(job)
+        return self._finish(now)
+
+    def cancel(self, job_id: str, now: float) -> list[Effect]:
+        job = self._job(job_id)
+        if job.state.is_terminal():
+            return self._finish(now)
+        if job.state in (JobState.QUEUED, JobState.RENDEZVOUS) and not self._assigned(job):
+            self._release_all(job)
+            self._end(job, JobState.CANCELED, WorkerState.STOPPED, "canceled by the user", now)
+        else:
+            self._begin_stop(job, _StopKind.CANCEL, "canceled by the user", now)
+        return self._finish(now)
+
+    def node_connected(
+        self,
+        name: str,
+        addr: str,
+        slots: int,
+        incarnation: str,
+        now: float,
+        running: Sequence[RunningGroupReport] = (),
+    ) -> list[Effect]:
+        node = self._nodes.get(name)
+        if node is not None and node.live and node.incarnation != incarnation:
+            raise NodeNameInUse(f"node name {name!r} is already used by a live agent")
+        if node is None:
+            node = _Node(name, addr, slots, incarnation, True, now)
+            self._nodes[name] = node
+            logger.info("node %s joined (%s, %d slots)", name, addr, slots)
+        else:
+            resumed = node.incarnation == incarnation
+            node.addr, node.slots, node.incarnation = addr, slots, incarnation
+            node.live, node.last_seen = True, now
+            if not resumed:
+                node.jobs.clear()
+            logger.info("node %s %s", name, "reconnected" if resumed else "rejoined")
+        for report in running:
+            self._adopt(node, report, now)
+        return self._finish(now)
+
+    def node_disconnected(self, name: str, incarnation: str, now: float) -> list[Effect]:
+        node = self._nodes.get(name)
+        if node is None or node.incarnation != incarnation or not node.live:
+            return self._finish(now)
+        self._lose_node(node, "its stream to the coordinator ended", now)
+        return self._finish(now)
+
+    def heartbeat(
+        self,
+        name: str,
+        incarnation: str,
+        now: float,
+        health: Sequence[tuple[str, int, Sequence[WorkerHealthSample]]] = (),
+    ) -> list[Effect]:
+        node = self._live(name, incarnation)
+        if node is None:
+            return []
+        node.last_seen = now
+        for job_id, round_, samples in health:
+            job = self._jobs.get(job_id)
+            if job is None or job.round != round_:
+                continue
+            m = job.member(name)
+            if m is None:
+                continue
+            for s in samples:
+                w = m.workers.get(s.local_rank)
+                if w is not None and w.pid == s.pid:
+                    w.cpu_percent, w.rss_bytes, w.proc_state = (
+                        s.cpu_percent,
+                        s.rss_bytes,
+                        s.proc_state,
+                    )
+        return []
+
+    def port_reserved(
+        self,
+        name: str,
+        incarnation: str,
+        job_id: str,
+        round_: int,
+        port: int,
+        error: str,
+        now: float,
+    ) -> list[Effect]:
+        node = self._live(name, incarnation)
+        job = self._jobs.get(job_id)
+        if node is None or job is None or job.round != round_ or job.port_deadline is None:
+            return self._finish(now)
+        node.last_seen = now
+        if job.members[0].node != name:
+            return self._finish(now)
+        job.port_deadline = None
+        if error or not 0 < port < 65536:
+            self._reform(job, f"node {name} could not reserve a master port: {error or port}", now)
+            return self._finish(now)
+        job.master_port = port
+        self._assign(job, now)
+        return self._finish(now)
+
+    def workers_started(
+        self,
+        name: str,
+        incarnation: str,
+        job_id: str,
+        round_: int,
+        pids: Iterable[tuple[int, int]],
+        now: float,
+    ) -> list[Effect]:
+        node = self._live(name, incarnation)
+        if node is None:
+            return []
+        node.last_seen = now
+        job, member = self._fenced(node, job_id, round_, now)
+        if job is None or member is None:
+            return self._finish(now)
+        started = []
+        for local_rank, pid in pids:
+            w = member.workers.get(local_rank)
+            if w is None:
+                continue
+            w.pid = pid
+            if w.phase == _WorkerPhase.INIT:
+                w.phase = _WorkerPhase.RUNNING
+            started.append(f"{w.global_rank}:{pid}")
+        self._event(
+            job,
+            now,
+            "workers_started",
+            f"node {name} started ranks {', '.join(started)}",
+            node=name,
+        )
+        if job.state == JobState.RUNNING and self._all_started(job):
+            self._set_reason(
+                job, f"attempt {job.attempt} running: {self._worker_count(job)} workers", now
+            )
+        self._changed(job)
+        return self._finish(now)
+
+    def worker_exited(
+        self,
+        name: str,
+        incarnation: str,
+        job_id: str,
+        round_: int,
+        report: WorkerExitReport,
+        now: float,
+    ) -> list[Effect]:
+        node = self._live(name, incarnation)
+        if node is None:
+            return []
+        node.last_seen = now
+        job, member = self._fenced(node, job_id, round_, now)
+        if job is None or member is None:
+            return self._finish(now)
+        self._apply_exit(job, member, report, now)
+        return self._finish(now)
+
+    def group_stopped(
+        self,
+        name: str,
+        incarnation: str,
+        job_id: str,
+        round_: int,
+        unkillable: Sequence[int],
+        now: float,
+    ) -> list[Effect]:
+        node = self._live(name, incarnation)
+        if node is None:
+            return []
+        node.last_seen = now
+        job = self._jobs.get(job_id)
+        if job is None or job.round != round_:
+            return self._finish(now)
+        member = job.member(name)
+        if member is None:
+            return self._finish(now)
+        if unkillable:
+            self._event(
+                job,
+                now,
+                "unkillable",
+                f"node {name}: pids {', '.join(map(str, unkillable))} could not be killed "
+                "(uninterruptible sleep); abandoned",
+                node=name,
+            )
+        self._member_stopped(job, member, now)
+        return self._finish(now)
+
+    def tick(self, now: float) -> list[Effect]:
+        """Time passed: leases, last calls, join timeouts, barrier and stop deadlines."""
+        for node in list(self._nodes.values()):
+            if node.live and now - node.last_seen > self.config.lease:
+                self._effects.append(CloseSession(node.name, node.incarnation, "lease expired"))
+                self._lose_node(
+                    node,
+                    f"no message for {now - node.last_seen:.1f} s (lease {self.config.lease:g} s)",
+                    now,
+                )
+        for job in self._active_jobs():
+            if job.port_deadline is not None and now >= job.port_deadline:
+                job.port_deadline = None
+                self._reform(
+                    job, f"node {job.members[0].node} did not reserve a master port in time", now
+                )
+            elif job.stop_deadline is not None and now >= job.stop_deadline:
+                for m in job.members:
+                    if not m.stopped:
+                        self._event(
+                            job,
+                            now,
+                            "stop_timeout",
+                            f"node {m.node} did not confirm the stop in time; treating it as stopped",
+                            node=m.node,
+                        )
+                        m.stopped = True
+                self._after_stop(job, now)
+            elif job.barrier_deadline is not None and now >= job.barrier_deadline:
+                job.barrier_deadline = None
+                waiting = [m for m in job.members if m.done and not m.released]
+                self._event(
+                    job,
+                    now,
+                    "barrier_timeout",
+                    f"exit barrier timed out after {job.spec.exit_barrier_timeout:g} s; released "
+                    f"{', '.join(m.node for m in waiting)}; still running: "
+                    f"{', '.join(m.node for m in job.members if not m.done)}",
+                )
+                for m in waiting:
+                    m.released = True
+                    m.stopped = True
+                    self._effects.append(ReleaseRound(m.node, job.job_id, job.round))
+                    self._free_member(job, m)
+                self._changed(job)
+        return self._finish(now)
+
+    # ---- internals: scheduling ----------------------------------------------------------------
+
+    def _finish(self, now: float) -> list[Effect]:
+        self._schedule(now)
+        effects, self._effects = self._effects, []
+        return effects
+
+    def _schedule(self, now: float) -> None:
+        claimed: set[str] = set()
+        waiting = [
+            j for j in self._jobs.values() if j.state in (JobState.QUEUED, JobState.RENDEZVOUS)
+        ]
+        for job in sorted(waiting, key=lambda j: j.submitted_at):
+            if self._assigned(job) or job.port_deadline is not None:
+                claimed.update(m.node for m in job.members)
+                continue
+            if now < job.not_before:
+                self._set_reason(job, f"restarting after a backoff until {job.not_before:.1f}", now)
+                continue
+            free = [n for n in self._candidates(job) if n.name not in claimed]
+            spec = job.spec
+            if len(free) >= spec.min_nodes:
+                chosen = free[: spec.max_nodes]
+                if len(free) >= spec.max_nodes or spec.last_call_timeout == 0:
+                    self._form(job, chosen, now)
+                    claimed.update(n.name for n in chosen)
+                    continue
+                if job.last_call_deadline is None:
+                    job.last_call_deadline = now + spec.last_call_timeout
+                    self._transition(job, JobState.RENDEZVOUS, now)
+                if now >= job.last_call_deadline:
+                    self._form(job, chosen, now)
+                else:
+                    self._set_reason(
+                        job,
+                        f"rendezvous: {len(free)}/{spec.max_nodes} nodes, last call closes in "
+                        f"{job.last_call_deadline - now:.0f} s",
+                        now,
+                    )
+                claimed.update(n.name for n in chosen)
+                continue
+            if job.last_call_deadline is not None:
+                job.last_call_deadline = None
+                self._transition(job, JobState.QUEUED, now)
+            capacity = self._capacity(job)
+            if capacity >= spec.min_nodes:
+                job.join_deadline = now + spec.join_timeout
+                self._set_reason(
+                    job,
+                    f"waiting for free nodes: {len(free)}/{spec.min_nodes} free "
+                    f"({capacity} nodes fit this job once busy ones finish)",
+                    now,
+                )
+            elif now >= job.join_deadline:
+                self._end(
+                    job,
+                    JobState.FAILED,
+                    WorkerState.FAILED,
+                    f"rendezvous timed out after {spec.join_timeout:g} s: only {capacity} of "
+                    f"min_nodes={spec.min_nodes} nodes with {spec.nproc_per_node} free slots joined",
+                    now,
+                )
+            else:
+                self._set_reason(
+                    job,
+                    f"rendezvous: {capacity}/{spec.min_nodes} nodes, waiting up to "
+                    f"{job.join_deadline - now:.0f} s more for min_nodes",
+                    now,
+                )
+        self._scale_up(claimed, now)
+
+    def _scale_up(self, claimed: set[str], now: float) -> None:
+        for job in self._active_jobs():
+            if job.state != JobState.RUNNING or job.spec.scale_up != "restart":
+                continue
+            if len(job.members) >= job.spec.max_nodes or any(m.done for m in job.members):
+                continue
+            if not self._all_started(job):
+                continue
+            extra = [n for n in self._candidates(job) if n.name not in claimed]
+            if extra:
+                self._begin_stop(
+                    job,
+                    _StopKind.MEMBERSHIP,
+                    f"node {extra[0].name} joined; re-forming to grow from {len(job.members)} "
+                    f"nodes (max_nodes={job.spec.max_nodes})",
+                    now,
+                )
+                claimed.update(n.name for n in extra[: job.spec.max_nodes - len(job.members)])
+
+    def _candidates(self, job: _Job) -> list[_Node]:
+        need = job.spec.nproc_per_node
+        nodes = [
+            n
+            for n in self._nodes.values()
+            if n.live and job.job_id not in n.jobs and n.free_slots() >= need
+        ]
+        return sorted(nodes, key=lambda n: (n.addr, n.name))
+
+    def _capacity(self, job: _Job) -> int:
+        return sum(1 for n in self._nodes.values() if n.live and n.slots >= job.spec.nproc_per_node)
+
+    def _free_count(self, job: _Job) -> int:
+        return len(self._candidates(job)) if not job.state.is_terminal() else 0
+
+    def _form(self, job: _Job, nodes: Sequence[_Node], now: float) -> None:
+        spec = job.spec
+        ordered = sorted(nodes, key=lambda n: (n.addr, n.name))
+        ranks = assign_worker_ranks([NodeRole(spec.role, spec.nproc_per_node)] * len(ordered))
+        job.round += 1
+        job.members = []
+        for node, gr in zip(ordered, ranks, strict=True):
+            workers = {
+                lr: _Worker(local_rank=lr, global_rank=gr.global_rank(lr))
+                for lr in range(spec.nproc_per_node)
+            }
+            job.members.append(_Member(node.name, node.addr, gr.group_rank, gr, workers))
+            node.jobs[job.job_id] = spec.nproc_per_node
+        job.last_call_deadline = None
+        job.failures = {}
+        job.return_values = {}
+        job.stop_kind = None
+        job.stop_reason = ""
+        job.barrier_deadline = None
+        job.master_port = 0
+        job.round_started_at = now
+        if job.state == JobState.QUEUED:
+            self._transition(job, JobState.RENDEZVOUS, now)
+        job.port_deadline = now + PORT_TIMEOUT_S
+        self._effects.append(RequestPort(ordered[0].name, job.job_id, job.round))
+        self._event(
+            job,
+            now,
+            "round_formed",
+            f"round {job.round} formed with {len(ordered)} nodes "
+            f"({', '.join(f'{m.node}=group {m.group_rank}' for m in job.members)}); "
+            f"world size {ranks[0].world_size}",
+        )
+        self._changed(job)
+
+    def _assign(self, job: _Job, now: float) -> None:
+        master = job.members[0]
+        for m in job.members:
+            workers = tuple(
+                WorkerRanks(
+                    local_rank=lr,
+                    global_rank=m.ranks.global_rank(lr),
+                    role_rank=m.ranks.role_rank(lr),
+                    world_size=m.ranks.world_size,
+                    role_world_size=m.ranks.role_world_size,
+                )
+                for lr in range(m.ranks.local_world_size)
+            )
+            self._effects.append(
+                AssignRound(
+                    m.node,
+                    RoundAssignment(
+                        job_id=job.job_id,
+                        round=job.round,
+                        attempt=job.attempt,
+                        spec=job.spec,
+                        group_rank=m.group_rank,
+                        group_world_size=len(job.members),
+                        master_addr=master.addr,
+                        master_port=job.master_port,
+                        workers=workers,
+                        run_id=job.job_id,
+                    ),
+                )
+            )
+        self._transition(job, JobState.RUNNING, now)
+        self._set_reason(
+            job, f"attempt {job.attempt} starting: {self._worker_count(job)} workers", now
+        )
+        self._changed(job)
+
+    def _assigned(self, job: _Job) -> bool:
+        return job.state in (JobState.RUNNING, JobState.STOPPING)
+
+    # ---- internals: exits, stops, restarts ------------------------------------------------------
+
+    def _apply_exit(self, job: _Job, member: _Member, report: WorkerExitReport, now: float) -> None:
+        key = (report.local_rank, report.pid)
+        if key in member.seen_exits:
+            return
+        member.seen_exits.add(key)
+        w = member.workers.get(report.local_rank)
+        if w is None:
+            return
+        w.exitcode = report.exitcode
+        if report.pid:
+            w.pid = report.pid
+        if report.stopped_by_agent:
+            w.phase = _WorkerPhase.STOPPED
+            return
+        if report.exitcode == 0 and report.failure is None:
+            w.phase = _WorkerPhase.SUCCEEDED
+            if report.return_value is not None:
+                job.return_values[w.global_rank] = report.return_value
+            self._event(
+                job,
+                now,
+                "worker_exited",
+                f"rank {w.global_rank} on {member.node} exited 0",
+                node=member.node,
+                rank=w.global_rank,
+            )
+            if all(x.phase == _WorkerPhase.SUCCEEDED for x in member.workers.values()):
+                self._member_done(job, member, now)
+            self._changed(job)
+            return
+        w.phase = _WorkerPhase.FAILED
+        failure = report.failure or ProcessFailure(
+            global_rank=w.global_rank,
+            local_rank=w.local_rank,
+            pid=report.pid,
+            exitcode=report.exitcode,
+            message=f"Process exited with exit code {report.exitcode} (pid {report.pid})",
+            timestamp=report.timestamp or now,
+        )
+        failure = _stamp(failure, member.node, w, job)
+        job.failures[w.global_rank] = failure
+        self._event(
+            job,
+            now,
+            "worker_failed",
+            f"rank {w.global_rank} failed on {member.node} ({_exit_text(failure)}): "
+            f"{_first_line(failure.message)}",
+            node=member.node,
+            rank=w.global_rank,
+        )
+        if job.state == JobState.RUNNING:
+            budget = job.spec.max_restarts - job.attempt
+            then = (
+                f"restarting ({job.attempt + 1}/{job.spec.max_restarts} restarts used)"
+                if budget > 0
+                else "no restarts left; failing the job"
+            )
+            self._begin_stop(
+                job,
+                _StopKind.FAILURE,
+                f"rank {w.global_rank} failed on {member.node} ({_exit_text(failure)}); {then}",
+                now,
+            )
+        self._changed(job)
+
+    def _member_done(self, job: _Job, member: _Member, now: float) -> None:
+        member.done = True
+        member.stopped = True
+        pending = [m.node for m in job.members if not m.done]
+        if job.state != JobState.RUNNING:
+            return
+        if not pending:
+            for m in job.members:
+                if not m.released:
+                    self._effects.append(ReleaseRound(m.node, job.job_id, job.round))
+            self._close_attempt(job, "all workers succeeded", now)
+            self._release_all(job)
+            self._end(job, JobState.SUCCEEDED, WorkerState.SUCCEEDED, "all workers succeeded", now)
+            return
+        if job.barrier_deadline is None:
+            job.barrier_deadline = now + job.spec.exit_barrier_timeout
+        self._event(
+            job,
+            now,
+            "barrier_wait",
+            f"node {member.node} finished; waiting in the exit barrier for {', '.join(pending)}",
+            node=member.node,
+        )
+        self._set_reason(
+            job,
+            f"exit barrier: {len(job.members) - len(pending)}/{len(job.members)} nodes done",
+            now,
+        )
+
+    def _begin_stop(self, job: _Job, kind: _StopKind, reason: str, now: float) -> None:
+        if job.state == JobState.STOPPING:
+            # A cancel overrides a restart that was under way; nothing overrides a cancel.
+            if kind == _StopKind.CANCEL and job.stop_kind != _StopKind.CANCEL:
+                job.stop_kind, job.stop_reason = kind, reason
+                self._set_reason(job, reason, now)
+            return
+        if job.state in (JobState.QUEUED, JobState.RENDEZVOUS):
+            # Nothing runs yet: go straight to what the stop would lead to.
+            self._release_all(job)
+            job.port_deadline = None
+            if kind == _StopKind.CANCEL:
+                self._end(job, JobState.CANCELED, WorkerState.STOPPED, reason, now)
+            else:
+                self._back_to_queue(job, reason, now)
+            return
+        job.stop_kind, job.stop_reason = kind, reason
+        job.barrier_deadline = None
+        self._transition(job, JobState.STOPPING, now)
+        self._set_reason(job, reason, now)
+        self._event(job, now, "stopping", reason)
+        job.stop_deadline = now + job.spec.stop_grace + STOP_MARGIN_S
+        for m in job.members:
+            if not m.stopped or (m.done and not m.released):
+                self._effects.append(
+                    StopRound(m.node, job.job_id, job.round, job.spec.stop_grace, reason)
+                )
+        if all(m.stopped for m in job.members):
+            self._after_stop(job, now)
+        self._changed(job)
+
+    def _member_stopped(self, job: _Job, member: _Member, now: float) -> None:
+        member.stopped = True
+        for w in member.workers.values():
+            if w.phase in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
+                w.phase = _WorkerPhase.STOPPED
+        if job.state == JobState.STOPPING and all(m.stopped for m in job.members):
+            self._after_stop(job, now)
+        self._changed(job)
+
+    def _after_stop(self, job: _Job, now: float) -> None:
+        job.stop_deadline = None
+        kind, reason = job.stop_kind, job.stop_reason
+        self._close_attempt(job, reason, now)
+        self._release_all(job)
+        if kind == _StopKind.CANCEL:
+            self._end(job, JobState.CANCELED, WorkerState.STOPPED, reason, now)
+        elif kind == _StopKind.FAILURE:
+            if job.attempt < job.spec.max_restarts:
+                job.attempt += 1
+                job.not_before = now + job.spec.restart_backoff
+                self._event(
+                    job,
+                    now,
+                    "restart",
+                    f"restarting: attempt {job.attempt} ({job.attempt}/{job.spec.max_restarts} restarts used)",
+                )
+                self._back_to_queue(job, f"restarting: attempt {job.attempt}", now)
+            else:
+                self._end(job, JobState.FAILED, WorkerState.FAILED, reason, now, with_failures=True)
+        else:
+            self._back_to_queue(job, reason, now)
+
+    def _back_to_queue(self, job: _Job, reason: str, now: float) -> None:
+        job.members = []
+        job.stop_kind = None
+        job.last_call_deadline = None
+        job.join_deadline = now + job.spec.join_timeout
+        self._transition(job, JobState.QUEUED, now)
+        self._set_reason(job, reason, now)
+        self._changed(job)
+
+    def _reform(self, job: _Job, reason: str, now: float) -> None:
+        self._event(job, now, "reform", reason)
+        self._release_all(job)
+        self._back_to_queue(job, reason, now)
+
+    def _close_attempt(self, job: _Job, reason: str, now: float) -> None:
+        if not job.members:
+            return
+        job.attempts.append(
+            AttemptSummary(
+                attempt=job.attempt,
+                round=job.round,
+                nodes=tuple(m.node for m in job.members),
+                end_reason=reason,
+                failures=tuple(_label_failures(job.failures).values()),
+                started_at=job.round_started_at,
+                ended_at=now,
+            )
+        )
+
+    def _end(
+        self,
+        job: _Job,
+        state: JobState,
+        wstate: WorkerState,
+        reason: str,
+        now: float,
+        *,
+        with_failures: bool = False,
+    ) -> None:
+        failures = (
+            _label_failures(job.failures) if with_failures or state == JobState.FAILED else {}
+        )
+        job.finished_at = now
+        job.result = RunResult(
+            state=wstate,
+            return_values=dict(job.return_values) if state == JobState.SUCCEEDED else {},
+            failures=failures,
+            attempts=tuple(job.attempts),
+            reason=reason,
+            job_id=job.job_id,
+            name=job.spec.name,
+        )
+        job.port_deadline = job.stop_deadline = job.barrier_deadline = None
+        job.last_call_deadline = None
+        self._transition(job, state, now)
+        self._set_reason(job, reason, now)
+        self._event(job, now, "finished", f"{state.value}: {reason}")
+        self._changed(job)
+
+    def _release_all(self, job: _Job) -> None:
+        for m in job.members:
+            self._free_member(job, m)
+
+    def _free_member(self, job: _Job, member: _Member) -> None:
+        node = self._nodes.get(member.node)
+        if node is not None:
+            node.jobs.pop(job.job_id, None)
+
+    # ---- internals: nodes -----------------------------------------------------------------------
+
+    def _lose_node(self, node: _Node, why: str, now: float) -> None:
+        node.live = False
+        logger.warning("node %s lost: %s", node.name, why)
+        for job in self._active_jobs():
+            m = job.member(node.name)
+            if m is None:
+                continue
+            self._free_member(job, m)
+            if m.done:
+                continue
+            m.lost = True
+            m.stopped = True
+            self._event(job, now, "node_lost", f"node {node.name} lost: {why}", node=node.name)
+            if job.state == JobState.STOPPING:
+                if all(x.stopped for x in job.members):
+                    self._after_stop(job, now)
+            elif job.state in (JobState.RUNNING, JobState.RENDEZVOUS):
+                self._begin_stop(
+                    job,
+                    _StopKind.MEMBERSHIP,
+                    f"node {node.name} lost ({why}); re-forming with the remaining nodes",
+                    now,
+                )
+            self._changed(job)
+        node.jobs.clear()
+
+    def _adopt(self, node: _Node, report: RunningGroupReport, now: float) -> None:
+        job = self._jobs.get(report.job_id)
+        member = job.member(node.name) if job is not None else None
+        if (
+            job is None
+            or member is None
+            or job.round != report.round
+            or job.state.is_terminal()
+            or member.lost
+        ):
+            if not report.stopped:
+                self._effects.append(
+                    StopRound(
+                        node.name,
+                        report.job_id,
+                        report.round,
+                        0.0,
+                        "stale round: the job has moved on without this node",
+                    )
+                )
+            return
+        node.jobs[job.job_id] = job.spec.nproc_per_node
+        for local_rank, pid in report.pids:
+            w = member.workers.get(local_rank)
+            if w is not None and w.phase == _WorkerPhase.INIT:
+                w.pid, w.phase = pid, _WorkerPhase.RUNNING
+        for ex in report.exits:
+            self._apply_exit(job, member, ex, now)
+        if report.stopped:
+            self._member_stopped(job, member, now)
+        self._event(
+            job,
+            now,
+            "adopted",
+            f"node {node.name} reconnected with round {report.round}",
+            node=node.name,
+        )
+        self._changed(job)
+
+    def _fenced(
+        self, node: _Node, job_id: str, round_: int, now: float
+    ) -> tuple[_Job | None, _Member | None]:
+        job = self._jobs.get(job_id)
+        member = job.member(node.name) if job is not None else None
+        if job is None or member is None or job.round != round_ or member.lost:
+            logger.info(
+                "refused a message from node %s for stale round %s/%d", node.name, job_id, round_
+            )
+            self._effects.append(
+                StopRound(node.name, job_id, round_, 0.0, "stale round: the job has moved on")
+            )
+            return None, None
+        return job, member
+
+    def _live(self, name: str, incarnation: str) -> _Node | None:
+        node = self._nodes.get(name)
+        if node is None or not node.live or node.incarnation != incarnation:
+            return None
+        return node
+
+    # ---- internals: bookkeeping -----------------------------------------------------------------
+
+    def _job(self, job_id: str) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        return job
+
+    def _active_jobs(self) -> list[_Job]:
+        return [j for j in self._jobs.values() if not j.state.is_terminal()]
+
+    def _all_started(self, job: _Job) -> bool:
+        return all(w.phase != _WorkerPhase.INIT for m in job.members for w in m.workers.values())
+
+    def _worker_count(self, job: _Job) -> int:
+        return sum(len(m.workers) for m in job.members)
+
+    def _transition(self, job: _Job, state: JobState, now: float) -> None:
+        if job.state == state:
+            return
+        if not job.state.can_become(state):
+            raise RuntimeError(
+                f"job {job.job_id}: illegal transition {job.state.value} -> {state.value}"
+            )
+        logger.info("job %s: %s -> %s", job.job_id, job.state.value, state.value)
+        job.state = state
+
+    def _set_reason(self, job: _Job, reason: str, now: float) -> None:
+        if reason != job.reason:
+            job.reason = reason
+            self._changed(job)
+
+    def _changed(self, job: _Job) -> None:
+        eff = JobChanged(job.job_id)
+        if eff not in self._effects:
+            self._effects.append(eff)
+
+    def _event(
+        self, job: _Job, now: float, kind: str, reason: str, *, node: str = "", rank: int = -1
+    ) -> None:
+        self._event_seq += 1
+        event = JobEvent(
+            seq=self._event_seq,
+            job_id=job.job_id,
+            timestamp=now,
+            kind=kind,
+            reason=reason,
+            attempt=job.attempt,
+            round=job.round,
+            node=node,
+            rank=rank,
+        )
+        job.events.append(event)
+        if len(job.events) > MAX_EVENTS_PER_JOB:
+            del job.events[: len(job.events) - MAX_EVENTS_PER_JOB]
+        logger.info("job %s attempt %d round %d: %s", job.job_id, job.attempt, job.round, reason)
+        self._effects.append(EventRecorded(event))
+
+    def _rank_node_in_summary(self, job: _Job, summary: AttemptSummary, rank: int) -> str:
+        nproc = job.spec.nproc_per_node
+        index = rank // nproc if nproc else -1
+        if 0 <= index < len(summary.nodes):
+            return summary.nodes[index]
+        return ""
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def _worker_state(phase: _WorkerPhase, proc_state: str) -> WorkerState:
+    if phase == _WorkerPhase.RUNNING:
+        if proc_state in ("disk-sleep", "stopped"):
+            return WorkerState.UNHEALTHY
+        return WorkerState.HEALTHY
+    return {
+        _WorkerPhase.INIT: WorkerState.INIT,
+        _WorkerPhase.SUCCEEDED: WorkerState.SUCCEEDED,
+        _WorkerPhase.FAILED: WorkerState.FAILED,
+        _WorkerPhase.STOPPED: WorkerState.STOPPED,
+    }[phase]
+
+
+def _stamp(f: ProcessFailure, node: str, w: _Worker, job: _Job) -> ProcessFailure:
+    from dataclasses import replace
+
+    return replace(
+        f,
+        node=f.node or node,
+        global_rank=w.global_rank,
+        local_rank=w.local_rank,
+        attempt=job.attempt,
+        round=job.round,
+        role=f.role or job.spec.role,
+    )
+
+
+def _label_failures(failures: dict[int, ProcessFailure]) -> dict[int, ProcessFailure]:
+    """Mark the root cause (first observed across all nodes); the rest are collateral."""
+    from dataclasses import replace
+
+    root = first_failure(failures)
+    return {
+        rank: replace(f, root_cause=(root is not None and rank == root.global_rank))
+        for rank, f in sorted(failures.items())
+    }
+
+
+def _exit_text(f: ProcessFailure) -> str:
+    if f.signal:
+        return f"signal {f.signal}"
+    return f"exit {f.exitcode}"
+
+
+def _first_line(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _describe_spec(spec: JobSpec) -> str:
+    what = spec.function or " ".join(spec.argv)[:200]
+    nodes = (
+        f"{spec.min_nodes}"
+        if spec.min_nodes == spec.max_nodes
+        else f"{spec.min_nodes}:{spec.max_nodes}"
+    )
+    return (
+        f"submitted {what!r}: {nodes} nodes x {spec.nproc_per_node} workers, "
+        f"max_restarts={spec.max_restarts}"
+    )

@@ -1,0 +1,541 @@
+"""The coordinator's gRPC side: thin servicers around the `Cluster` state machine.
+
+Everything runs on one asyncio loop, so the state machine is called one event at a time without
+locks. Servicers translate protobuf to domain calls and carry out the effects the state machine
+returns: messages to node streams, wake-ups for job watchers, log relays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from client._convert import (
+    event_to_pb,
+    failure_from_pb,
+    job_to_pb,
+    node_to_pb,
+    spec_from_pb,
+    spec_to_pb,
+)
+from client._model import SpecError
+from coordinator._cluster import (
+    AssignRound,
+    CloseSession,
+    Cluster,
+    ClusterConfig,
+    Effect,
+    EventRecorded,
+    JobChanged,
+    JobNotFound,
+    ReleaseRound,
+    RequestPort,
+    RunningGroupReport,
+    StopRound,
+    WorkerExitReport,
+    WorkerHealthSample,
+)
+from coordinator._errors import RequestError, status_for
+from protos.gelastic.v1 import gelastic_pb2 as pb
+from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+
+__all__ = ["CoordinatorService"]
+
+logger = logging.getLogger(__name__)
+
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,159}$")
+MAX_SLOTS = 4096
+TICK_S = 0.1
+OUTBOX_LIMIT = 10_000
+HELLO_TIMEOUT_S = 10.0
+WATCH_KEEPALIVE_S = 5.0
+
+
+@dataclass
+class _Session:
+    name: str
+    incarnation: str
+    outbox: asyncio.Queue[pb.CoordinatorMessage | None] = field(
+        default_factory=lambda: asyncio.Queue(OUTBOX_LIMIT)
+    )
+    closed: bool = False
+
+    def send(self, msg: pb.CoordinatorMessage) -> None:
+        if self.closed:
+            return
+        try:
+            self.outbox.put_nowait(msg)
+        except asyncio.QueueFull:
+            logger.error("node %s: outbox full; dropping the session", self.name)
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            with contextlib.suppress(asyncio.QueueFull):
+                self.outbox.put_nowait(None)
+
+
+class CoordinatorService:
+    """Owns the cluster state, the node sessions, the job watchers and the tick loop."""
+
+    def __init__(
+        self,
+        config: ClusterConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cluster = Cluster(config)
+        self.config = self.cluster.config
+        self._clock = clock
+        self._sessions: dict[str, _Session] = {}
+        self._job_versions: dict[str, int] = {}
+        self._changed = asyncio.Condition()
+        self._log_streams: dict[int, asyncio.Queue[pb.LogChunk]] = {}
+        self._log_ids = itertools.count(1)
+        self._tick_task: asyncio.Task[None] | None = None
+        self.coordinator_id = uuid.uuid4().hex
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._tick_task is None:
+            self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop(), name="tick")
+
+    async def stop(self) -> None:
+        task, self._tick_task = self._tick_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for s in list(self._sessions.values()):
+            s.close()
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        pb_grpc.add_CoordinatorServicer_to_server(_CoordinatorServicer(self), server)
+        pb_grpc.add_NodeSessionServicer_to_server(_NodeSessionServicer(self), server)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self.apply(self.cluster.tick(self._clock()))
+            except Exception:
+                logger.exception("tick failed")
+
+    # ---- effects ---------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self._clock()
+
+    def apply(self, effects: list[Effect]) -> None:
+        changed = False
+        for eff in effects:
+            if isinstance(eff, JobChanged):
+                self._job_versions[eff.job_id] = self._job_versions.get(eff.job_id, 0) + 1
+                changed = True
+            elif isinstance(eff, EventRecorded):
+                changed = True
+            elif isinstance(eff, CloseSession):
+                s = self._sessions.get(eff.node)
+                if s is not None and s.incarnation == eff.incarnation:
+                    logger.warning("closing the session of node %s: %s", eff.node, eff.reason)
+                    s.close()
+            else:
+                self._send(eff)
+        if changed:
+            asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _send(self, eff: RequestPort | AssignRound | StopRound | ReleaseRound) -> None:
+        s = self._sessions.get(eff.node)
+        if s is None:
+            logger.info("node %s has no session; dropping %s", eff.node, type(eff).__name__)
+            return
+        if isinstance(eff, RequestPort):
+            msg = pb.CoordinatorMessage(reserve_port=pb.ReservePort(job_id=eff.job_id, round=eff.round))
+        elif isinstance(eff, AssignRound):
+            a = eff.assignment
+            msg = pb.CoordinatorMessage(
+                assign=pb.Assign(
+                    job_id=a.job_id,
+                    round=a.round,
+                    attempt=a.attempt,
+                    spec=spec_to_pb(a.spec),
+                    group_rank=a.group_rank,
+                    group_world_size=a.group_world_size,
+                    master_addr=a.master_addr,
+                    master_port=a.master_port,
+                    workers=[
+                        pb.WorkerRanks(
+                            local_rank=w.local_rank,
+                            global_rank=w.global_rank,
+                            role_rank=w.role_rank,
+                            world_size=w.world_size,
+                            role_world_size=w.role_world_size,
+                        )
+                        for w in a.workers
+                    ],
+                    run_id=a.run_id,
+                )
+            )
+        elif isinstance(eff, StopRound):
+            msg = pb.CoordinatorMessage(
+                stop=pb.Stop(
+                    job_id=eff.job_id, round=eff.round, grace_ms=round(eff.grace * 1000), reason=eff.reason
+                )
+            )
+        else:
+            msg = pb.CoordinatorMessage(release=pb.Release(job_id=eff.job_id, round=eff.round))
+        s.send(msg)
+
+    async def wait_changed(self, job_id: str, seen_version: int, timeout: float) -> int:
+        """Wait until the job's version moves past `seen_version` (or timeout); return it."""
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self._job_versions.get(job_id, 0) != seen_version),
+                    timeout,
+                )
+        return self._job_versions.get(job_id, 0)
+
+    def job_version(self, job_id: str) -> int:
+        return self._job_versions.get(job_id, 0)
+
+    def job_message(self, job_id: str, *, with_spec: bool = False) -> pb.Job:
+        c = self.cluster
+        return job_to_pb(
+            c.job_status(job_id), c.job_result(job_id), c.job_spec(job_id) if with_spec else None
+        )
+
+    # ---- node sessions ---------------------------------------------------------------------
+
+    def open_session(self, hello: pb.Hello) -> _Session:
+        if not _NODE_NAME.match(hello.name):
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"hello.name: must be 1-128 of [A-Za-z0-9_.-], got {hello.name!r}",
+            )
+        if not 1 <= hello.slots <= MAX_SLOTS:
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"hello.slots: must be 1-{MAX_SLOTS}, got {hello.slots}"
+            )
+        if not hello.addr or len(hello.addr) > 255:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello.addr: must be a host name or address")
+        if not hello.incarnation or len(hello.incarnation) > 128:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello.incarnation: must be set")
+        running = [_running_from_pb(g) for g in hello.running]
+        effects = self.cluster.node_connected(
+            hello.name, hello.addr, hello.slots, hello.incarnation, self.now(), running
+        )
+        old = self._sessions.get(hello.name)
+        if old is not None:
+            old.close()
+        session = _Session(hello.name, hello.incarnation)
+        self._sessions[hello.name] = session
+        session.send(
+            pb.CoordinatorMessage(
+                welcome=pb.Welcome(
+                    heartbeat_interval_ms=round(self.config.heartbeat_interval * 1000),
+                    lease_ms=round(self.config.lease * 1000),
+                    coordinator_id=self.coordinator_id,
+                )
+            )
+        )
+        self.apply(effects)
+        return session
+
+    def close_session(self, session: _Session) -> None:
+        session.close()
+        if self._sessions.get(session.name) is session:
+            del self._sessions[session.name]
+            self.apply(self.cluster.node_disconnected(session.name, session.incarnation, self.now()))
+
+    def on_node_message(self, session: _Session, msg: pb.NodeMessage) -> None:
+        name, inc, now = session.name, session.incarnation, self.now()
+        kind = msg.WhichOneof("kind")
+        c = self.cluster
+        if kind == "heartbeat":
+            health = [
+                (
+                    g.job_id,
+                    g.round,
+                    [
+                        WorkerHealthSample(w.local_rank, w.pid, w.cpu_percent, w.rss_bytes, w.proc_state)
+                        for w in g.workers
+                    ],
+                )
+                for g in msg.heartbeat.groups
+            ]
+            effects = c.heartbeat(name, inc, now, health)
+        elif kind == "port_reserved":
+            p = msg.port_reserved
+            effects = c.port_reserved(name, inc, p.job_id, p.round, p.port, p.error, now)
+        elif kind == "workers_started":
+            w = msg.workers_started
+            effects = c.workers_started(
+                name, inc, w.job_id, w.round, [(x.local_rank, x.pid) for x in w.workers], now
+            )
+        elif kind == "worker_exited":
+            e = msg.worker_exited
+            effects = c.worker_exited(name, inc, e.job_id, e.round, _exit_from_pb(e.exit), now)
+        elif kind == "group_stopped":
+            g = msg.group_stopped
+            effects = c.group_stopped(name, inc, g.job_id, g.round, list(g.unkillable_pids), now)
+        elif kind == "log_chunk":
+            q = self._log_streams.get(msg.log_chunk.request_id)
+            if q is not None:
+                with contextlib.suppress(asyncio.QueueFull):
+                    q.put_nowait(msg.log_chunk)
+            effects = c.heartbeat(name, inc, now)
+        elif kind == "hello":
+            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one session")
+        else:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "empty node message")
+        self.apply(effects)
+
+    # ---- logs ------------------------------------------------------------------------------
+
+    async def read_logs(self, req: pb.ReadLogsRequest) -> AsyncIterator[bytes]:
+        if req.stream not in ("stdout", "stderr"):
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "stream: must be 'stdout' or 'stderr'")
+        attempt = None if req.attempt < 0 else req.attempt
+        where = self.cluster.log_location(req.job_id, req.rank, attempt)
+        if where is None:
+            raise RequestError(
+                grpc.StatusCode.NOT_FOUND,
+                f"no logs for rank {req.rank} of job {req.job_id}"
+                + (f" in attempt {attempt}" if attempt is not None else ""),
+            )
+        node, found_attempt = where
+        session = self._sessions.get(node)
+        if session is None:
+            raise RequestError(
+                grpc.StatusCode.UNAVAILABLE, f"node {node}, which holds these logs, is not connected"
+            )
+        request_id = next(self._log_ids)
+        queue: asyncio.Queue[pb.LogChunk] = asyncio.Queue(1024)
+        self._log_streams[request_id] = queue
+        session.send(
+            pb.CoordinatorMessage(
+                start_logs=pb.StartLogs(
+                    request_id=request_id,
+                    job_id=req.job_id,
+                    attempt=found_attempt,
+                    rank=req.rank,
+                    stream=req.stream,
+                    follow=req.follow,
+                )
+            )
+        )
+        try:
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(queue.get(), timeout=30.0 if not req.follow else None)
+                except TimeoutError as exc:
+                    raise RequestError(
+                        grpc.StatusCode.DEADLINE_EXCEEDED, f"node {node} did not send the logs"
+                    ) from exc
+                if chunk.error:
+                    raise RequestError(grpc.StatusCode.NOT_FOUND, chunk.error)
+                if chunk.data:
+                    yield chunk.data
+                if chunk.eof:
+                    return
+                if session.closed:
+                    raise RequestError(grpc.StatusCode.UNAVAILABLE, f"node {node} disconnected")
+        finally:
+            del self._log_streams[request_id]
+            if not session.closed:
+                session.send(pb.CoordinatorMessage(cancel_logs=pb.CancelLogs(request_id=request_id)))
+
+
+def _exit_from_pb(m: pb.WorkerExit) -> WorkerExitReport:
+    return WorkerExitReport(
+        local_rank=m.local_rank,
+        global_rank=m.global_rank,
+        pid=m.pid,
+        exitcode=m.exitcode,
+        stopped_by_agent=m.stopped_by_agent,
+        failure=failure_from_pb(m.failure) if m.has_failure else None,
+        return_value=bytes(m.return_value) if m.has_return_value else None,
+        timestamp=m.timestamp,
+    )
+
+
+def _running_from_pb(g: pb.RunningGroup) -> RunningGroupReport:
+    return RunningGroupReport(
+        job_id=g.job_id,
+        round=g.round,
+        attempt=g.attempt,
+        pids=tuple((w.local_rank, w.pid) for w in g.workers),
+        exits=tuple(_exit_from_pb(e) for e in g.exits),
+        stopped=g.stopped,
+    )
+
+
+async def _abort_for(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    mapped = status_for(exc)
+    if mapped is None:
+        logger.exception("internal error", exc_info=exc)
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+    else:
+        await context.abort(*mapped)
+
+
+class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
+    def __init__(self, svc: CoordinatorService) -> None:
+        self._svc = svc
+
+    async def Submit(self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext) -> pb.SubmitResponse:  # noqa: N802
+        try:
+            if not request.HasField("spec"):
+                raise SpecError("spec", "missing")
+            spec = spec_from_pb(request.spec)
+            spec.validate()
+            job_id = _new_job_id(spec.name)
+            self._svc.apply(self._svc.cluster.submit(job_id, spec, self._svc.now()))
+            return pb.SubmitResponse(job_id=job_id)
+        except Exception as exc:
+            await _abort_for(context, exc)
+            raise
+
+    async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.Job:  # noqa: N802
+        try:
+            _check_job_id(request.job_id)
+            return self._svc.job_message(request.job_id, with_spec=True)
+        except Exception as exc:
+            await _abort_for(context, exc)
+            raise
+
+    async def WatchJob(  # noqa: N802
+        self, request: pb.WatchJobRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.JobUpdate]:
+        try:
+            _check_job_id(request.job_id)
+            svc, job_id = self._svc, request.job_id
+            version = svc.job_version(job_id)
+            after = 0
+            while True:
+                events = svc.cluster.job_events(job_id, after)
+                if events:
+                    after = events[-1].seq
+                yield pb.JobUpdate(job=svc.job_message(job_id), events=[event_to_pb(e) for e in events])
+                if svc.cluster.job_state(job_id).is_terminal():
+                    return
+                version = await svc.wait_changed(job_id, version, WATCH_KEEPALIVE_S)
+        except Exception as exc:
+            await _abort_for(context, exc)
+            raise
+
+    async def ListJobs(self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext) -> pb.ListJobsResponse:  # noqa: N802
+        c = self._svc.cluster
+        ids = [j for j in c.job_ids() if request.include_finished or not c.job_state(j).is_terminal()]
+        return pb.ListJobsResponse(jobs=[self._svc.job_message(j) for j in ids])
+
+    async def ListNodes(self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext) -> pb.ListNodesResponse:  # noqa: N802
+        return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in self._svc.cluster.nodes()])
+
+    async def CancelJob(self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext) -> pb.Job:  # noqa: N802
+        try:
+            _check_job_id(request.job_id)
+            self._svc.apply(self._svc.cluster.cancel(request.job_id, self._svc.now()))
+            return self._svc.job_message(request.job_id)
+        except Exception as exc:
+            await _abort_for(context, exc)
+            raise
+
+    async def GetEvents(self, request: pb.GetEventsRequest, context: grpc.aio.ServicerContext) -> pb.GetEventsResponse:  # noqa: N802
+        try:
+            _check_job_id(request.job_id)
+            events = self._svc.cluster.job_events(request.job_id, request.after_seq)
+            return pb.GetEventsResponse(events=[event_to_pb(e) for e in events])
+        except Exception as exc:
+            await _abort_for(context, exc)
+            raise
+
+    async def ReadLogs(  # noqa: N802
+        self, request: pb.ReadLogsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.LogData]:
+        try:
+            _check_job_id(request.job_id)
+            async for data in self._svc.read_logs(request):
+                yield pb.LogData(data=data)
+        except Exception as exc:
+            await _abort_for(context, exc)
+            raise
+
+
+class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
+    def __init__(self, svc: CoordinatorService) -> None:
+        self._svc = svc
+
+    async def Session(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.NodeMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.CoordinatorMessage]:
+        svc = self._svc
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_S)
+        except (StopAsyncIteration, TimeoutError):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with hello")
+            return
+        if first.WhichOneof("kind") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with hello")
+            return
+        try:
+            session = svc.open_session(first.hello)
+        except Exception as exc:
+            await _abort_for(context, exc)
+            return
+        reader = asyncio.get_running_loop().create_task(self._read(session, request_iterator))
+        try:
+            while True:
+                msg = await session.outbox.get()
+                if msg is None:
+                    break
+                yield msg
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            svc.close_session(session)
+
+    async def _read(self, session: _Session, it: AsyncIterator[pb.NodeMessage]) -> None:
+        try:
+            async for msg in it:
+                if session.closed:
+                    return
+                try:
+                    self._svc.on_node_message(session, msg)
+                except RequestError as exc:
+                    logger.warning("node %s sent a bad message: %s", session.name, exc.message)
+                except JobNotFound as exc:
+                    logger.warning("node %s named an unknown job %s", session.name, exc)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        except Exception:
+            logger.exception("node %s session reader failed", session.name)
+        finally:
+            session.close()
+
+
+def _new_job_id(name: str) -> str:
+    prefix = name[:40] if name else "job"
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def _check_job_id(job_id: str) -> None:
+    if not _JOB_ID.match(job_id):
+        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: not a job id: {job_id[:80]!r}")

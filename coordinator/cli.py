@@ -1,0 +1,80 @@
+"""`coordinator serve`: run the coordinator until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from coordinator._server import Coordinator, CoordinatorConfig
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="coordinator", description="gelastic coordinator")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the coordinator")
+    d = CoordinatorConfig()
+    s.add_argument("--host", default=d.host, help="address to listen on (default %(default)s)")
+    s.add_argument("--port", type=int, default=d.port, help="port (0 = any free; default %(default)s)")
+    s.add_argument("--heartbeat-interval", type=float, default=d.heartbeat_interval,
+                   help="seconds between agent heartbeats (default %(default)s)")
+    s.add_argument("--lease", type=float, default=d.lease,
+                   help="seconds of silence after which a node is lost (default %(default)s)")
+    s.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback address without authentication")
+    s.add_argument("--port-file", default="",
+                   help="write the port actually bound to this file once listening")
+    s.add_argument("--log-level", default="INFO")
+    return p
+
+
+async def _serve(config: CoordinatorConfig, port_file: str) -> None:
+    coord = Coordinator(config)
+    await coord.start()
+    if port_file:
+        with open(port_file + ".tmp", "w") as f:
+            f.write(f"{coord.port}\n")
+        import os
+
+        os.replace(port_file + ".tmp", port_file)
+    print(f"coordinator listening on {coord.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await coord.stop(grace=1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    config = CoordinatorConfig(
+        host=args.host,
+        port=args.port,
+        heartbeat_interval=args.heartbeat_interval,
+        lease=args.lease,
+        insecure=args.insecure,
+    )
+    try:
+        config.validate()
+    except ValueError as exc:
+        print(f"coordinator: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(config, args.port_file))
+    except OSError as exc:
+        print(f"coordinator: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""What the coordinator tells an agent to run for one round: the ranks of its workers.
+
+Pure data, built by the session from an `Assign` message; the launch plan is made from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from client._model import JobSpec
+
+__all__ = ["RoundAssignment", "WorkerRanks"]
+
+
+@dataclass(frozen=True)
+class WorkerRanks:
+    """The ranks of one local worker in a round."""
+
+    local_rank: int
+    global_rank: int
+    role_rank: int
+    world_size: int
+    role_world_size: int
+
+
+@dataclass(frozen=True)
+class RoundAssignment:
+    """One node's share of a job round."""
+
+    job_id: str
+    round: int
+    attempt: int
+    """Failure restarts so far: TORCHELASTIC_RESTART_COUNT, the same on every node."""
+    spec: JobSpec
+    group_rank: int
+    group_world_size: int
+    master_addr: str
+    master_port: int
+    workers: tuple[WorkerRanks, ...]
+    run_id: str

@@ -1,0 +1,506 @@
+"""The node agent's session with the coordinator: one bidirectional gRPC stream.
+
+The agent registers (hello), heartbeats with its workers' health, and carries out what it is
+told: reserve a master port, start a round's workers, stop them, serve their logs. It pushes
+every worker start and exit the moment it happens. When the stream breaks it keeps its workers
+running, reconnects with backoff and jitter, and re-reports everything it holds (including exits
+that happened meanwhile), so nothing is lost while the coordinator is away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import re
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from client._convert import failure_to_pb, spec_from_pb
+from nodeagent._assignment import RoundAssignment, WorkerRanks
+from nodeagent._reaper import reap_previous, record_workers
+from nodeagent._workers import WorkerExit, WorkerGroup
+from protos.gelastic.v1 import gelastic_pb2 as pb
+from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+
+__all__ = ["AgentConfig", "NodeAgent"]
+
+logger = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+LOG_CHUNK_BYTES = 64 * 1024
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,159}$")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How a node agent joins its coordinator. CLI flags map one-to-one onto fields."""
+
+    coordinator: str
+    """host:port of the coordinator."""
+    slots: int = field(default_factory=lambda: os.cpu_count() or 1)
+    """Worker processes this node may run at once."""
+    name: str = field(default_factory=socket.gethostname)
+    """Unique node name."""
+    addr: str = ""
+    """Address peers use to reach this node (MASTER_ADDR); "" = the one that routes to the coordinator."""
+    log_dir: str = ""
+    """Where worker logs go ("" = a per-user temp dir)."""
+    state_dir: str = ""
+    """Where the agent keeps its worker pid file ("" = log_dir)."""
+    reconnect_max: float = 5.0
+    """Longest pause between reconnect attempts, in seconds."""
+
+    def validate(self) -> None:
+        if not 1 <= self.slots <= 4096:
+            raise ValueError(f"slots: must be 1-4096, got {self.slots}")
+        if not _SAFE_ID.match(self.name):
+            raise ValueError(f"name: must be 1-128 of [A-Za-z0-9_.-], got {self.name!r}")
+        if ":" not in self.coordinator:
+            raise ValueError(f"coordinator: must be host:port, got {self.coordinator!r}")
+
+
+@dataclass
+class _Held:
+    """One round this agent runs (or ran and has not been released from)."""
+
+    assignment: RoundAssignment
+    group: WorkerGroup | None = None
+    pids: dict[int, int] = field(default_factory=dict)
+    exits: list[WorkerExit] = field(default_factory=list)
+    stopped: bool = False
+    stopping: asyncio.Task[None] | None = None
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class NodeAgent:
+    """`async with NodeAgent(config):` keeps a session with the coordinator until the block ends."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        config.validate()
+        self.config = config
+        self.incarnation = uuid.uuid4().hex
+        self.log_root = Path(config.log_dir or _default_log_dir()).resolve()
+        self.state_dir = Path(config.state_dir).resolve() if config.state_dir else self.log_root
+        self.addr = config.addr or _route_addr(config.coordinator)
+        self._held: dict[tuple[str, int], _Held] = {}
+        self._outbox: asyncio.Queue[pb.NodeMessage] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._main: asyncio.Task[None] | None = None
+        self._log_tasks: dict[int, asyncio.Task[None]] = {}
+        self._heartbeat_interval = 1.0
+        self._closing = False
+        self.connected = asyncio.Event()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._main is not None:
+            return
+        self.log_root.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        killed = await asyncio.to_thread(reap_previous, self._pid_file())
+        if killed:
+            logger.warning("killed %d workers left by a previous agent: %s", len(killed), killed)
+        self._main = asyncio.get_running_loop().create_task(self._run(), name="agent-session")
+
+    async def stop(self, grace: float = 5.0) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        held = list(self._held.values())
+        await asyncio.gather(*(self._stop_group(h, grace) for h in held), return_exceptions=True)
+        for t in [self._main, *self._tasks, *self._log_tasks.values()]:
+            if t is not None:
+                t.cancel()
+        for t in [self._main, *self._tasks, *self._log_tasks.values()]:
+            if t is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        self._main = None
+        self._save_pids()
+
+    async def __aenter__(self) -> NodeAgent:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    def _spawn(self, coro: object, name: str) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- the session -----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        delay = 0.05
+        while not self._closing:
+            started = time.monotonic()
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.INVALID_ARGUMENT,
+                                  grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    logger.error("coordinator refused this agent: %s", exc.details())
+                else:
+                    logger.info("session with %s ended: %s", self.config.coordinator, exc.code().name)
+            except Exception:
+                logger.exception("session failed")
+            finally:
+                self.connected.clear()
+                self._outbox = None
+            if self._closing:
+                return
+            if time.monotonic() - started > 10:
+                delay = 0.05
+            # Full jitter keeps a fleet of agents from reconnecting in lockstep.
+            await asyncio.sleep(random.uniform(0, delay))
+            delay = min(delay * 2, self.config.reconnect_max)
+
+    async def _session(self) -> None:
+        outbox: asyncio.Queue[pb.NodeMessage] = asyncio.Queue()
+        outbox.put_nowait(pb.NodeMessage(hello=self._hello()))
+        async with grpc.aio.insecure_channel(
+            self.config.coordinator,
+            options=[
+                ("grpc.keepalive_time_ms", 10_000),
+                ("grpc.keepalive_timeout_ms", 5_000),
+                ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+            ],
+        ) as channel:
+            stub = pb_grpc.NodeSessionStub(channel)
+
+            async def outgoing() -> AsyncIterator[pb.NodeMessage]:
+                while True:
+                    yield await outbox.get()
+
+            call = stub.Session(outgoing())
+            heartbeat: asyncio.Task[None] | None = None
+            try:
+                async for msg in call:
+                    kind = msg.WhichOneof("kind")
+                    if kind == "welcome":
+                        self._heartbeat_interval = max(0.05, msg.welcome.heartbeat_interval_ms / 1000)
+                        self._outbox = outbox
+                        self.connected.set()
+                        logger.info("registered with %s as %s (%s)", self.config.coordinator,
+                                    self.config.name, self.addr)
+                        if heartbeat is None:
+                            heartbeat = asyncio.get_running_loop().create_task(self._heartbeats(outbox))
+                    else:
+                        self._dispatch(msg)
+            finally:
+                if heartbeat is not None:
+                    heartbeat.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await heartbeat
+                call.cancel()
+
+    def _send(self, msg: pb.NodeMessage) -> None:
+        if self._outbox is not None:
+            self._outbox.put_nowait(msg)
+
+    def _hello(self) -> pb.Hello:
+        running = []
+        for (job_id, round_), h in self._held.items():
+            running.append(
+                pb.RunningGroup(
+                    job_id=job_id,
+                    round=round_,
+                    attempt=h.assignment.attempt,
+                    workers=[
+                        pb.WorkerPid(local_rank=lr, pid=pid, global_rank=_global(h, lr))
+                        for lr, pid in h.pids.items()
+                    ],
+                    exits=[_exit_to_pb(e) for e in h.exits],
+                    stopped=h.stopped,
+                )
+            )
+        return pb.Hello(
+            name=self.config.name,
+            addr=self.addr,
+            slots=self.config.slots,
+            incarnation=self.incarnation,
+            version=VERSION,
+            running=running,
+        )
+
+    async def _heartbeats(self, outbox: asyncio.Queue[pb.NodeMessage]) -> None:
+        seq = 0
+        while True:
+            await asyncio.sleep(self._heartbeat_interval)
+            seq += 1
+            groups = []
+            for (job_id, round_), h in self._held.items():
+                if h.group is None:
+                    continue
+                groups.append(
+                    pb.GroupHealth(
+                        job_id=job_id,
+                        round=round_,
+                        workers=[
+                            pb.WorkerHealth(
+                                local_rank=s.local_rank,
+                                global_rank=s.global_rank,
+                                pid=s.pid,
+                                cpu_percent=s.cpu_percent,
+                                rss_bytes=s.rss_bytes,
+                                proc_state=s.status,
+                            )
+                            for s in h.group.samples()
+                        ],
+                    )
+                )
+            outbox.put_nowait(pb.NodeMessage(heartbeat=pb.Heartbeat(seq=seq, groups=groups)))
+
+    # ---- commands --------------------------------------------------------------------------
+
+    def _dispatch(self, msg: pb.CoordinatorMessage) -> None:
+        kind = msg.WhichOneof("kind")
+        if kind == "reserve_port":
+            self._reserve_port(msg.reserve_port)
+        elif kind == "assign":
+            self._assign(msg.assign)
+        elif kind == "stop":
+            self._stop(msg.stop)
+        elif kind == "release":
+            self._release(msg.release)
+        elif kind == "start_logs":
+            self._start_logs(msg.start_logs)
+        elif kind == "cancel_logs":
+            task = self._log_tasks.pop(msg.cancel_logs.request_id, None)
+            if task is not None:
+                task.cancel()
+        else:
+            logger.warning("ignoring an unknown message from the coordinator: %s", kind)
+
+    def _reserve_port(self, m: pb.ReservePort) -> None:
+        port, error = 0, ""
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in self.addr else socket.AF_INET) as s:
+                s.bind((self.addr, 0))
+                port = s.getsockname()[1]
+        except OSError as exc:
+            error = f"cannot bind a port on {self.addr}: {exc}"
+        self._send(pb.NodeMessage(port_reserved=pb.PortReserved(
+            job_id=m.job_id, round=m.round, port=port, error=error)))
+
+    def _assign(self, m: pb.Assign) -> None:
+        key = (m.job_id, m.round)
+        if key in self._held or not _SAFE_ID.match(m.job_id):
+            logger.warning("ignoring a duplicate or invalid assignment %s", key)
+            return
+        spec = spec_from_pb(m.spec)
+        assignment = RoundAssignment(
+            job_id=m.job_id,
+            round=m.round,
+            attempt=m.attempt,
+            spec=spec,
+            group_rank=m.group_rank,
+            group_world_size=m.group_world_size,
+            master_addr=m.master_addr,
+            master_port=m.master_port,
+            workers=tuple(
+                WorkerRanks(w.local_rank, w.global_rank, w.role_rank, w.world_size, w.role_world_size)
+                for w in m.workers
+            ),
+            run_id=m.run_id,
+        )
+        held = _Held(assignment)
+        self._held[key] = held
+        self._spawn(self._start_group(held), f"start-{m.job_id}-{m.round}")
+
+    async def _start_group(self, held: _Held) -> None:
+        a = held.assignment
+        key = (a.job_id, a.round)
+
+        def on_exit(ex: WorkerExit) -> None:
+            held.exits.append(ex)
+            self._save_pids()
+            self._send(pb.NodeMessage(worker_exited=pb.WorkerExited(
+                job_id=a.job_id, round=a.round, exit=_exit_to_pb(ex))))
+
+        group = WorkerGroup(a, node_name=self.config.name, log_root=self.log_root, on_exit=on_exit)
+        held.group = group
+        try:
+            pids = await group.start()
+        finally:
+            held.started.set()
+        held.pids = dict(pids)
+        self._save_pids()
+        if self._held.get(key) is not held:
+            return
+        self._send(pb.NodeMessage(workers_started=pb.WorkersStarted(
+            job_id=a.job_id,
+            round=a.round,
+            workers=[pb.WorkerPid(local_rank=lr, pid=pid, global_rank=_global(held, lr))
+                     for lr, pid in pids.items()],
+        )))
+        logger.info("job %s attempt %d round %d: started ranks %s", a.job_id, a.attempt, a.round,
+                    {_global(held, lr): pid for lr, pid in pids.items()})
+
+    def _stop(self, m: pb.Stop) -> None:
+        held = self._held.get((m.job_id, m.round))
+        if held is None:
+            self._send(pb.NodeMessage(group_stopped=pb.GroupStopped(job_id=m.job_id, round=m.round)))
+            return
+        logger.info("job %s round %d: stopping (%s)", m.job_id, m.round, m.reason)
+        if held.stopping is None:
+            held.stopping = asyncio.get_running_loop().create_task(
+                self._stop_and_report(held, m.grace_ms / 1000)
+            )
+
+    async def _stop_and_report(self, held: _Held, grace: float) -> None:
+        unkillable = await self._stop_group(held, grace)
+        a = held.assignment
+        self._send(pb.NodeMessage(group_stopped=pb.GroupStopped(
+            job_id=a.job_id, round=a.round, unkillable_pids=unkillable)))
+        self._held.pop((a.job_id, a.round), None)
+        self._save_pids()
+
+    async def _stop_group(self, held: _Held, grace: float) -> list[int]:
+        # A start still under way must finish spawning before it can be stopped as a unit.
+        if held.group is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(held.started.wait(), 30.0)
+        unkillable: list[int] = []
+        if held.group is not None:
+            unkillable = await held.group.stop(grace)
+            await held.group.close()
+        held.stopped = True
+        return unkillable
+
+    def _release(self, m: pb.Release) -> None:
+        held = self._held.pop((m.job_id, m.round), None)
+        if held is not None and held.group is not None:
+            self._spawn(held.group.close(), "close-group")
+        self._save_pids()
+
+    # ---- logs ------------------------------------------------------------------------------
+
+    def _start_logs(self, m: pb.StartLogs) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve_logs(m))
+        self._log_tasks[m.request_id] = task
+        task.add_done_callback(lambda _t: self._log_tasks.pop(m.request_id, None))
+
+    async def _serve_logs(self, m: pb.StartLogs) -> None:
+        path = self._log_path(m.job_id, m.attempt, m.rank, m.stream)
+        if path is None:
+            self._send(pb.NodeMessage(log_chunk=pb.LogChunk(
+                request_id=m.request_id, eof=True,
+                error=f"node {self.config.name} has no {m.stream} log for rank {m.rank} "
+                      f"of job {m.job_id} attempt {m.attempt}")))
+            return
+        with open(path, "rb") as f:
+            while True:
+                data = f.read(LOG_CHUNK_BYTES)
+                if data:
+                    self._send(pb.NodeMessage(log_chunk=pb.LogChunk(request_id=m.request_id, data=data)))
+                    await asyncio.sleep(0)
+                    continue
+                if not m.follow or not self._rank_running(m.job_id, m.rank):
+                    break
+                await asyncio.sleep(0.2)
+        self._send(pb.NodeMessage(log_chunk=pb.LogChunk(request_id=m.request_id, eof=True)))
+
+    def _log_path(self, job_id: str, attempt: int, rank: int, stream: str) -> Path | None:
+        if not _SAFE_ID.match(job_id) or stream not in ("stdout", "stderr") or rank < 0 or attempt < 0:
+            return None
+        for d in attempt_dirs_for(self.log_root, job_id, attempt):
+            p = (d / str(rank) / f"{stream}.log").resolve()
+            if p.is_relative_to(self.log_root) and p.is_file():
+                return p
+        return None
+
+    def _rank_running(self, job_id: str, rank: int) -> bool:
+        for (jid, _), h in self._held.items():
+            if jid != job_id or h.stopped:
+                continue
+            exited = {e.global_rank for e in h.exits}
+            if any(w.global_rank == rank and w.global_rank not in exited for w in h.assignment.workers):
+                return True
+        return False
+
+    # ---- bookkeeping -----------------------------------------------------------------------
+
+    def _pid_file(self) -> Path:
+        return self.state_dir / f"agent-{self.config.name}.pids.json"
+
+    def _save_pids(self) -> None:
+        pids = [
+            pid
+            for h in self._held.values()
+            for lr, pid in h.pids.items()
+            if not any(e.local_rank == lr for e in h.exits)
+        ]
+        try:
+            record_workers(self._pid_file(), pids)
+        except OSError as exc:
+            logger.warning("could not write the worker pid file: %s", exc)
+
+
+def _global(held: _Held, local_rank: int) -> int:
+    for w in held.assignment.workers:
+        if w.local_rank == local_rank:
+            return w.global_rank
+    return -1
+
+
+def _exit_to_pb(e: WorkerExit) -> pb.WorkerExit:
+    msg = pb.WorkerExit(
+        local_rank=e.local_rank,
+        global_rank=e.global_rank,
+        pid=e.pid,
+        exitcode=e.exitcode,
+        stopped_by_agent=e.stopped_by_agent,
+        timestamp=e.timestamp,
+    )
+    if e.failure is not None:
+        msg.failure.CopyFrom(failure_to_pb(e.failure))
+        msg.has_failure = True
+    if e.return_value is not None:
+        msg.return_value = e.return_value
+        msg.has_return_value = True
+    return msg
+
+
+def _route_addr(coordinator: str) -> str:
+    """The local address that routes to the coordinator (no packet is sent)."""
+    host = coordinator.rsplit(":", 1)[0].strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+        family, _, _, _, sockaddr = infos[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(sockaddr)
+            return str(s.getsockname()[0])
+    except OSError:
+        return socket.getfqdn()
+
+
+def attempt_dirs_for(log_root: Path, job_id: str, attempt: int) -> list[Path]:
+    """The log directories of one attempt, latest round first."""
+    base = log_root / job_id
+    dirs = [base / f"attempt_{attempt}", *base.glob(f"attempt_{attempt}.*")]
+    existing = [d for d in dirs if d.is_dir()]
+    return sorted(existing, key=lambda d: d.stat().st_mtime, reverse=True)
+
+
+def _default_log_dir() -> str:
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"gelastic-{os.getuid()}", "logs")

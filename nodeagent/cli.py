@@ -1,0 +1,70 @@
+"""`nodeagent --coordinator HOST:PORT`: run one node agent until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from nodeagent._session import AgentConfig, NodeAgent
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = AgentConfig(coordinator="127.0.0.1:29400")
+    p = argparse.ArgumentParser(prog="nodeagent", description="gelastic node agent")
+    p.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator")
+    p.add_argument("--slots", type=int, default=d.slots,
+                   help="worker processes this node may run (default: CPU count, %(default)s)")
+    p.add_argument("--name", default=d.name, help="unique node name (default: host name)")
+    p.add_argument("--addr", default="",
+                   help="address peers use to reach this node (default: the one routing to the coordinator)")
+    p.add_argument("--log-dir", default="", help="worker log directory (default: a temp dir)")
+    p.add_argument("--state-dir", default="", help="where the worker pid file lives (default: --log-dir)")
+    p.add_argument("--stop-grace", type=float, default=5.0,
+                   help="seconds to let workers stop when the agent is asked to exit")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+async def _run(config: AgentConfig, grace: float) -> None:
+    agent = NodeAgent(config)
+    await agent.start()
+    print(f"nodeagent {config.name} ({agent.addr}) -> {config.coordinator}; logs in {agent.log_root}",
+          flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await agent.stop(grace)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s [{args.name}] %(name)s: %(message)s",
+    )
+    config = AgentConfig(
+        coordinator=args.coordinator,
+        slots=args.slots,
+        name=args.name,
+        addr=args.addr,
+        log_dir=args.log_dir,
+        state_dir=args.state_dir,
+    )
+    try:
+        config.validate()
+    except ValueError as exc:
+        print(f"nodeagent: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(_run(config, args.stop_grace))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

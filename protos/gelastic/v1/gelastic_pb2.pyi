@@ -1,0 +1,702 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_STATE_QUEUED: _ClassVar[JobState]
+    JOB_STATE_RENDEZVOUS: _ClassVar[JobState]
+    JOB_STATE_RUNNING: _ClassVar[JobState]
+    JOB_STATE_STOPPING: _ClassVar[JobState]
+    JOB_STATE_SUCCEEDED: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
+    JOB_STATE_CANCELED: _ClassVar[JobState]
+
+class WorkerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKER_STATE_UNKNOWN: _ClassVar[WorkerState]
+    WORKER_STATE_INIT: _ClassVar[WorkerState]
+    WORKER_STATE_HEALTHY: _ClassVar[WorkerState]
+    WORKER_STATE_UNHEALTHY: _ClassVar[WorkerState]
+    WORKER_STATE_STOPPED: _ClassVar[WorkerState]
+    WORKER_STATE_SUCCEEDED: _ClassVar[WorkerState]
+    WORKER_STATE_FAILED: _ClassVar[WorkerState]
+
+class FailureCategory(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAILURE_CATEGORY_UNSPECIFIED: _ClassVar[FailureCategory]
+    FAILURE_CATEGORY_USER: _ClassVar[FailureCategory]
+    FAILURE_CATEGORY_PLATFORM: _ClassVar[FailureCategory]
+    FAILURE_CATEGORY_INFRA: _ClassVar[FailureCategory]
+    FAILURE_CATEGORY_INPUT: _ClassVar[FailureCategory]
+JOB_STATE_UNSPECIFIED: JobState
+JOB_STATE_QUEUED: JobState
+JOB_STATE_RENDEZVOUS: JobState
+JOB_STATE_RUNNING: JobState
+JOB_STATE_STOPPING: JobState
+JOB_STATE_SUCCEEDED: JobState
+JOB_STATE_FAILED: JobState
+JOB_STATE_CANCELED: JobState
+WORKER_STATE_UNKNOWN: WorkerState
+WORKER_STATE_INIT: WorkerState
+WORKER_STATE_HEALTHY: WorkerState
+WORKER_STATE_UNHEALTHY: WorkerState
+WORKER_STATE_STOPPED: WorkerState
+WORKER_STATE_SUCCEEDED: WorkerState
+WORKER_STATE_FAILED: WorkerState
+FAILURE_CATEGORY_UNSPECIFIED: FailureCategory
+FAILURE_CATEGORY_USER: FailureCategory
+FAILURE_CATEGORY_PLATFORM: FailureCategory
+FAILURE_CATEGORY_INFRA: FailureCategory
+FAILURE_CATEGORY_INPUT: FailureCategory
+
+class JobSpec(_message.Message):
+    __slots__ = ("name", "role", "entrypoint", "function", "args", "function_args", "nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "env", "redirects", "tee", "join_timeout_ms", "last_call_timeout_ms", "exit_barrier_timeout_ms", "stop_grace_ms", "restart_backoff_ms", "scale_up", "watchdog", "cwd", "stderr_tail_lines", "unhealthy_timeout_ms")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_ARGS_FIELD_NUMBER: _ClassVar[int]
+    NPROC_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    MIN_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    REDIRECTS_FIELD_NUMBER: _ClassVar[int]
+    TEE_FIELD_NUMBER: _ClassVar[int]
+    JOIN_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CALL_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_BARRIER_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    STOP_GRACE_MS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_BACKOFF_MS_FIELD_NUMBER: _ClassVar[int]
+    SCALE_UP_FIELD_NUMBER: _ClassVar[int]
+    WATCHDOG_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    entrypoint: _containers.RepeatedScalarFieldContainer[str]
+    function: str
+    args: _containers.RepeatedScalarFieldContainer[str]
+    function_args: bytes
+    nproc_per_node: int
+    min_nodes: int
+    max_nodes: int
+    max_restarts: int
+    env: _containers.ScalarMap[str, str]
+    redirects: str
+    tee: str
+    join_timeout_ms: int
+    last_call_timeout_ms: int
+    exit_barrier_timeout_ms: int
+    stop_grace_ms: int
+    restart_backoff_ms: int
+    scale_up: str
+    watchdog: bool
+    cwd: str
+    stderr_tail_lines: int
+    unhealthy_timeout_ms: int
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., function: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., function_args: _Optional[bytes] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., redirects: _Optional[str] = ..., tee: _Optional[str] = ..., join_timeout_ms: _Optional[int] = ..., last_call_timeout_ms: _Optional[int] = ..., exit_barrier_timeout_ms: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., restart_backoff_ms: _Optional[int] = ..., scale_up: _Optional[str] = ..., watchdog: _Optional[bool] = ..., cwd: _Optional[str] = ..., stderr_tail_lines: _Optional[int] = ..., unhealthy_timeout_ms: _Optional[int] = ...) -> None: ...
+
+class ProcessFailure(_message.Message):
+    __slots__ = ("node", "global_rank", "local_rank", "pid", "exitcode", "signal", "error_file", "message", "traceback", "timestamp", "attempt", "round", "root_cause", "category", "stderr_tail", "role_rank", "role")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    EXITCODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FILE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ROOT_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
+    ROLE_RANK_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    global_rank: int
+    local_rank: int
+    pid: int
+    exitcode: int
+    signal: str
+    error_file: str
+    message: str
+    traceback: str
+    timestamp: float
+    attempt: int
+    round: int
+    root_cause: bool
+    category: FailureCategory
+    stderr_tail: str
+    role_rank: int
+    role: str
+    def __init__(self, node: _Optional[str] = ..., global_rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., exitcode: _Optional[int] = ..., signal: _Optional[str] = ..., error_file: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., timestamp: _Optional[float] = ..., attempt: _Optional[int] = ..., round: _Optional[int] = ..., root_cause: _Optional[bool] = ..., category: _Optional[_Union[FailureCategory, str]] = ..., stderr_tail: _Optional[str] = ..., role_rank: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
+
+class AttemptSummary(_message.Message):
+    __slots__ = ("attempt", "round", "nodes", "end_reason", "failures", "started_at", "ended_at")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    END_REASON_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    round: int
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    end_reason: str
+    failures: _containers.RepeatedCompositeFieldContainer[ProcessFailure]
+    started_at: float
+    ended_at: float
+    def __init__(self, attempt: _Optional[int] = ..., round: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., end_reason: _Optional[str] = ..., failures: _Optional[_Iterable[_Union[ProcessFailure, _Mapping]]] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ...) -> None: ...
+
+class RunResult(_message.Message):
+    __slots__ = ("state", "return_values", "failures", "root_cause_rank", "attempts", "reason")
+    class ReturnValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: bytes
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+    class FailuresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: ProcessFailure
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[_Union[ProcessFailure, _Mapping]] = ...) -> None: ...
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RETURN_VALUES_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    ROOT_CAUSE_RANK_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    state: WorkerState
+    return_values: _containers.ScalarMap[int, bytes]
+    failures: _containers.MessageMap[int, ProcessFailure]
+    root_cause_rank: int
+    attempts: _containers.RepeatedCompositeFieldContainer[AttemptSummary]
+    reason: str
+    def __init__(self, state: _Optional[_Union[WorkerState, str]] = ..., return_values: _Optional[_Mapping[int, bytes]] = ..., failures: _Optional[_Mapping[int, ProcessFailure]] = ..., root_cause_rank: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[AttemptSummary, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Member(_message.Message):
+    __slots__ = ("node", "addr", "group_rank", "nproc", "done")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
+    NPROC_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    addr: str
+    group_rank: int
+    nproc: int
+    done: bool
+    def __init__(self, node: _Optional[str] = ..., addr: _Optional[str] = ..., group_rank: _Optional[int] = ..., nproc: _Optional[int] = ..., done: _Optional[bool] = ...) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("global_rank", "local_rank", "node", "state", "pid", "cpu_percent", "rss_bytes", "proc_state", "exitcode")
+    GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROC_STATE_FIELD_NUMBER: _ClassVar[int]
+    EXITCODE_FIELD_NUMBER: _ClassVar[int]
+    global_rank: int
+    local_rank: int
+    node: str
+    state: WorkerState
+    pid: int
+    cpu_percent: float
+    rss_bytes: int
+    proc_state: str
+    exitcode: int
+    def __init__(self, global_rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., node: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., pid: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., proc_state: _Optional[str] = ..., exitcode: _Optional[int] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("job_id", "name", "state", "reason", "attempt", "round", "max_restarts", "members", "workers", "spec", "result", "has_result", "submitted_at", "finished_at", "min_nodes", "max_nodes", "nodes_joined", "last_call_deadline", "world_size")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    HAS_RESULT_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    MIN_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NODES_FIELD_NUMBER: _ClassVar[int]
+    NODES_JOINED_FIELD_NUMBER: _ClassVar[int]
+    LAST_CALL_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    name: str
+    state: JobState
+    reason: str
+    attempt: int
+    round: int
+    max_restarts: int
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    spec: JobSpec
+    result: RunResult
+    has_result: bool
+    submitted_at: float
+    finished_at: float
+    min_nodes: int
+    max_nodes: int
+    nodes_joined: int
+    last_call_deadline: float
+    world_size: int
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ..., round: _Optional[int] = ..., max_restarts: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., result: _Optional[_Union[RunResult, _Mapping]] = ..., has_result: _Optional[bool] = ..., submitted_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., nodes_joined: _Optional[int] = ..., last_call_deadline: _Optional[float] = ..., world_size: _Optional[int] = ...) -> None: ...
+
+class Node(_message.Message):
+    __slots__ = ("name", "addr", "slots", "slots_used", "state", "last_seen", "jobs", "incarnation")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_USED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    addr: str
+    slots: int
+    slots_used: int
+    state: str
+    last_seen: float
+    jobs: _containers.RepeatedScalarFieldContainer[str]
+    incarnation: str
+    def __init__(self, name: _Optional[str] = ..., addr: _Optional[str] = ..., slots: _Optional[int] = ..., slots_used: _Optional[int] = ..., state: _Optional[str] = ..., last_seen: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("seq", "job_id", "timestamp", "kind", "reason", "attempt", "round", "node", "rank")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    job_id: str
+    timestamp: float
+    kind: str
+    reason: str
+    attempt: int
+    round: int
+    node: str
+    rank: int
+    def __init__(self, seq: _Optional[int] = ..., job_id: _Optional[str] = ..., timestamp: _Optional[float] = ..., kind: _Optional[str] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ..., round: _Optional[int] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class SubmitRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: JobSpec
+    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ...) -> None: ...
+
+class SubmitResponse(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class WatchJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class JobUpdate(_message.Message):
+    __slots__ = ("job", "events")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("include_finished",)
+    INCLUDE_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    include_finished: bool
+    def __init__(self, include_finished: _Optional[bool] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[Node]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetEventsRequest(_message.Message):
+    __slots__ = ("job_id", "after_seq")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    after_seq: int
+    def __init__(self, job_id: _Optional[str] = ..., after_seq: _Optional[int] = ...) -> None: ...
+
+class GetEventsResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
+
+class ReadLogsRequest(_message.Message):
+    __slots__ = ("job_id", "rank", "stream", "attempt", "follow")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    stream: str
+    attempt: int
+    follow: bool
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., stream: _Optional[str] = ..., attempt: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class LogData(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class WorkerPid(_message.Message):
+    __slots__ = ("local_rank", "pid", "global_rank")
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    local_rank: int
+    pid: int
+    global_rank: int
+    def __init__(self, local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., global_rank: _Optional[int] = ...) -> None: ...
+
+class WorkerExit(_message.Message):
+    __slots__ = ("local_rank", "global_rank", "pid", "exitcode", "stopped_by_agent", "failure", "has_failure", "return_value", "has_return_value", "timestamp")
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    EXITCODE_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_BY_AGENT_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    HAS_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    RETURN_VALUE_FIELD_NUMBER: _ClassVar[int]
+    HAS_RETURN_VALUE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    local_rank: int
+    global_rank: int
+    pid: int
+    exitcode: int
+    stopped_by_agent: bool
+    failure: ProcessFailure
+    has_failure: bool
+    return_value: bytes
+    has_return_value: bool
+    timestamp: float
+    def __init__(self, local_rank: _Optional[int] = ..., global_rank: _Optional[int] = ..., pid: _Optional[int] = ..., exitcode: _Optional[int] = ..., stopped_by_agent: _Optional[bool] = ..., failure: _Optional[_Union[ProcessFailure, _Mapping]] = ..., has_failure: _Optional[bool] = ..., return_value: _Optional[bytes] = ..., has_return_value: _Optional[bool] = ..., timestamp: _Optional[float] = ...) -> None: ...
+
+class RunningGroup(_message.Message):
+    __slots__ = ("job_id", "round", "attempt", "workers", "exits", "stopped")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    EXITS_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    attempt: int
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerPid]
+    exits: _containers.RepeatedCompositeFieldContainer[WorkerExit]
+    stopped: bool
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerPid, _Mapping]]] = ..., exits: _Optional[_Iterable[_Union[WorkerExit, _Mapping]]] = ..., stopped: _Optional[bool] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("name", "addr", "slots", "incarnation", "version", "running")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    addr: str
+    slots: int
+    incarnation: str
+    version: str
+    running: _containers.RepeatedCompositeFieldContainer[RunningGroup]
+    def __init__(self, name: _Optional[str] = ..., addr: _Optional[str] = ..., slots: _Optional[int] = ..., incarnation: _Optional[str] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningGroup, _Mapping]]] = ...) -> None: ...
+
+class WorkerHealth(_message.Message):
+    __slots__ = ("local_rank", "global_rank", "pid", "cpu_percent", "rss_bytes", "proc_state")
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROC_STATE_FIELD_NUMBER: _ClassVar[int]
+    local_rank: int
+    global_rank: int
+    pid: int
+    cpu_percent: float
+    rss_bytes: int
+    proc_state: str
+    def __init__(self, local_rank: _Optional[int] = ..., global_rank: _Optional[int] = ..., pid: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., proc_state: _Optional[str] = ...) -> None: ...
+
+class GroupHealth(_message.Message):
+    __slots__ = ("job_id", "round", "workers")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerHealth]
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerHealth, _Mapping]]] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("seq", "groups")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    groups: _containers.RepeatedCompositeFieldContainer[GroupHealth]
+    def __init__(self, seq: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupHealth, _Mapping]]] = ...) -> None: ...
+
+class PortReserved(_message.Message):
+    __slots__ = ("job_id", "round", "port", "error")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    port: int
+    error: str
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., port: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class WorkersStarted(_message.Message):
+    __slots__ = ("job_id", "round", "workers")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerPid]
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerPid, _Mapping]]] = ...) -> None: ...
+
+class WorkerExited(_message.Message):
+    __slots__ = ("job_id", "round", "exit")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    EXIT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    exit: WorkerExit
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., exit: _Optional[_Union[WorkerExit, _Mapping]] = ...) -> None: ...
+
+class GroupStopped(_message.Message):
+    __slots__ = ("job_id", "round", "unkillable_pids")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    UNKILLABLE_PIDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    unkillable_pids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., unkillable_pids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("request_id", "data", "eof", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    data: bytes
+    eof: bool
+    error: str
+    def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class NodeMessage(_message.Message):
+    __slots__ = ("hello", "heartbeat", "port_reserved", "workers_started", "worker_exited", "group_stopped", "log_chunk")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    PORT_RESERVED_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_STARTED_FIELD_NUMBER: _ClassVar[int]
+    WORKER_EXITED_FIELD_NUMBER: _ClassVar[int]
+    GROUP_STOPPED_FIELD_NUMBER: _ClassVar[int]
+    LOG_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    heartbeat: Heartbeat
+    port_reserved: PortReserved
+    workers_started: WorkersStarted
+    worker_exited: WorkerExited
+    group_stopped: GroupStopped
+    log_chunk: LogChunk
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., port_reserved: _Optional[_Union[PortReserved, _Mapping]] = ..., workers_started: _Optional[_Union[WorkersStarted, _Mapping]] = ..., worker_exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., group_stopped: _Optional[_Union[GroupStopped, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("heartbeat_interval_ms", "lease_ms", "coordinator_id")
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_interval_ms: int
+    lease_ms: int
+    coordinator_id: str
+    def __init__(self, heartbeat_interval_ms: _Optional[int] = ..., lease_ms: _Optional[int] = ..., coordinator_id: _Optional[str] = ...) -> None: ...
+
+class ReservePort(_message.Message):
+    __slots__ = ("job_id", "round")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
+
+class WorkerRanks(_message.Message):
+    __slots__ = ("local_rank", "global_rank", "role_rank", "world_size", "role_world_size")
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    ROLE_RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    local_rank: int
+    global_rank: int
+    role_rank: int
+    world_size: int
+    role_world_size: int
+    def __init__(self, local_rank: _Optional[int] = ..., global_rank: _Optional[int] = ..., role_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., role_world_size: _Optional[int] = ...) -> None: ...
+
+class Assign(_message.Message):
+    __slots__ = ("job_id", "round", "attempt", "spec", "group_rank", "group_world_size", "master_addr", "master_port", "workers", "run_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
+    GROUP_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    attempt: int
+    spec: JobSpec
+    group_rank: int
+    group_world_size: int
+    master_addr: str
+    master_port: int
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerRanks]
+    run_id: str
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., group_rank: _Optional[int] = ..., group_world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerRanks, _Mapping]]] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class Stop(_message.Message):
+    __slots__ = ("job_id", "round", "grace_ms", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    GRACE_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    grace_ms: int
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., grace_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ("job_id", "round")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
+
+class StartLogs(_message.Message):
+    __slots__ = ("request_id", "job_id", "attempt", "rank", "stream", "follow")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    job_id: str
+    attempt: int
+    rank: int
+    stream: str
+    follow: bool
+    def __init__(self, request_id: _Optional[int] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., stream: _Optional[str] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class CancelLogs(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    def __init__(self, request_id: _Optional[int] = ...) -> None: ...
+
+class CoordinatorMessage(_message.Message):
+    __slots__ = ("welcome", "reserve_port", "assign", "stop", "release", "start_logs", "cancel_logs")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_PORT_FIELD_NUMBER: _ClassVar[int]
+    ASSIGN_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    START_LOGS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_LOGS_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    reserve_port: ReservePort
+    assign: Assign
+    stop: Stop
+    release: Release
+    start_logs: StartLogs
+    cancel_logs: CancelLogs
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., reserve_port: _Optional[_Union[ReservePort, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., start_logs: _Optional[_Union[StartLogs, _Mapping]] = ..., cancel_logs: _Optional[_Union[CancelLogs, _Mapping]] = ...) -> None: ...
