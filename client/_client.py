@@ -269,9 +269,17 @@ def progress_line(status: JobStatus) -> str:
     """One human line for a job's current state."""
     from client._model import JobState, WorkerState
 
-    if status.state in (JobState.RUNNING,) and status.workers:
+    if status.state == JobState.RUNNING and status.workers:
+        n = len(status.workers)
         healthy = sum(1 for w in status.workers if w.state == WorkerState.HEALTHY)
-        return f"[{status.job_id}] attempt {status.attempt} running: {healthy}/{len(status.workers)} workers healthy"
+        done = sum(1 for w in status.workers if w.state == WorkerState.SUCCEEDED)
+        starting = sum(1 for w in status.workers if w.state == WorkerState.INIT)
+        parts = [f"{healthy}/{n} workers healthy"]
+        if done:
+            parts.append(f"{done} done")
+        if starting:
+            parts.append(f"{starting} starting")
+        return f"[{status.job_id}] attempt {status.attempt} running: {', '.join(parts)}"
     return f"[{status.job_id}] {status.state.value.lower()}: {status.reason}"
 
 

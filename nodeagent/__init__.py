@@ -1,1 +1,8 @@
 """The node agent: one per host; launches, watches and stops the workers of job rounds."""
+
+import os as _os
+
+# The agent forks workers; grpc's fork handlers would run in those children (between fork and
+# exec) and abort them. gelastic never uses grpc across fork, so the handlers stay off.
+_os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+

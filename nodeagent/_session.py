@@ -27,7 +27,7 @@ import grpc
 
 from client._convert import failure_to_pb, spec_from_pb
 from nodeagent._assignment import RoundAssignment, WorkerRanks
-from nodeagent._reaper import reap_previous, record_workers
+from nodeagent._reaper import PidRegistry, reap_previous
 from nodeagent._workers import WorkerExit, WorkerGroup
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -97,6 +97,7 @@ class NodeAgent:
         self._tasks: set[asyncio.Task[None]] = set()
         self._main: asyncio.Task[None] | None = None
         self._log_tasks: dict[int, asyncio.Task[None]] = {}
+        self._registry = PidRegistry(self._pid_file())
         self._heartbeat_interval = 1.0
         self._closing = False
         self.connected = asyncio.Event()
@@ -127,7 +128,6 @@ class NodeAgent:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
         self._main = None
-        self._save_pids()
 
     async def __aenter__(self) -> NodeAgent:
         await self.start()
@@ -331,18 +331,23 @@ class NodeAgent:
 
         def on_exit(ex: WorkerExit) -> None:
             held.exits.append(ex)
-            self._save_pids()
             self._send(pb.NodeMessage(worker_exited=pb.WorkerExited(
                 job_id=a.job_id, round=a.round, exit=_exit_to_pb(ex))))
 
-        group = WorkerGroup(a, node_name=self.config.name, log_root=self.log_root, on_exit=on_exit)
+        group = WorkerGroup(
+            a,
+            node_name=self.config.name,
+            log_root=self.log_root,
+            on_exit=on_exit,
+            run_dir=self.state_dir,
+            pid_registry=self._registry,
+        )
         held.group = group
         try:
             pids = await group.start()
         finally:
             held.started.set()
         held.pids = dict(pids)
-        self._save_pids()
         if self._held.get(key) is not held:
             return
         self._send(pb.NodeMessage(workers_started=pb.WorkersStarted(
@@ -371,7 +376,6 @@ class NodeAgent:
         self._send(pb.NodeMessage(group_stopped=pb.GroupStopped(
             job_id=a.job_id, round=a.round, unkillable_pids=unkillable)))
         self._held.pop((a.job_id, a.round), None)
-        self._save_pids()
 
     async def _stop_group(self, held: _Held, grace: float) -> list[int]:
         # A start still under way must finish spawning before it can be stopped as a unit.
@@ -389,7 +393,6 @@ class NodeAgent:
         held = self._held.pop((m.job_id, m.round), None)
         if held is not None and held.group is not None:
             self._spawn(held.group.close(), "close-group")
-        self._save_pids()
 
     # ---- logs ------------------------------------------------------------------------------
 
@@ -440,18 +443,6 @@ class NodeAgent:
 
     def _pid_file(self) -> Path:
         return self.state_dir / f"agent-{self.config.name}.pids.json"
-
-    def _save_pids(self) -> None:
-        pids = [
-            pid
-            for h in self._held.values()
-            for lr, pid in h.pids.items()
-            if not any(e.local_rank == lr for e in h.exits)
-        ]
-        try:
-            record_workers(self._pid_file(), pids)
-        except OSError as exc:
-            logger.warning("could not write the worker pid file: %s", exc)
 
 
 def _global(held: _Held, local_rank: int) -> int:

@@ -1,0 +1,245 @@
+"""Runs one python worker the way ``python`` would, and records why it died.
+
+This file is executed by path under whatever python3 (3.7+) the job asked for, so it imports
+only the standard library and nothing of gelastic. It enables faulthandler, runs the target
+(a script, ``-m`` module, ``-c`` code, or a ``module:qualname`` function), and on an uncaught
+exception writes torchelastic's error file (``TORCHELASTIC_ERROR_FILE``) in torch's nested
+format, then exits like python does (traceback on stderr, exit code 1).
+
+Usage::
+
+    python [interpreter flags] _bootstrap.py --error-file PATH
+        (--script PATH | --module NAME | --code CODE
+         | --function MOD:QUALNAME --args-file PATH --return-file PATH)
+        -- [target args...]
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import json
+import os
+import pickle
+import runpy
+import sys
+import time
+import traceback
+import types
+from typing import Any, NoReturn
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_USAGE = (
+    "usage: _bootstrap.py --error-file PATH (--script PATH | --module NAME | --code CODE | "
+    "--function MOD:QUALNAME --args-file PATH --return-file PATH) -- [args...]"
+)
+# torch's own writers (`@record`) use protocol-agnostic json; return values use at least 4 so
+# large objects (> 4 GiB) and out-of-band friendly types round-trip.
+_PICKLE_PROTOCOL = max(4, pickle.DEFAULT_PROTOCOL)
+
+
+class _Options:
+    def __init__(self) -> None:
+        self.error_file = ""
+        self.mode = ""
+        self.target = ""
+        self.args_file = ""
+        self.return_file = ""
+        self.rest: list[str] = []
+
+
+def _usage_error(message: str) -> NoReturn:
+    sys.stderr.write(f"gelastic bootstrap: {message}\n{_USAGE}\n")
+    sys.exit(2)
+
+
+def _parse(argv: list[str]) -> _Options:
+    opts = _Options()
+    modes = {"--script": "script", "--module": "module", "--code": "code", "--function": "function"}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            opts.rest = argv[i + 1 :]
+            break
+        if i + 1 >= len(argv):
+            _usage_error(f"option {arg} needs a value")
+        value = argv[i + 1]
+        if arg == "--error-file":
+            opts.error_file = value
+        elif arg in modes:
+            if opts.mode:
+                _usage_error("give exactly one of --script, --module, --code, --function")
+            opts.mode = modes[arg]
+            opts.target = value
+        elif arg == "--args-file":
+            opts.args_file = value
+        elif arg == "--return-file":
+            opts.return_file = value
+        else:
+            _usage_error(f"unknown option {arg}")
+        i += 2
+    if not opts.mode:
+        _usage_error("no target given")
+    if opts.mode == "function" and not opts.return_file:
+        _usage_error("--function needs --return-file")
+    return opts
+
+
+def _file_key(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_ino, st.st_size)
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _write_error_file(path: str, message: str, callstack: str) -> None:
+    if not path:
+        return
+    data = {
+        "message": {
+            "message": message,
+            "extraInfo": {
+                "py_callstack": callstack,
+                # torch writes whole seconds; sub-second precision orders near-simultaneous
+                # failures of one host correctly, and readers accept both.
+                "timestamp": f"{time.time():.6f}",
+            },
+        }
+    }
+    try:
+        _atomic_write(path, json.dumps(data).encode("utf-8"))
+    except OSError as e:
+        sys.stderr.write(f"gelastic bootstrap: cannot write error file {path}: {e}\n")
+
+
+def _user_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
+    # Drop the bootstrap's and runpy's own frames so the traceback reads like `python x.py`.
+    # (runpy may be frozen, so it is recognised by module name, not by file.)
+    own = globals()
+    while tb is not None:
+        frame_globals = tb.tb_frame.f_globals
+        if frame_globals is own or frame_globals.get("__name__") == "runpy":
+            tb = tb.tb_next
+            continue
+        break
+    return tb
+
+
+def _fix_sys_path(opts: _Options) -> None:
+    # Python put this file's directory first; the target expects its own (as `python x.py`).
+    if sys.path and sys.path[0] and os.path.realpath(sys.path[0]) == os.path.realpath(_HERE):
+        del sys.path[0]
+    if getattr(sys.flags, "safe_path", False) or getattr(sys.flags, "isolated", False):
+        return
+    if opts.mode == "script":
+        sys.path.insert(0, os.path.dirname(os.path.realpath(opts.target)))
+    elif opts.mode == "code":
+        sys.path.insert(0, "")
+    else:
+        sys.path.insert(0, os.getcwd())
+
+
+def _resolve_function(ref: str) -> Any:
+    module_name, _, qualname = ref.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _run_function(opts: _Options) -> None:
+    fn = _resolve_function(opts.target)
+    args: Any = ()
+    kwargs: Any = {}
+    if opts.args_file:
+        with open(opts.args_file, "rb") as f:
+            payload = f.read()
+        if payload:
+            args, kwargs = pickle.loads(payload)
+    result = fn(*args, **kwargs)
+    try:
+        data = pickle.dumps(result, protocol=_PICKLE_PROTOCOL)
+    except Exception as e:
+        message = f"return value of {opts.target} cannot be pickled: {type(e).__name__}: {e}"
+        sys.stderr.write(message + "\n")
+        _write_error_file(opts.error_file, message, traceback.format_exc())
+        sys.exit(1)
+    _atomic_write(opts.return_file, data)
+
+
+def _run_code(code: str) -> None:
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(compile(code, "<string>", "exec"), main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+def _run(opts: _Options) -> None:
+    if opts.mode == "script":
+        sys.argv = [opts.target, *opts.rest]
+        if not os.path.exists(opts.target):
+            # `python missing.py` says this and exits 2.
+            message = (
+                f"can't open file {os.path.abspath(opts.target)!r}: "
+                "[Errno 2] No such file or directory"
+            )
+            sys.stderr.write(f"{sys.executable}: {message}\n")
+            _write_error_file(opts.error_file, message, "")
+            sys.exit(2)
+        runpy.run_path(opts.target, run_name="__main__")
+    elif opts.mode == "module":
+        sys.argv = ["-m", *opts.rest]
+        runpy.run_module(opts.target, run_name="__main__", alter_sys=True)
+    elif opts.mode == "code":
+        sys.argv = ["-c", *opts.rest]
+        _run_code(opts.target)
+    else:
+        sys.argv = [opts.target, *opts.rest]
+        _run_function(opts)
+
+
+def main() -> None:
+    faulthandler.enable(all_threads=True)
+    opts = _parse(sys.argv[1:])
+    _fix_sys_path(opts)
+    before = _file_key(opts.error_file) if opts.error_file else None
+    try:
+        _run(opts)
+    except SystemExit:
+        # Like torch's @record: a deliberate sys.exit(n) writes no error file; the exit code
+        # passes through unchanged (0/None is success).
+        raise
+    except Exception as e:
+        tb = _user_traceback(e.__traceback__)
+        if tb is None:
+            # Nothing of the target ran (e.g. `-m missing`): python prints one line.
+            tb = e.__traceback__
+        lines = traceback.format_exception(type(e), e, tb)
+        after = _file_key(opts.error_file) if opts.error_file else None
+        # torch semantics: a file the worker wrote itself (e.g. @record) wins over ours.
+        if after is None or after == before:
+            _write_error_file(opts.error_file, f"{type(e).__name__}: {e}", "".join(lines))
+        # The interpreter prints value.__traceback__, not the tb argument, so trim it there.
+        e.__traceback__ = tb
+        sys.excepthook(type(e), e, tb)
+        sys.exit(1)
+    # KeyboardInterrupt and other BaseExceptions propagate: python then exits exactly as it
+    # would without us (for SIGINT: by re-raising the signal). torch does not record them.
+
+
+if __name__ == "__main__":
+    main()

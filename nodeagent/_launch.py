@@ -1,0 +1,392 @@
+"""The launch plan: what to run for each local worker of a round, as data.
+
+`build_launch_plan` turns a `RoundAssignment` into one `WorkerLaunch` per local worker: argv,
+the torchrun-compatible environment, cwd and the paths of its logs, error file and (for function
+entrypoints) its argument and return-value files. It touches nothing; spawning the plan is
+`nodeagent._process.spawn`, preparing the directories is `nodeagent._workers.WorkerGroup`.
+
+Log layout (also read back by the log reader, through `attempt_dir`)::
+
+    <log_root>/<job_id>/attempt_<attempt>/<global_rank>/{stdout.log,stderr.log,error.json}
+
+The first round of an attempt owns ``attempt_<attempt>``. A membership change re-forms the round
+without a new attempt; such a later round of the same attempt gets ``attempt_<attempt>.<round>``
+so the logs of the earlier round are never overwritten. Which of the two names a round gets is
+recorded in a ``round`` marker file inside the directory (see `resolve_attempt_dir`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+from client._model import parse_std_mapping
+from nodeagent._assignment import RoundAssignment, WorkerRanks
+
+__all__ = [
+    "BOOTSTRAP_PATH",
+    "STDERR",
+    "STDOUT",
+    "WorkerLaunch",
+    "attempt_dir",
+    "attempt_dir_name",
+    "build_launch_plan",
+    "find_attempt_dir",
+    "parse_python_command",
+    "resolve_attempt_dir",
+    "tee_prefix",
+]
+
+STDOUT = 1
+"""torchrun's Std.OUT bit in redirect/tee masks."""
+STDERR = 2
+"""torchrun's Std.ERR bit in redirect/tee masks."""
+
+BOOTSTRAP_PATH = str(Path(__file__).with_name("_bootstrap.py").resolve())
+"""The standalone script every python worker runs under (executed by path)."""
+
+ROUND_MARKER = "round"
+"""File inside an attempt directory holding the round number that owns it."""
+
+_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+# Interpreter options that take no value and do not change how the target is chosen.
+_NOARG_FLAGS = frozenset("bBdEIOPqsSuvR")
+# Options whose value is either glued on (-Wignore) or the next argument (-W ignore).
+_VALUE_FLAGS = frozenset("WX")
+_DEFAULT_PREFIX_TEMPLATE = "[${role_name}${local_rank}]:"
+
+
+@dataclass(frozen=True)
+class PythonCommand:
+    """A `python ...` command split the way the interpreter reads it."""
+
+    interpreter: str
+    flags: tuple[str, ...]
+    mode: str
+    """"script", "module" or "code"."""
+    target: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """Everything needed to start one worker process; pure data."""
+
+    local_rank: int
+    global_rank: int
+    role_rank: int
+    role: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    log_dir: Path
+    stdout_path: Path
+    stderr_path: Path
+    error_file: Path
+    return_file: Path | None
+    """Where a function entrypoint's pickled return value lands; None for commands."""
+    args_file: Path | None
+    """Where the pickled (args, kwargs) of a function entrypoint must be written first."""
+    args_bytes: bytes | None
+    """Content of `args_file`; written by the group before spawning."""
+    redirect: int
+    """torchrun Std mask: streams that go to the log file only."""
+    tee: int
+    """torchrun Std mask: streams that also go to the agent console, prefixed."""
+    prefix: str
+    """Line prefix for teed output, e.g. ``[default0]:``."""
+    program: str
+    """The program the user asked for (argv[0] of the command, or the function), for messages."""
+    is_function: bool = False
+
+
+def attempt_dir_name(attempt: int, round_: int, *, first_round_of_attempt: bool) -> str:
+    """``attempt_<a>`` for the first round of an attempt, ``attempt_<a>.<round>`` after."""
+    if first_round_of_attempt:
+        return f"attempt_{attempt}"
+    return f"attempt_{attempt}.{round_}"
+
+
+def attempt_dir(
+    log_root: Path, job_id: str, attempt: int, round_: int, *, first_round_of_attempt: bool
+) -> Path:
+    """The directory of one round's logs (pure; see the module docstring for the rule)."""
+    name = attempt_dir_name(attempt, round_, first_round_of_attempt=first_round_of_attempt)
+    return Path(log_root) / job_id / name
+
+
+def _marker_round(directory: Path) -> int | None:
+    try:
+        return int((directory / ROUND_MARKER).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def resolve_attempt_dir(log_root: Path, job_id: str, attempt: int, round_: int) -> Path:
+    """The directory a round should write its logs to; never one an earlier round owns.
+
+    Reads (does not write) the file system: ``attempt_<a>`` is used when it does not exist yet
+    or its ``round`` marker names this round (several agents on one host share it). A directory
+    without a marker is being created by a peer agent of this same round right now.
+    """
+    first = attempt_dir(log_root, job_id, attempt, round_, first_round_of_attempt=True)
+    if not first.exists():
+        return first
+    owner = _marker_round(first)
+    if owner is None or owner == round_:
+        return first
+    return attempt_dir(log_root, job_id, attempt, round_, first_round_of_attempt=False)
+
+
+def find_attempt_dir(log_root: Path, job_id: str, attempt: int, round_: int) -> Path | None:
+    """For readers: the existing log directory of (attempt, round), or None."""
+    later = attempt_dir(log_root, job_id, attempt, round_, first_round_of_attempt=False)
+    if later.is_dir():
+        return later
+    first = attempt_dir(log_root, job_id, attempt, round_, first_round_of_attempt=True)
+    if first.is_dir() and _marker_round(first) in (None, round_):
+        return first
+    return None
+
+
+def tee_prefix(template: str | None, *, role: str, local_rank: int, rank: int) -> str:
+    """torchrun's tee line prefix; TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE may override it."""
+    return Template(template or _DEFAULT_PREFIX_TEMPLATE).safe_substitute(
+        role_name=role, rank=str(rank), local_rank=str(local_rank)
+    )
+
+
+def _is_python(program: str, python: str) -> bool:
+    return (
+        program == python
+        or program == sys.executable
+        or bool(_PYTHON_NAME.match(os.path.basename(program)))
+    )
+
+
+def parse_python_command(
+    argv: Sequence[str], *, python: str = sys.executable
+) -> PythonCommand | None:
+    """Split ``python [flags] (script | -m mod | -c code) args...``; None if it is not one.
+
+    Commands the bootstrap cannot host faithfully (no target, ``-`` for stdin, ``-i``, ``-x``,
+    ``--help`` ...) return None and run as they are.
+    """
+    if not argv or not _is_python(argv[0], python):
+        return None
+    flags: list[str] = []
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg.startswith("--"):
+            if arg == "--check-hash-based-pycs" and i + 1 < len(argv):
+                flags += [arg, argv[i + 1]]
+                i += 2
+                continue
+            if arg.startswith("--check-hash-based-pycs="):
+                flags.append(arg)
+                i += 1
+                continue
+            return None
+        if not arg.startswith("-") or arg == "-":
+            break
+        j = 1
+        while j < len(arg):
+            ch = arg[j]
+            if ch in _NOARG_FLAGS:
+                flags.append("-" + ch)
+                j += 1
+                continue
+            if ch in _VALUE_FLAGS or ch in "cm":
+                value = arg[j + 1 :]
+                if not value:
+                    i += 1
+                    if i >= len(argv):
+                        return None
+                    value = argv[i]
+                if ch in _VALUE_FLAGS:
+                    flags += ["-" + ch, value]
+                    break
+                mode = "code" if ch == "c" else "module"
+                return PythonCommand(argv[0], tuple(flags), mode, value, tuple(argv[i + 1 :]))
+            return None
+        i += 1
+    if i >= len(argv) or argv[i] == "-":
+        return None
+    return PythonCommand(argv[0], tuple(flags), "script", argv[i], tuple(argv[i + 1 :]))
+
+
+def _substitute(args: Sequence[str], local_rank: int) -> list[str]:
+    # torchrun's macros.substitute: string.Template over each argument (not the program).
+    return [Template(a).safe_substitute(local_rank=str(local_rank)) for a in args]
+
+
+def _worker_argv(
+    assignment: RoundAssignment, ranks: WorkerRanks, wdir: Path, error_file: Path, python: str
+) -> tuple[tuple[str, ...], Path | None, Path | None, str]:
+    spec = assignment.spec
+    if spec.is_function:
+        args_file = wdir / "args.pkl"
+        return_file = wdir / "return.pkl"
+        fn_argv: tuple[str, ...] = (
+            python,
+            BOOTSTRAP_PATH,
+            "--error-file",
+            str(error_file),
+            "--function",
+            spec.function,
+            "--args-file",
+            str(args_file),
+            "--return-file",
+            str(return_file),
+            "--",
+        )
+        return fn_argv, args_file, return_file, spec.function
+    command = list(spec.argv)
+    command = [command[0], *_substitute(command[1:], ranks.local_rank)]
+    parsed = parse_python_command(command, python=python)
+    if parsed is None:
+        return tuple(command), None, None, command[0]
+    mode_flag = {"script": "--script", "module": "--module", "code": "--code"}[parsed.mode]
+    argv: tuple[str, ...] = (
+        parsed.interpreter,
+        *parsed.flags,
+        BOOTSTRAP_PATH,
+        "--error-file",
+        str(error_file),
+        mode_flag,
+        parsed.target,
+        "--",
+        *parsed.args,
+    )
+    program = parsed.target if parsed.mode != "code" else "-c"
+    return argv, None, None, program
+
+
+def _worker_env(
+    assignment: RoundAssignment,
+    ranks: WorkerRanks,
+    *,
+    node_name: str,
+    agent_env: Mapping[str, str],
+    error_file: Path,
+    timer_file: str | None,
+) -> dict[str, str]:
+    spec = assignment.spec
+    env = dict(agent_env)
+    # Defaults the user may override through spec.env (torchrun sets them the same way).
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if spec.nproc_per_node > 1 and "OMP_NUM_THREADS" not in spec.env:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(spec.env)
+    # The identity of the worker and the agent's wiring always win over the user's env:
+    # a wrong RANK or error-file path breaks the whole job, not just this worker.
+    env.update(
+        {
+            "RANK": str(ranks.global_rank),
+            "LOCAL_RANK": str(ranks.local_rank),
+            "GROUP_RANK": str(assignment.group_rank),
+            "ROLE_RANK": str(ranks.role_rank),
+            "ROLE_NAME": spec.role,
+            "LOCAL_WORLD_SIZE": str(spec.nproc_per_node),
+            "WORLD_SIZE": str(ranks.world_size),
+            "GROUP_WORLD_SIZE": str(assignment.group_world_size),
+            "ROLE_WORLD_SIZE": str(ranks.role_world_size),
+            "MASTER_ADDR": assignment.master_addr,
+            "MASTER_PORT": str(assignment.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(assignment.attempt),
+            "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+            "TORCHELASTIC_RUN_ID": assignment.run_id,
+            # No agent-hosted store: worker RANK 0 hosts the c10d store at MASTER_ADDR:PORT.
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCHELASTIC_ERROR_FILE": str(error_file),
+            "GELASTIC_JOB_ID": assignment.job_id,
+            "GELASTIC_ROUND": str(assignment.round),
+            "GELASTIC_NODE": node_name,
+        }
+    )
+    if timer_file is not None:
+        env["TORCHELASTIC_TIMER_FILE"] = timer_file
+    return env
+
+
+def build_launch_plan(
+    assignment: RoundAssignment,
+    *,
+    log_root: Path,
+    node_name: str,
+    agent_env: Mapping[str, str],
+    python: str = sys.executable,
+    timer_file: str | None = None,
+    log_dir: Path | None = None,
+    agent_cwd: str | None = None,
+) -> list[WorkerLaunch]:
+    """One `WorkerLaunch` per local worker of `assignment`, in local-rank order.
+
+    `log_dir` is this round's attempt directory (from `resolve_attempt_dir`); by default the
+    first-round name ``<log_root>/<job_id>/attempt_<attempt>``. `agent_cwd` is where a spec
+    without `cwd` runs (default: the agent's current directory).
+    """
+    spec = assignment.spec
+    base_dir = log_dir or attempt_dir(
+        log_root,
+        assignment.job_id,
+        assignment.attempt,
+        assignment.round,
+        first_round_of_attempt=True,
+    )
+    here = agent_cwd if agent_cwd is not None else os.getcwd()
+    cwd = os.path.join(here, spec.cwd) if spec.cwd else here
+    redirects = parse_std_mapping("redirects", spec.redirects, spec.nproc_per_node)
+    tees = parse_std_mapping("tee", spec.tee, spec.nproc_per_node)
+    template = agent_env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+    plan: list[WorkerLaunch] = []
+    for ranks in sorted(assignment.workers, key=lambda w: w.local_rank):
+        wdir = base_dir / str(ranks.global_rank)
+        error_file = wdir / "error.json"
+        argv, args_file, return_file, program = _worker_argv(
+            assignment, ranks, wdir, error_file, python
+        )
+        env = _worker_env(
+            assignment,
+            ranks,
+            node_name=node_name,
+            agent_env=agent_env,
+            error_file=error_file,
+            timer_file=timer_file,
+        )
+        plan.append(
+            WorkerLaunch(
+                local_rank=ranks.local_rank,
+                global_rank=ranks.global_rank,
+                role_rank=ranks.role_rank,
+                role=spec.role,
+                argv=argv,
+                env=env,
+                cwd=cwd,
+                log_dir=wdir,
+                stdout_path=wdir / "stdout.log",
+                stderr_path=wdir / "stderr.log",
+                error_file=error_file,
+                return_file=return_file,
+                args_file=args_file,
+                args_bytes=spec.function_args if args_file is not None else None,
+                redirect=redirects.get(ranks.local_rank, 0),
+                tee=tees.get(ranks.local_rank, 0),
+                prefix=tee_prefix(
+                    template, role=spec.role, local_rank=ranks.local_rank, rank=ranks.global_rank
+                ),
+                program=program,
+                is_function=spec.is_function,
+            )
+        )
+    return plan

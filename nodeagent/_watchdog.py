@@ -1,0 +1,282 @@
+"""A torch `FileTimerServer`-compatible watchdog, on the agent's event loop.
+
+Workers use torch's own `FileTimerClient` / `expires()`: each request is one JSON line written to
+a FIFO at ``TORCHELASTIC_TIMER_FILE``::
+
+    {"version": 1, "pid": P, "scope_id": "...", "expiration_time": <epoch s>, "signal": 9}
+
+(``expiration_time`` -1 releases the timer.)
+
+Unlike torch's server, an expiry kills only the worker that asked (never the agent), only if it is
+a worker of this group, and is reported through `on_expired` so the agent can report a failure.
+The FIFO is read when readable (add_reader) and expiries fire from a timer set on the earliest
+deadline; nothing polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import stat
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ExpiredCallback", "FileTimerServer", "TimerRequest"]
+
+logger = logging.getLogger(__name__)
+
+ExpiredCallback = Callable[[int, str, int, float], None]
+"""on_expired(pid, scope_id, signal, expiration_time)."""
+
+_MAX_LINE = 64 * 1024
+_READ_CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class TimerRequest:
+    """One parsed line of the FileTimer protocol."""
+
+    pid: int
+    scope_id: str
+    expiration_time: float
+    signal: int
+
+    @property
+    def is_release(self) -> bool:
+        return self.expiration_time < 0
+
+
+def parse_request(line: bytes) -> TimerRequest:
+    """Parse one request line; raises ValueError saying what is wrong."""
+    try:
+        data = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    try:
+        pid, scope_id, expiration, sig = (
+            data["pid"],
+            data["scope_id"],
+            data["expiration_time"],
+            data["signal"],
+        )
+    except KeyError as e:
+        raise ValueError(f"missing key {e.args[0]!r}") from None
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        raise ValueError(f"bad pid {pid!r}")
+    if not isinstance(scope_id, str):
+        raise ValueError(f"bad scope_id {scope_id!r}")
+    if isinstance(expiration, bool) or not isinstance(expiration, int | float):
+        raise ValueError(f"bad expiration_time {expiration!r}")
+    if math.isnan(expiration):
+        raise ValueError("expiration_time is NaN")
+    if isinstance(sig, bool) or not isinstance(sig, int):
+        raise ValueError(f"bad signal {sig!r}")
+    return TimerRequest(pid, scope_id, float(expiration), sig)
+
+
+class FileTimerServer:
+    """Serves torch's FileTimer protocol at `path` for the workers of one group."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        allowed_pids: Collection[int] | Callable[[int], bool],
+        on_expired: ExpiredCallback,
+        clock: Callable[[], float] = time.time,
+        kill: Callable[[int, int], None] = os.kill,
+    ) -> None:
+        self.path = Path(path)
+        self._allowed = allowed_pids
+        self._on_expired = on_expired
+        self._clock = clock
+        self._kill = kill
+        self._timers: dict[tuple[int, str], TimerRequest] = {}
+        self._read_fd: int | None = None
+        self._write_fd: int | None = None
+        self._buffer = bytearray()
+        self._discarding = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    @property
+    def timers(self) -> dict[tuple[int, str], TimerRequest]:
+        """Armed timers by (pid, scope_id)."""
+        return dict(self._timers)
+
+    def _is_allowed(self, pid: int) -> bool:
+        if callable(self._allowed):
+            return bool(self._allowed(pid))
+        return pid in self._allowed
+
+    def start(self) -> None:
+        """Create the FIFO and start reading it; call from the event loop."""
+        if self._loop is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(self.path)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(f"watchdog timer file {self.path} is a directory")
+            os.unlink(self.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(self.path, 0o600)
+        # Non-blocking reader first (a FIFO open for write fails without a reader); then a
+        # writer of our own, so the reader never sees EOF between clients.
+        self._read_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self._write_fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self._loop.add_reader(self._read_fd, self._on_readable)
+        logger.info("watchdog serving FileTimer requests at %s", self.path)
+
+    def _on_readable(self) -> None:
+        assert self._read_fd is not None
+        while True:
+            try:
+                chunk = os.read(self._read_fd, _READ_CHUNK)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            self._feed(chunk)
+        self._reschedule()
+
+    def _feed(self, chunk: bytes) -> None:
+        self._buffer += chunk
+        while True:
+            nl = self._buffer.find(b"\n")
+            if nl < 0:
+                if len(self._buffer) > _MAX_LINE:
+                    logger.warning("watchdog: dropping a request line over %d bytes", _MAX_LINE)
+                    self._buffer.clear()
+                    self._discarding = True
+                return
+            line = bytes(self._buffer[:nl])
+            del self._buffer[: nl + 1]
+            if self._discarding:
+                self._discarding = False
+                continue
+            if line.strip():
+                self._handle_line(line)
+
+    def _handle_line(self, line: bytes) -> None:
+        try:
+            req = parse_request(line)
+        except ValueError as e:
+            logger.warning("watchdog: ignoring malformed request %r: %s", line[:200], e)
+            return
+        self.register(req)
+
+    def register(self, req: TimerRequest) -> None:
+        """Arm or release one timer (what a request line does)."""
+        key = (req.pid, req.scope_id)
+        if req.is_release:
+            self._timers.pop(key, None)
+            return
+        if not self._is_allowed(req.pid):
+            logger.warning(
+                "watchdog: ignoring timer %r for pid %d, which is not a worker of this group",
+                req.scope_id,
+                req.pid,
+            )
+            return
+        self._timers[key] = req
+
+    def forget_pid(self, pid: int) -> None:
+        """Drop every timer of a worker that has exited."""
+        for key in [k for k in self._timers if k[0] == pid]:
+            del self._timers[key]
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._closed or not self._timers or self._loop is None:
+            return
+        earliest = min(t.expiration_time for t in self._timers.values())
+        delay = max(0.0, earliest - self._clock())
+        self._timer = self._loop.call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self.expire(self._clock())
+        self._reschedule()
+
+    def expire(self, now: float) -> list[TimerRequest]:
+        """Kill the workers whose timers expired at `now`; returns the timers that killed."""
+        expired: dict[int, list[TimerRequest]] = {}
+        for req in self._timers.values():
+            if req.expiration_time <= now:
+                expired.setdefault(req.pid, []).append(req)
+        fired: list[TimerRequest] = []
+        for pid, reqs in expired.items():
+            reqs.sort(key=lambda r: r.expiration_time)
+            for r in reqs:
+                del self._timers[(r.pid, r.scope_id)]
+            chosen = next((r for r in reqs if r.signal > 0), None)
+            if chosen is None:
+                logger.info(
+                    "watchdog: timer(s) %s of pid %d expired with no signal; not killing",
+                    [r.scope_id for r in reqs],
+                    pid,
+                )
+                continue
+            if pid == os.getpid() or not self._is_allowed(pid):
+                logger.warning(
+                    "watchdog: timer %r expired for pid %d, which is not a worker of this "
+                    "group; not killing",
+                    chosen.scope_id,
+                    pid,
+                )
+                continue
+            logger.warning(
+                "watchdog: timer %r of pid %d expired at %.3f; sending signal %d",
+                chosen.scope_id,
+                pid,
+                chosen.expiration_time,
+                chosen.signal,
+            )
+            try:
+                self._kill(pid, chosen.signal)
+            except ProcessLookupError:
+                logger.info("watchdog: pid %d already exited", pid)
+            except OSError:
+                logger.exception("watchdog: could not signal pid %d", pid)
+                continue
+            # Every timer of a killed worker is void.
+            for key in [k for k in self._timers if k[0] == pid]:
+                del self._timers[key]
+            fired.append(chosen)
+            try:
+                self._on_expired(pid, chosen.scope_id, chosen.signal, chosen.expiration_time)
+            except Exception:
+                logger.exception("watchdog: on_expired callback failed")
+        return fired
+
+    def close(self) -> None:
+        """Stop serving and remove the FIFO; idempotent."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._read_fd is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._read_fd)
+            os.close(self._read_fd)
+            self._read_fd = None
+        if self._write_fd is not None:
+            os.close(self._write_fd)
+            self._write_fd = None
+        if self._loop is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        self._timers.clear()

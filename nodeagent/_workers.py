@@ -1,0 +1,871 @@
+"""The workers of one job round on this node: start them, watch them, report each exit, stop them.
+
+`WorkerGroup` carries out a `RoundAssignment`: it prepares the log directories, spawns every
+local worker from the launch plan, copies their stdout/stderr into the log files (and, per the
+redirect/tee masks, onto the agent's console), serves the FileTimer watchdog, samples health,
+and calls `on_exit` with a `WorkerExit` the moment each worker is gone. It makes no decisions
+about the job: what to do after a failure is the coordinator's call, relayed by the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import errno
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from client._model import (
+    MAX_RETURN_VALUE_BYTES,
+    FailureCategory,
+    ProcessFailure,
+    WorkerState,
+    signal_name,
+)
+from nodeagent._assignment import RoundAssignment, WorkerRanks
+from nodeagent._errorfile import (
+    ErrorFileResult,
+    build_failure,
+    read_error_file,
+    read_stderr_tail,
+)
+from nodeagent._health import HealthJudge, HealthSample, HealthSampler
+from nodeagent._launch import (
+    ROUND_MARKER,
+    STDERR,
+    STDOUT,
+    WorkerLaunch,
+    build_launch_plan,
+    resolve_attempt_dir,
+)
+from nodeagent._process import ProcessHandle, spawn
+from nodeagent._reaper import PidRegistry
+from nodeagent._watchdog import FileTimerServer
+
+__all__ = ["ConsoleWriter", "WorkerExit", "WorkerGroup", "WorkerHealth", "agent_console"]
+
+logger = logging.getLogger(__name__)
+
+ConsoleWriter = Callable[[int, bytes], None]
+"""console(stream, data): stream is 1 (stdout) or 2 (stderr)."""
+
+_READ_CHUNK = 65536
+_MAX_PARTIAL_LINE = 64 * 1024
+_EXIT_NOT_FOUND = 127
+_EXIT_CANNOT_EXECUTE = 126
+# errnos that mean the agent's host, not the worker's program, is at fault.
+_PLATFORM_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.ENOSPC})
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """One worker is gone: how, and what it left."""
+
+    local_rank: int
+    global_rank: int
+    pid: int
+    """0 when the worker could not be started."""
+    exitcode: int
+    """Negative = killed by that signal; 126/127 = could not be started."""
+    stopped_by_agent: bool
+    """The exit was caused by `stop()`; it is neither a failure nor a result."""
+    failure: ProcessFailure | None
+    return_value: bytes | None
+    """Pickled return value of a function entrypoint that succeeded (never unpickled here)."""
+    timestamp: float
+    """When the agent observed the exit (seconds since the epoch)."""
+
+    @property
+    def succeeded(self) -> bool:
+        return self.failure is None and not self.stopped_by_agent
+
+
+@dataclass(frozen=True)
+class WorkerHealth:
+    """The latest health sample of one worker."""
+
+    local_rank: int
+    global_rank: int
+    pid: int
+    status: str
+    """psutil status: "running", "sleeping", "disk-sleep", "stopped", ..."""
+    cpu_percent: float
+    rss_bytes: int
+    timestamp: float
+    bad_since: float | None = None
+    """Since when the worker has been in D or T state (None = it is not)."""
+
+
+def agent_console(stream: int, data: bytes) -> None:
+    """Default console writer: the agent's own stdout/stderr."""
+    out = sys.stdout if stream == STDOUT else sys.stderr
+    buffer = getattr(out, "buffer", None)
+    if buffer is not None:
+        out.flush()
+        buffer.write(data)
+        buffer.flush()
+    else:
+        out.write(data.decode("utf-8", errors="replace"))
+        out.flush()
+
+
+class _StreamPump:
+    """Copies one worker pipe into its log file and, per its mode, onto the console."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fd: int,
+        log_path: Path,
+        stream: int,
+        console: ConsoleWriter | None,
+        prefix: bytes | None,
+    ) -> None:
+        self._loop = loop
+        self._fd: int | None = fd
+        self._stream = stream
+        self._console = console
+        self._prefix = prefix
+        self._partial = b""
+        self._log: IO[bytes] | None = None
+        self.done: asyncio.Future[None] = loop.create_future()
+        try:
+            self._log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - closed in _finish
+        except OSError:
+            logger.exception("cannot open log file %s; output of this stream is dropped", log_path)
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, self._on_readable)
+
+    def _on_readable(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            data = os.read(self._fd, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.finish()
+            return
+        if self._log is not None:
+            try:
+                self._log.write(data)
+            except OSError:
+                logger.exception("cannot write log file; dropping its output from now on")
+                self._close_log()
+        self._forward(data)
+
+    def _emit(self, data: bytes) -> None:
+        if self._console is None or not data:
+            return
+        try:
+            self._console(self._stream, data)
+        except Exception:
+            logger.exception("console writer failed; worker output goes to the log file only")
+            self._console = None
+
+    def _forward(self, data: bytes) -> None:
+        if self._console is None:
+            return
+        if self._prefix is None:
+            self._emit(data)
+            return
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > _MAX_PARTIAL_LINE:
+            lines.append(self._partial)
+            self._partial = b""
+        if lines:
+            self._emit(b"".join(self._prefix + line + b"\n" for line in lines))
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            with contextlib.suppress(OSError):
+                self._log.close()
+            self._log = None
+
+    def finish(self) -> None:
+        """Stop reading (EOF, or the drain deadline passed) and flush what is buffered."""
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = None
+        if self._partial and self._prefix is not None:
+            self._emit(self._prefix + self._partial + b"\n")
+            self._partial = b""
+        self._close_log()
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class _Phase(enum.Enum):
+    NEW = "NEW"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    CLOSED = "CLOSED"
+
+
+@dataclass
+class _Worker:
+    launch: WorkerLaunch
+    handle: ProcessHandle | None = None
+    pumps: list[_StreamPump] = field(default_factory=list)
+    reported: bool = False
+    exit: WorkerExit | None = None
+    kill_reason: str | None = None
+    """Why the agent itself killed this worker (watchdog, health); makes the exit a failure."""
+    unhealthy: bool = False
+    supervisor: asyncio.Task[Any] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.handle.pid if self.handle is not None else 0
+
+
+class WorkerGroup:
+    """The local workers of one job round (torchelastic's WorkerGroup on one node).
+
+    `on_exit` is called once per worker, on the event loop, never before `start()` returned.
+    Use `async with` or call `close()`: workers must never outlive the group.
+    """
+
+    def __init__(
+        self,
+        assignment: RoundAssignment,
+        *,
+        node_name: str,
+        log_root: Path,
+        on_exit: Callable[[WorkerExit], None],
+        console: ConsoleWriter | None = agent_console,
+        agent_env: Mapping[str, str] | None = None,
+        run_dir: Path | None = None,
+        pid_registry: PidRegistry | None = None,
+        spawner: Callable[[WorkerLaunch], ProcessHandle] = spawn,
+        python: str = sys.executable,
+        agent_cwd: str | None = None,
+        drain_timeout: float = 2.0,
+        health_interval: float | None = None,
+    ) -> None:
+        self.assignment = assignment
+        self.spec = assignment.spec
+        self.node_name = node_name
+        self.log_root = Path(log_root)
+        self._on_exit = on_exit
+        self._console = console
+        self._agent_env = dict(os.environ if agent_env is None else agent_env)
+        self._run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.gettempdir())
+        self._registry = pid_registry
+        self._spawner = spawner
+        self._python = python
+        self._agent_cwd = agent_cwd
+        self._drain_timeout = drain_timeout
+        timeout = self.spec.unhealthy_timeout
+        self._health_interval = (
+            health_interval if health_interval is not None else min(5.0, max(0.2, timeout / 4))
+        )
+        self._judge = HealthJudge(timeout)
+        self._sampler = HealthSampler()
+        self._samples: dict[int, HealthSample] = {}
+        self._workers: list[_Worker] = []
+        self._by_pid: dict[int, _Worker] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._watchdog: FileTimerServer | None = None
+        self._phase = _Phase.NEW
+        self._stop_task: asyncio.Task[list[int]] | None = None
+        self._setup_failed = False
+        self.log_dir: Path | None = None
+        self.plan: list[WorkerLaunch] = []
+
+    # -- properties --------------------------------------------------------------------------
+
+    @property
+    def pids(self) -> dict[int, int]:
+        """{local_rank: pid} of every worker that was started."""
+        return {w.launch.local_rank: w.pid for w in self._workers if w.handle is not None}
+
+    @property
+    def running(self) -> int:
+        """Workers started and not yet reported as exited."""
+        return sum(1 for w in self._workers if w.handle is not None and not w.reported)
+
+    @property
+    def exits(self) -> dict[int, WorkerExit]:
+        """{local_rank: WorkerExit} reported so far."""
+        return {w.launch.local_rank: w.exit for w in self._workers if w.exit is not None}
+
+    @property
+    def state(self) -> WorkerState:
+        """The group's torchelastic state, derived from its workers."""
+        if self._phase in (_Phase.NEW, _Phase.STARTING):
+            return WorkerState.INIT
+        if self._phase in (_Phase.STOPPING, _Phase.CLOSED):
+            return WorkerState.STOPPED
+        exits = [w.exit for w in self._workers if w.exit is not None]
+        if self._setup_failed or any(e.failure is not None for e in exits):
+            return WorkerState.FAILED
+        if self._workers and len(exits) == len(self._workers):
+            return WorkerState.SUCCEEDED
+        if any(w.unhealthy and not w.reported for w in self._workers):
+            return WorkerState.UNHEALTHY
+        return WorkerState.HEALTHY
+
+    @property
+    def timer_file(self) -> Path | None:
+        return self._watchdog.path if self._watchdog is not None else None
+
+    def samples(self) -> list[WorkerHealth]:
+        """The latest health sample of each running worker, in local-rank order."""
+        out = []
+        for w in self._workers:
+            s = self._samples.get(w.launch.local_rank)
+            if s is None or w.reported:
+                continue
+            out.append(
+                WorkerHealth(
+                    local_rank=w.launch.local_rank,
+                    global_rank=w.launch.global_rank,
+                    pid=s.pid,
+                    status=s.status,
+                    cpu_percent=s.cpu_percent,
+                    rss_bytes=s.rss_bytes,
+                    timestamp=s.timestamp,
+                    bad_since=self._judge.bad_since(s.pid),
+                )
+            )
+        return out
+
+    # -- start -------------------------------------------------------------------------------
+
+    def _watchdog_wanted(self) -> bool:
+        return self.spec.watchdog or self._agent_env.get("TORCHELASTIC_ENABLE_FILE_TIMER") == "1"
+
+    def _prepare(self) -> Path:
+        a = self.assignment
+        log_dir = resolve_attempt_dir(self.log_root, a.job_id, a.attempt, a.round)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        marker = log_dir / ROUND_MARKER
+        if not marker.exists():
+            marker.write_text(f"{a.round}\n")
+        return log_dir
+
+    def _prepare_workers(self, plan: list[WorkerLaunch]) -> None:
+        for launch in plan:
+            launch.log_dir.mkdir(parents=True, exist_ok=True)
+            # A stale file from an earlier run must not be taken for this run's.
+            for stale in (launch.error_file, launch.return_file):
+                if stale is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        stale.unlink()
+            if launch.args_file is not None:
+                launch.args_file.write_bytes(launch.args_bytes or b"")
+
+    def _ctx(self, launch: WorkerLaunch | None = None) -> str:
+        a = self.assignment
+        rank = f" rank {launch.global_rank} (local {launch.local_rank})" if launch else ""
+        return f"[job {a.job_id} attempt {a.attempt} round {a.round} node {self.node_name}{rank}]"
+
+    async def start(self) -> dict[int, int]:
+        """Start every worker; returns {local_rank: pid} of those that started.
+
+        Never raises for a worker that cannot start: that worker's failure goes to `on_exit`.
+        """
+        if self._phase is not _Phase.NEW:
+            return self.pids
+        self._phase = _Phase.STARTING
+        timer_file: str | None = None
+        setup_error: str | None = None
+        setup_category = FailureCategory.PLATFORM
+        try:
+            self.log_dir = await asyncio.to_thread(self._prepare)
+            if self._watchdog_wanted():
+                timer_file = str(self._run_dir / f"gelastic_timer_{uuid.uuid4().hex}")
+            self.plan = build_launch_plan(
+                self.assignment,
+                log_root=self.log_root,
+                node_name=self.node_name,
+                agent_env=self._agent_env,
+                python=self._python,
+                timer_file=timer_file,
+                log_dir=self.log_dir,
+                agent_cwd=self._agent_cwd,
+            )
+            await asyncio.to_thread(self._prepare_workers, self.plan)
+        except OSError as e:
+            setup_error = f"cannot prepare the log directory under {self.log_root}: {e}"
+        except Exception as e:  # a bad spec that slipped through validation
+            setup_error = f"cannot build the launch plan: {type(e).__name__}: {e}"
+            setup_category = FailureCategory.INPUT
+        self._workers = [_Worker(launch) for launch in self.plan]
+        if setup_error is None and timer_file is not None:
+            self._watchdog = FileTimerServer(
+                timer_file, allowed_pids=self._is_worker_pid, on_expired=self._on_timer_expired
+            )
+            try:
+                self._watchdog.start()
+            except OSError as e:
+                setup_error = f"cannot serve the watchdog timer file {timer_file}: {e}"
+                self._watchdog.close()
+                self._watchdog = None
+        if self._phase is not _Phase.STARTING:  # stop() or close() came in meanwhile
+            return {}
+        if setup_error is not None:
+            logger.error("%s %s", self._ctx(), setup_error)
+            self._workers = []
+            self._setup_failed = True
+            for ranks in self.assignment.workers:
+                self._own(
+                    self._report_setup_failure(ranks, setup_error, setup_category),
+                    "report-not-started",
+                )
+            self._phase = _Phase.RUNNING
+            return {}
+        loop = asyncio.get_running_loop()
+        not_started: list[tuple[_Worker, int, str, FailureCategory]] = []
+        for w in self._workers:
+            try:
+                handle = self._spawner(w.launch)
+            except OSError as e:
+                not_started.append((w, *self._describe_spawn_error(w.launch, e)))
+                continue
+            w.handle = handle
+            self._by_pid[handle.pid] = w
+            if self._registry is not None:
+                self._registry.add(
+                    handle.pid, job_id=self.assignment.job_id, global_rank=w.launch.global_rank
+                )
+            out_fd, err_fd = handle.take_pipes()
+            for fd, stream, path in (
+                (out_fd, STDOUT, w.launch.stdout_path),
+                (err_fd, STDERR, w.launch.stderr_path),
+            ):
+                if fd is not None:
+                    w.pumps.append(self._make_pump(loop, fd, path, stream, w.launch))
+            logger.info(
+                "%s started pid %d: %s", self._ctx(w.launch), handle.pid, " ".join(w.launch.argv)
+            )
+            w.supervisor = self._own(self._supervise(w), f"supervise-{handle.pid}")
+        # From here on nothing awaits, so on_exit runs only after start() has returned.
+        for w, code, message, category in not_started:
+            self._own(self._report_later(w, code, message, category), "report-not-started")
+        self._phase = _Phase.RUNNING
+        if any(w.handle is not None for w in self._workers):
+            self._own(self._health_loop(), "health")
+        return self.pids
+
+    def _make_pump(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        fd: int,
+        path: Path,
+        stream: int,
+        launch: WorkerLaunch,
+    ) -> _StreamPump:
+        console: ConsoleWriter | None = self._console
+        prefix: bytes | None = None
+        if launch.tee & stream:
+            prefix = launch.prefix.encode()
+        elif launch.redirect & stream:
+            console = None
+        return _StreamPump(loop, fd, path, stream, console, prefix)
+
+    def _describe_spawn_error(
+        self, launch: WorkerLaunch, e: OSError
+    ) -> tuple[int, str, FailureCategory]:
+        program = launch.argv[0]
+        reason = e.strerror or str(e)
+        if e.filename is not None and os.fspath(e.filename) == launch.cwd:
+            return (
+                _EXIT_CANNOT_EXECUTE,
+                f"cannot start worker: working directory {launch.cwd!r} cannot be used ({reason})",
+                FailureCategory.USER,
+            )
+        if isinstance(e, FileNotFoundError):
+            return (
+                _EXIT_NOT_FOUND,
+                f"cannot start worker: program {program!r} not found ({reason})",
+                FailureCategory.USER,
+            )
+        if isinstance(e, PermissionError):
+            return (
+                _EXIT_CANNOT_EXECUTE,
+                f"cannot start worker: permission denied executing {program!r} ({reason})",
+                FailureCategory.USER,
+            )
+        category = FailureCategory.PLATFORM if e.errno in _PLATFORM_ERRNOS else FailureCategory.USER
+        return (
+            _EXIT_CANNOT_EXECUTE,
+            f"cannot start worker: executing {program!r} failed ({reason})",
+            category,
+        )
+
+    # -- exits -------------------------------------------------------------------------------
+
+    def _own(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"{name} {self.assignment.job_id}/{self.assignment.round}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error(
+                "%s task %s failed", self._ctx(), task.get_name(), exc_info=task.exception()
+            )
+
+    def _emit(self, w: _Worker, ex: WorkerExit) -> None:
+        if w.reported:
+            return
+        w.reported = True
+        w.exit = ex
+        if w.handle is not None:
+            if self._watchdog is not None:
+                self._watchdog.forget_pid(w.handle.pid)
+            if self._registry is not None:
+                self._registry.remove(w.handle.pid)
+            self._judge.forget(w.handle.pid)
+        if ex.failure is not None:
+            logger.warning(
+                "%s exited with %d: %s", self._ctx(w.launch), ex.exitcode, ex.failure.message
+            )
+        else:
+            logger.info(
+                "%s exited with %d%s",
+                self._ctx(w.launch),
+                ex.exitcode,
+                " (stopped by the agent)" if ex.stopped_by_agent else "",
+            )
+        try:
+            self._on_exit(ex)
+        except Exception:
+            logger.exception("%s on_exit callback failed", self._ctx(w.launch))
+
+    def _failure(
+        self,
+        w: _Worker,
+        *,
+        exitcode: int,
+        observed: float,
+        error_file: ErrorFileResult | None,
+        stderr_tail: str,
+        message: str | None = None,
+        category: FailureCategory = FailureCategory.USER,
+    ) -> ProcessFailure:
+        a = self.assignment
+        return build_failure(
+            exitcode=exitcode,
+            pid=w.pid,
+            error_file=error_file,
+            stderr_tail=stderr_tail,
+            observed_at=observed,
+            local_rank=w.launch.local_rank,
+            global_rank=w.launch.global_rank,
+            role_rank=w.launch.role_rank,
+            node=self.node_name,
+            attempt=a.attempt,
+            round_=a.round,
+            role=w.launch.role,
+            message=message,
+            category=category,
+        )
+
+    def _report_not_started(
+        self, w: _Worker, code: int, message: str, category: FailureCategory
+    ) -> None:
+        now = time.time()
+        failure = self._failure(
+            w,
+            exitcode=code,
+            observed=now,
+            error_file=None,
+            stderr_tail="",
+            message=message,
+            category=category,
+        )
+        self._emit(
+            w,
+            WorkerExit(
+                w.launch.local_rank, w.launch.global_rank, 0, code, False, failure, None, now
+            ),
+        )
+
+    async def _report_setup_failure(
+        self, ranks: WorkerRanks, message: str, category: FailureCategory
+    ) -> None:
+        a = self.assignment
+        now = time.time()
+        failure = build_failure(
+            exitcode=_EXIT_CANNOT_EXECUTE,
+            pid=0,
+            error_file=None,
+            stderr_tail="",
+            observed_at=now,
+            local_rank=ranks.local_rank,
+            global_rank=ranks.global_rank,
+            role_rank=ranks.role_rank,
+            node=self.node_name,
+            attempt=a.attempt,
+            round_=a.round,
+            role=self.spec.role,
+            message=message,
+            category=category,
+        )
+        ex = WorkerExit(
+            ranks.local_rank, ranks.global_rank, 0, _EXIT_CANNOT_EXECUTE, False, failure, None, now
+        )
+        try:
+            self._on_exit(ex)
+        except Exception:
+            logger.exception("%s on_exit callback failed", self._ctx())
+
+    async def _report_later(
+        self, w: _Worker, code: int, message: str, category: FailureCategory
+    ) -> None:
+        logger.error("%s %s", self._ctx(w.launch), message)
+        self._report_not_started(w, code, message, category)
+
+    async def _drain(self, w: _Worker) -> None:
+        pending = [p.done for p in w.pumps if not p.done.done()]
+        if pending:
+            # Bounded: a grandchild that left the group may hold the pipe open forever.
+            await asyncio.wait(pending, timeout=self._drain_timeout)
+        for p in w.pumps:
+            p.finish()
+
+    def _read_return_value(self, launch: WorkerLaunch) -> tuple[bytes | None, str | None]:
+        path = launch.return_file
+        if path is None:
+            return None, None
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return None, None
+        if size > MAX_RETURN_VALUE_BYTES:
+            return None, (
+                f"the return value is {size} bytes, {size - MAX_RETURN_VALUE_BYTES} bytes over "
+                f"the limit of {MAX_RETURN_VALUE_BYTES} bytes"
+            )
+        return path.read_bytes(), None
+
+    def _read_failure_files(self, launch: WorkerLaunch) -> tuple[ErrorFileResult, str]:
+        ef = read_error_file(launch.error_file)
+        tail = read_stderr_tail(launch.stderr_path, self.spec.stderr_tail_lines)
+        return ef, tail
+
+    async def _supervise(self, w: _Worker) -> None:
+        assert w.handle is not None
+        rc = await w.handle.wait()
+        observed = time.time()
+        # Whether the agent was stopping when the exit was seen, not when it is reported.
+        stopping = self._phase is not _Phase.RUNNING
+        try:
+            await self._drain(w)
+            if w.reported:
+                return
+            launch = w.launch
+            stopped = stopping and w.kill_reason is None
+            failure: ProcessFailure | None = None
+            value: bytes | None = None
+            if stopped:
+                pass
+            elif rc == 0 and w.kill_reason is None:
+                try:
+                    value, problem = await asyncio.to_thread(self._read_return_value, launch)
+                except OSError as e:
+                    value, problem = None, f"the return value cannot be read: {e}"
+                if problem is not None:
+                    tail = await asyncio.to_thread(
+                        read_stderr_tail, launch.stderr_path, self.spec.stderr_tail_lines
+                    )
+                    failure = self._failure(
+                        w,
+                        exitcode=rc,
+                        observed=observed,
+                        error_file=None,
+                        stderr_tail=tail,
+                        message=f"Process exited with exit code 0 (pid {w.pid}), but {problem}",
+                    )
+            else:
+                ef, tail = await asyncio.to_thread(self._read_failure_files, launch)
+                failure = self._failure(
+                    w,
+                    exitcode=rc,
+                    observed=observed,
+                    error_file=ef,
+                    stderr_tail=tail,
+                    message=w.kill_reason,
+                )
+        except Exception as e:
+            logger.exception("%s cannot report the exit of pid %d", self._ctx(w.launch), w.pid)
+            stopped, value = False, None
+            failure = self._failure(
+                w,
+                exitcode=rc,
+                observed=observed,
+                error_file=None,
+                stderr_tail="",
+                message=f"the agent could not read the outcome of PID {w.pid} "
+                f"(exit code {rc}): {type(e).__name__}: {e}",
+                category=FailureCategory.PLATFORM,
+            )
+        self._emit(
+            w,
+            WorkerExit(
+                local_rank=w.launch.local_rank,
+                global_rank=w.launch.global_rank,
+                pid=w.pid,
+                exitcode=rc,
+                stopped_by_agent=stopped,
+                failure=failure,
+                return_value=value,
+                timestamp=observed,
+            ),
+        )
+
+    # -- watchdog and health -----------------------------------------------------------------
+
+    def _is_worker_pid(self, pid: int) -> bool:
+        w = self._by_pid.get(pid)
+        return w is not None and not w.reported
+
+    def _on_timer_expired(self, pid: int, scope_id: str, sig: int, expiration: float) -> None:
+        w = self._by_pid.get(pid)
+        if w is None or w.kill_reason is not None:
+            return
+        when = datetime.fromtimestamp(expiration).isoformat(sep=" ", timespec="milliseconds")
+        w.kill_reason = (
+            f"watchdog timer '{scope_id}' expired at {when}; killed PID {pid} with "
+            f"{signal_name(sig)}"
+        )
+
+    async def _health_loop(self) -> None:
+        while self._phase is _Phase.RUNNING:
+            live = {
+                w.handle.pid: w
+                for w in self._workers
+                if w.handle is not None and not w.reported and w.handle.is_alive()
+            }
+            if not live:
+                return
+            samples = await self._sampler.sample(live, time.time())
+            now = time.time()
+            for pid, sample in samples.items():
+                w = live[pid]
+                self._samples[w.launch.local_rank] = sample
+                if w.reported or self._phase is not _Phase.RUNNING:
+                    continue
+                verdict = self._judge.observe(sample, now)
+                if verdict is not None and w.kill_reason is None:
+                    w.unhealthy = True
+                    w.kill_reason = (
+                        f"worker is unhealthy: {verdict.reason}, longer than "
+                        f"unhealthy_timeout={self.spec.unhealthy_timeout:g} s; "
+                        f"killed PID {pid} with SIGKILL"
+                    )
+                    self._own(self._kill_unhealthy(w), f"kill-unhealthy-{pid}")
+            await asyncio.sleep(self._health_interval)
+
+    async def _kill_unhealthy(self, w: _Worker) -> None:
+        assert w.handle is not None
+        logger.error("%s %s", self._ctx(w.launch), w.kill_reason)
+        if await w.handle.terminate(0.0):
+            return  # _supervise reports it
+        now = time.time()
+        tail = await asyncio.to_thread(
+            read_stderr_tail, w.launch.stderr_path, self.spec.stderr_tail_lines
+        )
+        failure = self._failure(
+            w,
+            exitcode=-signal.SIGKILL,
+            observed=now,
+            error_file=None,
+            stderr_tail=tail,
+            message=f"{w.kill_reason}; it did not exit (unkillable)",
+        )
+        self._emit(
+            w,
+            WorkerExit(
+                w.launch.local_rank,
+                w.launch.global_rank,
+                w.pid,
+                -signal.SIGKILL,
+                False,
+                failure,
+                None,
+                now,
+            ),
+        )
+
+    # -- stop --------------------------------------------------------------------------------
+
+    async def stop(self, grace: float | None = None) -> list[int]:
+        """Stop every remaining worker (SIGTERM, `grace` s, SIGKILL); idempotent.
+
+        Returns the pids that would not die (uninterruptible sleep); their exit is never
+        reported. `grace` defaults to the spec's stop_grace.
+        """
+        if self._stop_task is None:
+            self._stop_task = asyncio.ensure_future(
+                self._stop(self.spec.stop_grace if grace is None else grace)
+            )
+        return list(await asyncio.shield(self._stop_task))
+
+    async def _stop(self, grace: float) -> list[int]:
+        if self._phase in (_Phase.NEW, _Phase.STARTING, _Phase.RUNNING):
+            self._phase = _Phase.STOPPING
+        live = [w for w in self._workers if w.handle is not None and not w.reported]
+        if live:
+            logger.info("%s stopping %d worker(s), grace %.1f s", self._ctx(), len(live), grace)
+        results = await asyncio.gather(*(w.handle.terminate(grace) for w in live if w.handle))
+        unkillable = [w.pid for w, ok in zip(live, results, strict=True) if not ok]
+        # Let the exits of the workers that died be reported before returning.
+        reporting = [
+            w.supervisor
+            for w in live
+            if w.supervisor is not None and not w.supervisor.done() and w.pid not in unkillable
+        ]
+        if reporting:
+            await asyncio.wait(reporting, timeout=self._drain_timeout + 5.0)
+        if self._watchdog is not None:
+            self._watchdog.close()
+        return unkillable
+
+    async def close(self, grace: float = 0.0) -> None:
+        """Stop what still runs (SIGKILL after `grace`), cancel every task, remove the FIFO."""
+        if self._phase is _Phase.CLOSED:
+            return
+        await self.stop(grace)
+        self._phase = _Phase.CLOSED
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for w in self._workers:
+            for p in w.pumps:
+                p.finish()
+            close = getattr(w.handle, "close", None)
+            if close is not None:
+                close()
+        if self._watchdog is not None:
+            self._watchdog.close()
+
+    async def __aenter__(self) -> WorkerGroup:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,35 @@
+"""End-to-end fixtures: a real `coordinator serve` and real `nodeagent` processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from client._local import LocalCluster, poll_until
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+PY = sys.executable
+
+
+def script(name: str) -> str:
+    return str(SCRIPTS / name)
+
+
+def assert_no_leftovers(cluster: LocalCluster) -> None:
+    """Nothing the cluster started may outlive it (checked after a bounded wait)."""
+    try:
+        poll_until(lambda: not cluster.leftovers(), 15, what="every process of the cluster to exit")
+    except TimeoutError:
+        left = [(p.pid, p.name()) for p in cluster.leftovers()]
+        raise AssertionError(f"processes left behind: {left}") from None
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    c = LocalCluster(nodes=2, slots=2, workdir=tmp_path / "cluster", lease=3.0, heartbeat_interval=0.5)
+    with c:
+        yield c
+    assert_no_leftovers(c)
