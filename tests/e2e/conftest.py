@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,3 +34,22 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     with c:
         yield c
     assert_no_leftovers(c)
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    """Start a LocalCluster of any size; every one is stopped and checked at the end."""
+    started: list[LocalCluster] = []
+
+    def make(nodes: int = 2, slots: int = 2, **kw: Any) -> LocalCluster:
+        kw.setdefault("lease", 3.0)
+        kw.setdefault("heartbeat_interval", 0.5)
+        c = LocalCluster(nodes=nodes, slots=slots, workdir=tmp_path / f"cluster{len(started)}", **kw)
+        started.append(c)
+        return c.start()
+
+    yield make
+    for c in started:
+        c.stop()
+    for c in started:
+        assert_no_leftovers(c)
