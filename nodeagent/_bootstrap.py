@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import faulthandler
 import importlib
+import importlib.machinery
 import json
 import os
 import pickle
@@ -26,9 +27,14 @@ import sys
 import time
 import traceback
 import types
+import zipfile
 from typing import Any, NoReturn
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+# Frames python itself never shows above the target's code.
+_HIDDEN_MODULES = frozenset(
+    {"runpy", "importlib", "importlib._bootstrap", "importlib._bootstrap_external"}
+)
 _USAGE = (
     "usage: _bootstrap.py --error-file PATH (--script PATH | --module NAME | --code CODE | "
     "--function MOD:QUALNAME --args-file PATH --return-file PATH) -- [args...]"
@@ -104,14 +110,16 @@ def _atomic_write(path: str, data: bytes) -> None:
 def _write_error_file(path: str, message: str, callstack: str) -> None:
     if not path:
         return
+    now_ns = time.time_ns()
     data = {
         "message": {
             "message": message,
             "extraInfo": {
                 "py_callstack": callstack,
-                # torch writes whole seconds; sub-second precision orders near-simultaneous
-                # failures of one host correctly, and readers accept both.
-                "timestamp": f"{time.time():.6f}",
+                # Whole seconds, as torch writes them: torch's own reader int()s this field.
+                # The nanoseconds order near-simultaneous failures; our reader prefers them.
+                "timestamp": str(now_ns // 1_000_000_000),
+                "timestamp_ns": str(now_ns),
             },
         }
     }
@@ -127,7 +135,7 @@ def _user_traceback(tb: types.TracebackType | None) -> types.TracebackType | Non
     own = globals()
     while tb is not None:
         frame_globals = tb.tb_frame.f_globals
-        if frame_globals is own or frame_globals.get("__name__") == "runpy":
+        if frame_globals is own or frame_globals.get("__name__") in _HIDDEN_MODULES:
             tb = tb.tb_next
             continue
         break
@@ -176,16 +184,34 @@ def _run_function(opts: _Options) -> None:
     _atomic_write(opts.return_file, data)
 
 
-def _run_code(code: str) -> None:
+def _new_main(filename: str | None) -> types.ModuleType:
+    # The target becomes the real __main__ (and stays it, for atexit handlers and pickling).
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
-    saved = sys.modules.get("__main__")
+    if filename is not None:
+        main.__dict__["__file__"] = filename
+        main.__dict__["__cached__"] = None
+        main.__dict__["__loader__"] = importlib.machinery.SourceFileLoader("__main__", filename)
     sys.modules["__main__"] = main
-    try:
-        exec(compile(code, "<string>", "exec"), main.__dict__)
-    finally:
-        if saved is not None:
-            sys.modules["__main__"] = saved
+    return main
+
+
+def _run_code(code: str) -> None:
+    main = _new_main(None)
+    exec(compile(code, "<string>", "exec"), main.__dict__)
+
+
+def _run_script(path: str) -> None:
+    if not os.path.isfile(path) or zipfile.is_zipfile(path):
+        # A directory or zip with __main__.py: runpy knows how.
+        runpy.run_path(path, run_name="__main__")
+        return
+    # Like `python x.py`: argv[0] stays as given, __file__ and code paths are absolute.
+    filename = os.path.abspath(path)
+    with open(filename, "rb") as f:
+        source = f.read()
+    main = _new_main(filename)
+    exec(compile(source, filename, "exec"), main.__dict__)
 
 
 def _run(opts: _Options) -> None:
@@ -200,7 +226,7 @@ def _run(opts: _Options) -> None:
             sys.stderr.write(f"{sys.executable}: {message}\n")
             _write_error_file(opts.error_file, message, "")
             sys.exit(2)
-        runpy.run_path(opts.target, run_name="__main__")
+        _run_script(opts.target)
     elif opts.mode == "module":
         sys.argv = ["-m", *opts.rest]
         runpy.run_module(opts.target, run_name="__main__", alter_sys=True)
@@ -224,10 +250,9 @@ def main() -> None:
         # passes through unchanged (0/None is success).
         raise
     except Exception as e:
+        # None when nothing of the target ran (`-m missing`, a SyntaxError): then only the
+        # exception itself is printed, as python does.
         tb = _user_traceback(e.__traceback__)
-        if tb is None:
-            # Nothing of the target ran (e.g. `-m missing`): python prints one line.
-            tb = e.__traceback__
         lines = traceback.format_exception(type(e), e, tb)
         after = _file_key(opts.error_file) if opts.error_file else None
         # torch semantics: a file the worker wrote itself (e.g. @record) wins over ours.

@@ -120,6 +120,10 @@ def _parse(data: Any, path: str) -> ErrorFileResult:
     ts, problem = _timestamp(extra.get("timestamp"), path, "'message.extraInfo.timestamp'")
     if problem:
         return ErrorFileResult(path, True, problem=problem)
+    ns = extra.get("timestamp_ns")
+    # gelastic's writers add nanoseconds beside torch's whole seconds; prefer them when sane.
+    if isinstance(ns, str) and ns.isdigit() and (ts is None or abs(int(ns) / 1e9 - ts) < 1.0):
+        ts = int(ns) / 1e9
     code = msg.get("errorCode")
     error_code = code if isinstance(code, int) and not isinstance(code, bool) else None
     return ErrorFileResult(
@@ -130,8 +134,8 @@ def _parse(data: Any, path: str) -> ErrorFileResult:
 def read_error_file(path: str | os.PathLike[str]) -> ErrorFileResult:
     """Parse a torchelastic error file; never raises.
 
-    Accepts torch's nested format (timestamp: seconds as a string, finer accepted) and the flat
-    ``{"message": "...", "timestamp": N}`` format.
+    Accepts torch's nested format (timestamp: seconds as a string, finer accepted; gelastic's
+    ``timestamp_ns`` beside it wins) and the flat ``{"message": "...", "timestamp": N}`` format.
     """
     p = os.fspath(path)
     try:

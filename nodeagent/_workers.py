@@ -63,6 +63,7 @@ ConsoleWriter = Callable[[int, bytes], None]
 _READ_CHUNK = 65536
 _MAX_PARTIAL_LINE = 64 * 1024
 _EXIT_NOT_FOUND = 127
+_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGKILL})
 _EXIT_CANNOT_EXECUTE = 126
 # errnos that mean the agent's host, not the worker's program, is at fault.
 _PLATFORM_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.ENOSPC})
@@ -440,6 +441,10 @@ class WorkerGroup:
             except OSError as e:
                 not_started.append((w, *self._describe_spawn_error(w.launch, e)))
                 continue
+            except Exception as e:  # e.g. SubprocessError from the child setup
+                message = f"cannot start worker: {type(e).__name__}: {e}"
+                not_started.append((w, _EXIT_CANNOT_EXECUTE, message, FailureCategory.PLATFORM))
+                continue
             w.handle = handle
             self._by_pid[handle.pid] = w
             if self._registry is not None:
@@ -677,7 +682,10 @@ class WorkerGroup:
             if w.reported:
                 return
             launch = w.launch
-            stopped = stopping and w.kill_reason is None
+            # During a stop, only a death by the agent's own signals (or a clean exit) is "stopped
+            # on purpose". A worker that fails by itself meanwhile, e.g. on the collective its
+            # crashed peer broke, is a real (collateral) failure and must be reported as one.
+            stopped = stopping and w.kill_reason is None and (rc == 0 or -rc in _STOP_SIGNALS)
             failure: ProcessFailure | None = None
             value: bytes | None = None
             if stopped:

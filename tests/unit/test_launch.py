@@ -1,0 +1,275 @@
+"""The launch plan: argv rewriting, the torchrun environment, log paths (pure, no processes)."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+
+from client._model import JobSpec
+from nodeagent._assignment import RoundAssignment, WorkerRanks
+from nodeagent._launch import (
+    BOOTSTRAP_PATH,
+    attempt_dir,
+    build_launch_plan,
+    find_attempt_dir,
+    parse_python_command,
+    resolve_attempt_dir,
+    tee_prefix,
+)
+
+PY = "/opt/py/bin/python3.11"
+
+
+def assignment(spec: JobSpec, *, attempt: int = 2, round_: int = 5) -> RoundAssignment:
+    n = spec.nproc_per_node
+    return RoundAssignment(
+        job_id="job-7",
+        round=round_,
+        attempt=attempt,
+        spec=spec,
+        group_rank=1,
+        group_world_size=3,
+        master_addr="10.0.0.1",
+        master_port=29511,
+        workers=tuple(WorkerRanks(i, 4 + i, 10 + i, 3 * n, 30) for i in range(n)),
+        run_id="run-abc",
+    )
+
+
+def plan(spec: JobSpec, **kw: object) -> list:  # type: ignore[type-arg]
+    args: dict[str, object] = {
+        "log_root": Path("/logs"),
+        "node_name": "nodeA",
+        "agent_env": {"PATH": "/bin", "HOME": "/root"},
+        "python": PY,
+        "agent_cwd": "/work",
+    }
+    args.update(kw)
+    return build_launch_plan(assignment(spec), **args)  # type: ignore[arg-type]
+
+
+def test_torchrun_env_is_complete() -> None:
+    (w0, w1) = plan(JobSpec(entrypoint=["/bin/trainer", "--x"], nproc_per_node=2))
+    env = w1.env
+    assert {k: env[k] for k in env if k not in ("PATH", "HOME")} == {
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+        "GROUP_RANK": "1",
+        "ROLE_RANK": "11",
+        "ROLE_NAME": "default",
+        "LOCAL_WORLD_SIZE": "2",
+        "WORLD_SIZE": "6",
+        "GROUP_WORLD_SIZE": "3",
+        "ROLE_WORLD_SIZE": "30",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29511",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": "run-abc",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_ERROR_FILE": "/logs/job-7/attempt_2/5/error.json",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "GELASTIC_JOB_ID": "job-7",
+        "GELASTIC_ROUND": "5",
+        "GELASTIC_NODE": "nodeA",
+    }
+    assert env["PATH"] == "/bin"
+    assert w0.env["RANK"] == "4" and w0.env["LOCAL_RANK"] == "0"
+    assert "TORCHELASTIC_TIMER_FILE" not in env
+
+
+def test_timer_file_is_exported_when_given() -> None:
+    (w,) = plan(JobSpec(entrypoint=["/bin/x"]), timer_file="/run/timer.fifo")
+    assert w.env["TORCHELASTIC_TIMER_FILE"] == "/run/timer.fifo"
+
+
+def test_user_env_wins_except_rank_variables() -> None:
+    spec = JobSpec(
+        entrypoint=["/bin/x"],
+        env={
+            "RANK": "99",
+            "MASTER_PORT": "1",
+            "OMP_NUM_THREADS": "8",
+            "FOO": "bar",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
+            "TORCHELASTIC_ERROR_FILE": "/tmp/x",
+        },
+        nproc_per_node=2,
+    )
+    w = plan(spec, agent_env={"FOO": "agent", "PATH": "/bin"})[0]
+    assert w.env["RANK"] == "4"
+    assert w.env["MASTER_PORT"] == "29511"
+    assert w.env["TORCHELASTIC_ERROR_FILE"].endswith("/4/error.json")
+    assert w.env["OMP_NUM_THREADS"] == "8"
+    assert w.env["FOO"] == "bar"
+    assert w.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+
+
+def test_agent_env_defaults_kept_and_omp_only_with_several_workers() -> None:
+    (w,) = plan(JobSpec(entrypoint=["/bin/x"]), agent_env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})
+    assert w.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert "OMP_NUM_THREADS" not in w.env
+    w2 = plan(JobSpec(entrypoint=["/bin/x"], nproc_per_node=2), agent_env={"OMP_NUM_THREADS": "4"})
+    assert w2[0].env["OMP_NUM_THREADS"] == "4"
+
+
+def test_binary_runs_as_is_with_local_rank_substituted() -> None:
+    spec = JobSpec(
+        entrypoint=["/bin/train"],
+        args=["--dev=cuda:${local_rank}", "$local_rank", "$$"],
+        nproc_per_node=2,
+    )
+    w = plan(spec)[1]
+    # torchrun uses string.Template.safe_substitute on every argument but the program.
+    assert w.argv == ("/bin/train", "--dev=cuda:1", "1", "$")
+    assert w.program == "/bin/train"
+    assert w.return_file is None and w.args_file is None and w.args_bytes is None
+
+
+def test_python_script_goes_through_bootstrap_keeping_flags() -> None:
+    spec = JobSpec(
+        entrypoint=["python3", "-u", "-X", "dev", "-Wignore", "-OB", "train.py", "--lr", "1"]
+    )
+    (w,) = plan(spec)
+    assert w.argv == (
+        "python3",
+        "-u",
+        "-X",
+        "dev",
+        "-W",
+        "ignore",
+        "-O",
+        "-B",
+        BOOTSTRAP_PATH,
+        "--error-file",
+        "/logs/job-7/attempt_2/4/error.json",
+        "--script",
+        "train.py",
+        "--",
+        "--lr",
+        "1",
+    )
+    assert w.program == "train.py"
+    assert Path(BOOTSTRAP_PATH).is_file()
+
+
+@pytest.mark.parametrize(
+    ("argv", "mode", "target", "flags", "rest"),
+    [
+        (["python", "-m", "pkg.mod", "a"], "module", "pkg.mod", (), ("a",)),
+        (["python3.11", "-mpkg", "-v"], "module", "pkg", (), ("-v",)),
+        (["/usr/bin/python3", "-c", "print(1)", "x"], "code", "print(1)", (), ("x",)),
+        (["python", "-Iuc", "pass"], "code", "pass", ("-I", "-u"), ()),
+        (["python", "--", "s.py"], "script", "s.py", (), ()),
+        (
+            ["python", "-W", "error", "s.py", "-m", "x"],
+            "script",
+            "s.py",
+            ("-W", "error"),
+            ("-m", "x"),
+        ),
+        ([PY, "s.py"], "script", "s.py", (), ()),
+        ([sys.executable, "s.py"], "script", "s.py", (), ()),
+        (
+            ["python", "--check-hash-based-pycs", "never", "s.py"],
+            "script",
+            "s.py",
+            ("--check-hash-based-pycs", "never"),
+            (),
+        ),
+    ],
+)
+def test_parse_python_command(
+    argv: list[str], mode: str, target: str, flags: tuple[str, ...], rest: tuple[str, ...]
+) -> None:
+    parsed = parse_python_command(argv, python=PY)
+    assert parsed is not None
+    assert (parsed.mode, parsed.target, parsed.flags, parsed.args) == (mode, target, flags, rest)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["python"],
+        ["python", "-"],
+        ["python", "-i", "s.py"],
+        ["python", "--version"],
+        ["python", "-c"],
+        ["pythonista", "s.py"],
+        ["/usr/bin/env", "python", "s.py"],
+        ["bash", "-c", "echo"],
+    ],
+)
+def test_not_hosted_by_bootstrap(argv: list[str]) -> None:
+    assert parse_python_command(argv, python=PY) is None
+
+
+def test_module_and_code_modes_in_plan() -> None:
+    (w,) = plan(JobSpec(entrypoint=["python", "-m", "pkg.train"], args=["--rank=${local_rank}"]))
+    assert w.argv[-4:] == ("--module", "pkg.train", "--", "--rank=0")
+    (c,) = plan(JobSpec(entrypoint=["python", "-c", "print(1)"]))
+    assert c.argv[-3:] == ("--code", "print(1)", "--")
+
+
+def test_function_entrypoint() -> None:
+    payload = pickle.dumps(((1,), {"y": 2}))
+    spec = JobSpec(entrypoint="pkg.mod:fn", function_args=payload)
+    (w,) = plan(spec)
+    d = "/logs/job-7/attempt_2/4"
+    assert w.argv == (
+        PY,
+        BOOTSTRAP_PATH,
+        "--error-file",
+        f"{d}/error.json",
+        "--function",
+        "pkg.mod:fn",
+        "--args-file",
+        f"{d}/args.pkl",
+        "--return-file",
+        f"{d}/return.pkl",
+        "--",
+    )
+    assert w.args_bytes == payload
+    assert w.return_file == Path(d) / "return.pkl"
+    assert w.is_function and w.program == "pkg.mod:fn"
+
+
+def test_log_paths_cwd_and_masks() -> None:
+    spec = JobSpec(entrypoint=["/bin/x"], nproc_per_node=2, redirects="0:1,1:3", tee="2", cwd="sub")
+    w0, w1 = plan(spec, log_dir=Path("/logs/job-7/attempt_2.5"))
+    assert w1.stdout_path == Path("/logs/job-7/attempt_2.5/5/stdout.log")
+    assert w1.stderr_path == Path("/logs/job-7/attempt_2.5/5/stderr.log")
+    assert w1.error_file == Path("/logs/job-7/attempt_2.5/5/error.json")
+    assert w0.cwd == "/work/sub"
+    assert (w0.redirect, w0.tee, w1.redirect, w1.tee) == (1, 2, 3, 2)
+    assert w1.prefix == "[default1]:"
+    abs_cwd = plan(JobSpec(entrypoint=["/bin/x"], cwd="/data"))[0]
+    assert abs_cwd.cwd == "/data"
+
+
+def test_tee_prefix_template() -> None:
+    assert tee_prefix(None, role="trainer", local_rank=3, rank=7) == "[trainer3]:"
+    assert tee_prefix("${rank}|${local_rank}> ", role="r", local_rank=3, rank=7) == "7|3> "
+
+
+def test_attempt_dir_never_reuses_an_earlier_rounds_directory(tmp_path: Path) -> None:
+    first = resolve_attempt_dir(tmp_path, "j", 0, 0)
+    assert first == attempt_dir(tmp_path, "j", 0, 0, first_round_of_attempt=True)
+    assert first.name == "attempt_0"
+    first.mkdir(parents=True)
+    # A peer agent of the same round may have made it without the marker yet.
+    assert resolve_attempt_dir(tmp_path, "j", 0, 0) == first
+    (first / "round").write_text("0\n")
+    assert resolve_attempt_dir(tmp_path, "j", 0, 0) == first
+    later = resolve_attempt_dir(tmp_path, "j", 0, 3)
+    assert later.name == "attempt_0.3"
+    assert resolve_attempt_dir(tmp_path, "j", 1, 4).name == "attempt_1"
+    later.mkdir()
+    assert find_attempt_dir(tmp_path, "j", 0, 0) == first
+    assert find_attempt_dir(tmp_path, "j", 0, 3) == later
+    assert find_attempt_dir(tmp_path, "j", 0, 9) is None

@@ -1,0 +1,1 @@
+"""Importable targets for function-entrypoint tests (run inside worker processes)."""
