@@ -26,6 +26,7 @@ from client._convert import (
     spec_to_pb,
 )
 from client._model import JobEvent, JobSpec, JobStatus, NodeInfo, RunResult
+from client._security import Security
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
@@ -60,10 +61,25 @@ def _wrap(exc: grpc.RpcError) -> GelasticError:
 class Client:
     """A connection to one coordinator. Usable as a context manager."""
 
-    def __init__(self, coordinator: str | None = None, *, timeout: float = CALL_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        coordinator: str | None = None,
+        *,
+        timeout: float = CALL_TIMEOUT_S,
+        security: Security | None = None,
+        token_file: str | None = None,
+        tls_ca: str | None = None,
+    ) -> None:
         self.address = _coordinator_address(coordinator)
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(
+        if security is None:
+            security = Security.from_files(
+                token_file=token_file if token_file is not None else os.environ.get("GELASTIC_TOKEN_FILE", ""),
+                tls_ca=tls_ca if tls_ca is not None else os.environ.get("GELASTIC_TLS_CA", ""),
+            )
+        self.security = security
+        self._md = security.metadata
+        self._channel = security.channel(
             self.address,
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -104,7 +120,7 @@ class Client:
             spec = replace(spec, function_args=payload)
         spec.validate()
         msg = pb.SubmitRequest(spec=spec_to_pb(spec))
-        resp = self._call(lambda: self._stub.Submit(msg, timeout=self.timeout), idempotent=False)
+        resp = self._call(lambda: self._stub.Submit(msg, timeout=self.timeout, metadata=self._md), idempotent=False)
         return Job(self, resp.job_id)
 
     def job(self, job_id: str) -> Job:
@@ -112,33 +128,33 @@ class Client:
 
     def get_job(self, job_id: str) -> pb.Job:
         req = pb.GetJobRequest(job_id=job_id)
-        return self._call(lambda: self._stub.GetJob(req, timeout=self.timeout), idempotent=True)
+        return self._call(lambda: self._stub.GetJob(req, timeout=self.timeout, metadata=self._md), idempotent=True)
 
     def list_jobs(self, include_finished: bool = True) -> list[JobStatus]:
         req = pb.ListJobsRequest(include_finished=include_finished)
-        resp = self._call(lambda: self._stub.ListJobs(req, timeout=self.timeout), idempotent=True)
+        resp = self._call(lambda: self._stub.ListJobs(req, timeout=self.timeout, metadata=self._md), idempotent=True)
         return [job_status_from_pb(j) for j in resp.jobs]
 
     def list_nodes(self) -> list[NodeInfo]:
         req = pb.ListNodesRequest()
-        resp = self._call(lambda: self._stub.ListNodes(req, timeout=self.timeout), idempotent=True)
+        resp = self._call(lambda: self._stub.ListNodes(req, timeout=self.timeout, metadata=self._md), idempotent=True)
         return [node_from_pb(n) for n in resp.nodes]
 
     def cancel(self, job_id: str) -> JobStatus:
         req = pb.CancelJobRequest(job_id=job_id)
         # Cancelling twice is harmless, so the call is safe to retry.
-        resp = self._call(lambda: self._stub.CancelJob(req, timeout=self.timeout), idempotent=True)
+        resp = self._call(lambda: self._stub.CancelJob(req, timeout=self.timeout, metadata=self._md), idempotent=True)
         return job_status_from_pb(resp)
 
     def events(self, job_id: str, after_seq: int = 0) -> list[JobEvent]:
         req = pb.GetEventsRequest(job_id=job_id, after_seq=after_seq)
-        resp = self._call(lambda: self._stub.GetEvents(req, timeout=self.timeout), idempotent=True)
+        resp = self._call(lambda: self._stub.GetEvents(req, timeout=self.timeout, metadata=self._md), idempotent=True)
         return [event_from_pb(e) for e in resp.events]
 
     def watch(self, job_id: str, timeout: float | None = None) -> Iterator[pb.JobUpdate]:
         req = pb.WatchJobRequest(job_id=job_id)
         try:
-            yield from self._stub.WatchJob(req, timeout=timeout)
+            yield from self._stub.WatchJob(req, timeout=timeout, metadata=self._md)
         except grpc.RpcError as exc:
             raise _wrap(exc) from None
 
@@ -153,7 +169,7 @@ class Client:
         if timeout is None and not follow:
             timeout = self.timeout
         try:
-            for chunk in self._stub.ReadLogs(req, timeout=timeout):
+            for chunk in self._stub.ReadLogs(req, timeout=timeout, metadata=self._md):
                 yield chunk.data
         except grpc.RpcError as exc:
             raise _wrap(exc) from None
@@ -225,7 +241,7 @@ class Job:
         return self.client.logs(self.job_id, rank, stream, attempt, follow)
 
 
-class _suppress_unavailable:  # noqa: N801
+class _suppress_unavailable:
     def __enter__(self) -> None:
         return None
 
@@ -289,10 +305,20 @@ def _result_of(job: pb.Job) -> RunResult | None:
     raw = result_from_pb(job.result, job_id=job.job_id, name=job.name)
     values: dict[int, Any] = {}
     for rank, blob in raw.return_values.items():
-        values[rank] = pickle.loads(blob)  # noqa: S301 - produced by the job's own workers
+        values[rank] = pickle.loads(blob)
     return replace(raw, return_values=values)
 
 
-def submit(spec: JobSpec, coordinator: str | None = None, *, timeout: float = CALL_TIMEOUT_S) -> Job:
-    """Submit a job to the coordinator (default `$GELASTIC_COORDINATOR` or 127.0.0.1:29400)."""
-    return Client(coordinator, timeout=timeout).submit(spec)
+def submit(
+    spec: JobSpec,
+    coordinator: str | None = None,
+    *,
+    timeout: float = CALL_TIMEOUT_S,
+    token_file: str | None = None,
+    tls_ca: str | None = None,
+) -> Job:
+    """Submit a job to the coordinator (default `$GELASTIC_COORDINATOR` or 127.0.0.1:29400).
+
+    `token_file` and `tls_ca` default to `$GELASTIC_TOKEN_FILE` and `$GELASTIC_TLS_CA`.
+    """
+    return Client(coordinator, timeout=timeout, token_file=token_file, tls_ca=tls_ca).submit(spec)

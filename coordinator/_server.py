@@ -10,6 +10,8 @@ from types import TracebackType
 
 import grpc
 
+from client._security import read_token
+from coordinator._auth import ServerTLS, TokenInterceptor
 from coordinator._cluster import ClusterConfig
 from coordinator._service import CoordinatorService
 
@@ -34,6 +36,29 @@ class CoordinatorConfig:
     """Seconds without a message after which a node is lost."""
     insecure: bool = False
     """Allow listening on a non-loopback address without authentication."""
+    token_file: str = ""
+    """File holding the shared token agents and clients must present ("" = no token)."""
+    agent_token_file: str = ""
+    """A separate token for agents (overrides token_file for the node sessions)."""
+    client_token_file: str = ""
+    """A separate token for clients (overrides token_file for the client API)."""
+    tls_cert: str = ""
+    """PEM certificate to serve TLS with ("" = plain text)."""
+    tls_key: str = ""
+    """PEM private key of tls_cert."""
+    tls_client_ca: str = ""
+    """PEM CA whose client certificates are required (mTLS; "" = no client certificates)."""
+
+    def tokens(self) -> tuple[str, str]:
+        """(agent token, client token); empty when not configured. Raises ValueError."""
+        shared = read_token(self.token_file) if self.token_file else ""
+        agent = read_token(self.agent_token_file) if self.agent_token_file else shared
+        client = read_token(self.client_token_file) if self.client_token_file else shared
+        return agent, client
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.token_file or (self.agent_token_file and self.client_token_file))
 
     def validate(self) -> None:
         if not 0 <= self.port < 65536:
@@ -44,11 +69,21 @@ class CoordinatorConfig:
             raise ValueError(
                 f"lease: must be longer than heartbeat_interval and at most 3600 s, got {self.lease}"
             )
-        if not self.insecure and not is_loopback(self.host):
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("tls_client_ca (mTLS) needs tls_cert and tls_key")
+        if (self.agent_token_file or self.client_token_file) and not self.authenticated:
             raise ValueError(
-                f"refusing to listen on {self.host}: without a token anyone who can reach this "
-                "address could run programs on every node; use --token-file, or --insecure to "
-                "accept the risk"
+                "with separate tokens give both --agent-token-file and --client-token-file "
+                "(or a shared --token-file)"
+            )
+        self.tokens()
+        if not self.insecure and not self.authenticated and not is_loopback(self.host):
+            raise ValueError(
+                f"refusing to listen on {self.host} without a token: anyone who can reach this "
+                "address could run programs on every node. Use --token-file (and TLS), or "
+                "--insecure to accept the risk"
             )
 
 
@@ -89,7 +124,10 @@ class Coordinator:
     async def start(self) -> None:
         if self._server is not None:
             return
+        agent_token, client_token = self.config.tokens()
+        interceptors = [TokenInterceptor(agent_token, client_token)] if agent_token else []
         server = grpc.aio.server(
+            interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -103,7 +141,12 @@ class Coordinator:
         self.service.add_to_server(server)
         host = self.config.host
         bind = f"[{host}]:{self.config.port}" if ":" in host else f"{host}:{self.config.port}"
-        self.port = server.add_insecure_port(bind)
+        c = self.config
+        if c.tls_cert:
+            creds = ServerTLS(c.tls_cert, c.tls_key, c.tls_client_ca).credentials()
+            self.port = server.add_secure_port(bind, creds)
+        else:
+            self.port = server.add_insecure_port(bind)
         if self.port == 0:
             raise OSError(f"could not listen on {bind}")
         await server.start()

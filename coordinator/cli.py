@@ -26,6 +26,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds of silence after which a node is lost (default %(default)s)")
     s.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback address without authentication")
+    s.add_argument("--token-file", default="", help="shared token agents and clients must present")
+    s.add_argument("--agent-token-file", default="", help="a separate token for agents")
+    s.add_argument("--client-token-file", default="", help="a separate token for clients")
+    s.add_argument("--tls-cert", default="", help="PEM certificate: serve TLS")
+    s.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+    s.add_argument("--tls-client-ca", default="", help="require client certificates signed by this CA (mTLS)")
     s.add_argument("--port-file", default="",
                    help="write the port actually bound to this file once listening")
     s.add_argument("--log-level", default="INFO")
@@ -62,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_interval=args.heartbeat_interval,
         lease=args.lease,
         insecure=args.insecure,
+        token_file=args.token_file,
+        agent_token_file=args.agent_token_file,
+        client_token_file=args.client_token_file,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
     )
     try:
         config.validate()

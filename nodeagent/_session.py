@@ -26,6 +26,7 @@ from types import TracebackType
 import grpc
 
 from client._convert import failure_to_pb, spec_from_pb
+from client._security import Security
 from nodeagent._assignment import RoundAssignment, WorkerRanks
 from nodeagent._reaper import PidRegistry, reap_previous
 from nodeagent._workers import WorkerExit, WorkerGroup
@@ -59,6 +60,16 @@ class AgentConfig:
     """Where the agent keeps its worker pid file ("" = log_dir)."""
     reconnect_max: float = 5.0
     """Longest pause between reconnect attempts, in seconds."""
+    token_file: str = ""
+    """File holding the token the coordinator expects from agents."""
+    tls_ca: str = ""
+    """PEM CA of the coordinator's certificate ("" = plain text)."""
+    tls_cert: str = ""
+    """PEM client certificate for mTLS."""
+    tls_key: str = ""
+    """PEM private key of tls_cert."""
+    tls_server_name: str = ""
+    """Name to check in the coordinator's certificate, when it differs from the host."""
 
     def validate(self) -> None:
         if not 1 <= self.slots <= 4096:
@@ -92,6 +103,9 @@ class NodeAgent:
         self.log_root = Path(config.log_dir or _default_log_dir()).resolve()
         self.state_dir = Path(config.state_dir).resolve() if config.state_dir else self.log_root
         self.addr = config.addr or _route_addr(config.coordinator)
+        self.security = Security.from_files(
+            config.token_file, config.tls_ca, config.tls_cert, config.tls_key, config.tls_server_name
+        )
         self._held: dict[tuple[str, int], _Held] = {}
         self._outbox: asyncio.Queue[pb.NodeMessage] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -175,7 +189,7 @@ class NodeAgent:
     async def _session(self) -> None:
         outbox: asyncio.Queue[pb.NodeMessage] = asyncio.Queue()
         outbox.put_nowait(pb.NodeMessage(hello=self._hello()))
-        async with grpc.aio.insecure_channel(
+        async with self.security.aio_channel(
             self.config.coordinator,
             options=[
                 ("grpc.keepalive_time_ms", 10_000),
@@ -189,7 +203,7 @@ class NodeAgent:
                 while True:
                     yield await outbox.get()
 
-            call = stub.Session(outgoing())
+            call = stub.Session(outgoing(), metadata=self.security.metadata)
             heartbeat: asyncio.Task[None] | None = None
             try:
                 async for msg in call:

@@ -24,6 +24,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="address peers use to reach this node (default: the one routing to the coordinator)")
     p.add_argument("--log-dir", default="", help="worker log directory (default: a temp dir)")
     p.add_argument("--state-dir", default="", help="where the worker pid file lives (default: --log-dir)")
+    p.add_argument("--token-file", default="", help="token the coordinator expects from agents")
+    p.add_argument("--tls-ca", default="", help="PEM CA of the coordinator's certificate (enables TLS)")
+    p.add_argument("--tls-cert", default="", help="PEM client certificate (mTLS)")
+    p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-server-name", default="", help="name to check in the coordinator's certificate")
     p.add_argument("--stop-grace", type=float, default=5.0,
                    help="seconds to let workers stop when the agent is asked to exit")
     p.add_argument("--log-level", default="INFO")
@@ -56,13 +61,18 @@ def main(argv: list[str] | None = None) -> int:
         addr=args.addr,
         log_dir=args.log_dir,
         state_dir=args.state_dir,
+        token_file=args.token_file,
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_server_name=args.tls_server_name,
     )
     try:
         config.validate()
+        asyncio.run(_run(config, args.stop_grace))
     except ValueError as exc:
         print(f"nodeagent: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(_run(config, args.stop_grace))
     return 0
 
 
