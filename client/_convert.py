@@ -52,6 +52,7 @@ _JOB_STATES = {s: getattr(pb, f"JOB_STATE_{s.value}") for s in JobState}
 _JOB_STATES_BACK = {v: k for k, v in _JOB_STATES.items()}
 _WORKER_STATES = {s: getattr(pb, f"WORKER_STATE_{s.value}") for s in WorkerState}
 _WORKER_STATES_BACK = {v: k for k, v in _WORKER_STATES.items()}
+_EXITED = (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED)
 _CATEGORIES = {c: getattr(pb, f"FAILURE_CATEGORY_{c.value}") for c in FailureCategory}
 _CATEGORIES_BACK = {v: k for k, v in _CATEGORIES.items()}
 
@@ -287,7 +288,7 @@ def job_status_from_pb(m: pb.Job) -> JobStatus:
                 cpu_percent=w.cpu_percent,
                 rss_bytes=w.rss_bytes,
                 proc_state=w.proc_state,
-                exitcode=w.exitcode,
+                exitcode=w.exitcode if _WORKER_STATES_BACK.get(w.state) in _EXITED else None,
             )
             for w in m.workers
         ),

@@ -257,6 +257,10 @@ def build_failure(
         traceback = ef.traceback
         if ef.timestamp is not None:
             timestamp = ef.timestamp
+            # torch's own writer keeps whole seconds: ranks that failed within one second would
+            # tie. The agent saw the exit moments after the file was written, with a finer clock.
+            if timestamp == int(timestamp) and timestamp <= observed_at < timestamp + 2:
+                timestamp = observed_at
     elif sig:
         text = signal_message(sig, pid)
         if ef is not None and ef.problem:

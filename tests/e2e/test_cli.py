@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from client import JobState
+from client import JobSpec, JobState, RunResult, WorkerState
 from client._local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, assert_no_leftovers, script
 
@@ -141,6 +141,7 @@ def test_unreachable_coordinator_is_one_line_and_exit_2() -> None:
         ["run", "--nnodes", "2", "train.py"],
         ["run", "--nproc-per-node", "many", "train.py"],
         ["run", "-m", "--no-python", "train"],
+        ["run", "--log-level", "chatty", "train.py"],
     ],
 )
 def test_bad_usage_is_one_line_and_exit_2(args: list[str]) -> None:
@@ -155,6 +156,54 @@ def test_unknown_job_is_one_line_and_exit_2(shared: LocalCluster) -> None:
     proc = gelastic("status", "job-does-not-exist", cluster=shared)
     assert proc.returncode == 2
     assert "job-does-not-exist" in one_line_error(proc)
+
+
+def test_command_lines_become_job_specs() -> None:
+    from client.cli import _parser, build_spec
+
+    def spec(*args: str) -> JobSpec:
+        return build_spec(_parser().parse_args(["submit", *args]))
+
+    s = spec(
+        "--nnodes",
+        "2:4",
+        "--nproc-per-node",
+        "8",
+        "--max-restarts",
+        "3",
+        "--env",
+        "A=b=c",
+        "--",
+        "python",
+        "train.py",
+        "--lr",
+        "0.1",
+    )
+    assert s.argv == ("python", "train.py", "--lr", "0.1") and not s.is_function
+    assert (s.min_nodes, s.max_nodes, s.nproc_per_node, s.max_restarts) == (2, 4, 8, 3)
+    assert s.env == {"A": "b=c"}
+    assert spec("-m", "pkg.train", "--lr", "1").argv == ("python", "-m", "pkg.train", "--lr", "1")
+    fn = spec("--", "pkg.mod:fn", "x")
+    assert fn.function == "pkg.mod:fn" and tuple(fn.args) == ("x",)
+
+
+def test_json_view_of_values_json_cannot_carry() -> None:
+    from client._tables import to_jsonable
+
+    view = to_jsonable(
+        RunResult(
+            state=WorkerState.SUCCEEDED, return_values={0: {1, 2}, 1: float("nan"), 2: (1, "a")}
+        )
+    )
+    assert json.loads(json.dumps(view, allow_nan=False)) == {
+        "state": "SUCCEEDED",
+        "return_values": {"0": "{1, 2}", "1": "nan", "2": [1, "a"]},
+        "failures": {},
+        "attempts": [],
+        "reason": "",
+        "job_id": "",
+        "name": "",
+    }
 
 
 # ---- reading a finished job -----------------------------------------------------------------
@@ -196,7 +245,7 @@ def test_submit_then_every_read_command(shared: LocalCluster) -> None:
 
     proc = gelastic("status", job_id, cluster=shared)
     assert proc.returncode == 0, proc.stderr
-    assert "state:    SUCCEEDED" in proc.stdout
+    assert "state:     SUCCEEDED" in proc.stdout
     rank_rows = proc.stdout.split("ranks:")[1].strip().splitlines()[1:]
     assert sorted(int(r.split()[0]) for r in rank_rows) == [0, 1, 2, 3]
     status = parse_json(gelastic("status", job_id, "--json", cluster=shared))
@@ -373,14 +422,20 @@ def test_cancel_a_sleeping_job(shared: LocalCluster) -> None:
 # ---- gelastic run ---------------------------------------------------------------------------
 
 
+def run_env(marker: str, tmp_path: Path) -> dict[str, str]:
+    # A private TMPDIR shows what `gelastic run` leaves in the temp directory.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return {**os.environ, MARKER_ENV: marker, "TMPDIR": str(tmp)}
+
+
 def run_cli(*args: str, marker: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, MARKER_ENV: marker}
     return subprocess.run(
         [PY, "-m", "client.cli", "run", *args],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
-        env=env,
+        env=run_env(marker, cwd),
         cwd=cwd,
     )
 
@@ -404,6 +459,7 @@ def test_run_a_torchrun_script_on_two_processes(tmp_path: Path) -> None:
     notes = [line for line in proc.stderr.splitlines() if "ignoring" in line]
     assert sorted(n.split(":")[1].split()[-1] for n in notes) == ["--master-port", "--rdzv-backend"]
     assert_nothing_left(marker)
+    assert list((tmp_path / "tmp").iterdir()) == []  # the logs of a run that succeeded are gone
 
 
 def test_run_no_python_program(tmp_path: Path) -> None:
@@ -450,7 +506,7 @@ def test_run_a_failing_torchrun_script_exits_1_with_the_report(tmp_path: Path) -
 def test_run_stops_everything_on_a_signal(tmp_path: Path, sig: signal.Signals) -> None:
     marker = uuid.uuid4().hex
     out_path = tmp_path / "out.txt"
-    env = {**os.environ, MARKER_ENV: marker}
+    env = run_env(marker, tmp_path)
     with (
         open(out_path, "wb") as out,
         subprocess.Popen(
@@ -485,4 +541,5 @@ def test_run_stops_everything_on_a_signal(tmp_path: Path, sig: signal.Signals) -
                 proc.kill()
     assert proc.returncode == 1, err
     assert f"{sig.name}: cancelling the job" in err.decode()
+    assert f"worker logs are in {tmp_path / 'tmp'}" in err.decode()
     assert_nothing_left(marker)

@@ -1,0 +1,275 @@
+"""Plain-text tables and JSON views of the client's domain objects, for the `gelastic` CLI.
+
+Pure functions: they take dataclasses and return strings or JSON-ready values, so the CLI's
+output can be tested without a coordinator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from client._model import JobEvent, JobStatus, NodeInfo, RunResult, WorkerState, WorkerStatus
+
+__all__ = [
+    "ago",
+    "clock",
+    "event_line",
+    "event_line_header",
+    "events_table",
+    "jobs_table",
+    "nodes_table",
+    "result_text",
+    "status_text",
+    "table",
+    "to_jsonable",
+]
+
+MAX_REPR_CHARS = 2000
+"""Longest repr of a return value printed by `result_text` (the JSON view is not cut)."""
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: str = "") -> str:
+    """Columns padded to their widest cell; columns whose header is in `right` align right.
+
+    The last column is never padded, so a long free-text column (a reason) does not push
+    trailing spaces onto every line.
+    """
+    cells = [[str(h) for h in headers], *[[_cell(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    right_cols = {i for i, h in enumerate(headers) if h in right.split(",")}
+    lines = []
+    for r in cells:
+        parts = []
+        for i, c in enumerate(r):
+            if i == len(r) - 1 and i not in right_cols:
+                parts.append(c)
+            elif i in right_cols:
+                parts.append(c.rjust(widths[i]))
+            else:
+                parts.append(c.ljust(widths[i]))
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    # Free text from the coordinator must not break the table's rows.
+    return " ".join(str(value).split()) if "\n" in str(value) else str(value)
+
+
+def clock(timestamp: float) -> str:
+    """Local wall-clock time with milliseconds, e.g. ``12:00:05.123``; ``-`` when unset."""
+    if timestamp <= 0:
+        return "-"
+    return datetime.fromtimestamp(timestamp).strftime("%H:%M:%S.%f")[:-3]
+
+
+def ago(timestamp: float, now: float | None = None) -> str:
+    """How long ago `timestamp` was, in the largest sensible unit: ``3s``, ``5m``, ``2h``."""
+    if timestamp <= 0:
+        return "-"
+    delta = max(0.0, (time.time() if now is None else now) - timestamp)
+    if delta < 10:
+        return f"{delta:.1f}s"
+    if delta < 120:
+        return f"{delta:.0f}s"
+    if delta < 7200:
+        return f"{delta / 60:.0f}m"
+    if delta < 172800:
+        return f"{delta / 3600:.0f}h"
+    return f"{delta / 86400:.0f}d"
+
+
+def jobs_table(jobs: Sequence[JobStatus], now: float | None = None) -> str:
+    rows = [
+        (
+            j.job_id,
+            j.name or "-",
+            j.state,
+            j.attempt,
+            f"{len(j.members)} ({j.min_nodes}:{j.max_nodes})",
+            j.world_size or "-",
+            ago(j.submitted_at, now),
+            j.reason,
+        )
+        for j in jobs
+    ]
+    return table(
+        ("JOB", "NAME", "STATE", "ATTEMPT", "NODES", "WORLD", "AGE", "REASON"),
+        rows,
+        right="ATTEMPT,WORLD,AGE",
+    )
+
+
+def nodes_table(nodes: Sequence[NodeInfo], now: float | None = None) -> str:
+    rows = [
+        (
+            n.name,
+            n.addr,
+            n.state,
+            f"{n.slots_used}/{n.slots}",
+            ago(n.last_seen, now),
+            ",".join(n.jobs) or "-",
+        )
+        for n in nodes
+    ]
+    return table(("NODE", "ADDR", "STATE", "SLOTS", "SEEN", "JOBS"), rows, right="SLOTS,SEEN")
+
+
+def status_text(s: JobStatus) -> str:
+    """Everything `gelastic status` shows: the job, its members, and one row per rank."""
+    lines = [
+        f"job:       {s.job_id}" + (f" ({s.name})" if s.name else ""),
+        f"state:     {s.state.value}",
+        f"reason:    {_cell(s.reason) or '-'}",
+        f"attempt:   {s.attempt} (round {s.round}); max_restarts {s.max_restarts}",
+        f"nodes:     {len(s.members)} (min {s.min_nodes}, max {s.max_nodes}); "
+        f"world size {s.world_size or '-'}",
+        f"submitted: {_datetime(s.submitted_at)}"
+        + (f"; finished {_datetime(s.finished_at)}" if s.finished_at > 0 else ""),
+    ]
+    if s.members:
+        lines += ["", "members:"]
+        member_rows = [
+            (m.group_rank, m.node, m.addr, m.nproc, "yes" if m.done else "no")
+            for m in sorted(s.members, key=lambda m: m.group_rank)
+        ]
+        lines += _indent(
+            table(("GROUP", "NODE", "ADDR", "NPROC", "DONE"), member_rows, right="GROUP,NPROC")
+        )
+    if s.workers:
+        lines += ["", "ranks:"]
+        worker_rows = [
+            (
+                w.global_rank,
+                w.local_rank,
+                w.node,
+                w.state,
+                w.pid or "-",
+                f"{w.cpu_percent:.1f}",
+                f"{w.rss_bytes / (1024 * 1024):.1f}",
+                w.proc_state or "-",
+                _exitcode(w),
+            )
+            for w in sorted(s.workers, key=lambda w: w.global_rank)
+        ]
+        lines += _indent(
+            table(
+                ("RANK", "LOCAL", "NODE", "STATE", "PID", "CPU%", "RSS_MB", "PROC", "EXIT"),
+                worker_rows,
+                right="RANK,LOCAL,PID,CPU%,RSS_MB,EXIT",
+            )
+        )
+    return "\n".join(lines)
+
+
+def events_table(events: Sequence[JobEvent], *, header: bool = True) -> str:
+    rows = [
+        (
+            e.seq,
+            clock(e.timestamp),
+            e.kind,
+            e.attempt,
+            e.node or "-",
+            "-" if e.rank < 0 else e.rank,
+            e.reason,
+        )
+        for e in events
+    ]
+    text = table(
+        ("SEQ", "TIME", "KIND", "ATTEMPT", "NODE", "RANK", "REASON"), rows, right="SEQ,ATTEMPT,RANK"
+    )
+    return text if header else "\n".join(text.splitlines()[1:])
+
+
+def result_text(result: RunResult, state: str) -> str:
+    """`gelastic result` for a finished job: the return values, or the failure report."""
+    name = result.name or result.job_id
+    lines = [f"{name} {state}" + (f": {result.reason}" if result.reason else "")]
+    if result.return_values:
+        lines.append("return values:")
+        for rank in sorted(result.return_values):
+            text = repr(result.return_values[rank])
+            if len(text) > MAX_REPR_CHARS:
+                text = text[:MAX_REPR_CHARS] + f"... ({len(text)} chars)"
+            lines.append(f"  rank {rank}: {text}")
+    if result.failures:
+        lines.append(result.format_failures())
+    return "\n".join(lines)
+
+
+def _exitcode(w: WorkerStatus) -> object:
+    # A worker that has not exited has no exit code, whatever the wire's default says.
+    if w.exitcode is None or w.state in _NOT_EXITED:
+        return "-"
+    return w.exitcode
+
+
+_NOT_EXITED = frozenset(
+    {WorkerState.UNKNOWN, WorkerState.INIT, WorkerState.HEALTHY, WorkerState.UNHEALTHY}
+)
+
+
+def _indent(text: str) -> list[str]:
+    return ["  " + line for line in text.splitlines()]
+
+
+def _datetime(timestamp: float) -> str:
+    if timestamp <= 0:
+        return "-"
+    return datetime.fromtimestamp(timestamp).isoformat(sep=" ", timespec="seconds")
+
+
+def to_jsonable(value: Any) -> Any:
+    """Dataclasses become dicts, enums their value, mappings get string keys; a value JSON
+    cannot carry (a return value of any type) becomes its repr."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return to_jsonable(value.value)
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        # JSON has no NaN or infinity; strict parsers reject them.
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return repr(value)
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+_EVENT_LINE = "{:>5}  {:<12}  {:<16}  {:>7}  {:<12}  {:>4}  {}"
+
+
+def event_line_header() -> str:
+    """Header of `event_line` rows: fixed widths, for output that grows as events arrive."""
+    return _EVENT_LINE.format("SEQ", "TIME", "KIND", "ATTEMPT", "NODE", "RANK", "REASON").rstrip()
+
+
+def event_line(e: JobEvent) -> str:
+    return _EVENT_LINE.format(
+        e.seq,
+        clock(e.timestamp),
+        e.kind,
+        e.attempt,
+        e.node or "-",
+        "-" if e.rank < 0 else e.rank,
+        _cell(e.reason),
+    ).rstrip()

@@ -1,0 +1,675 @@
+"""`gelastic`: submit jobs to a coordinator and follow them; `gelastic run`: torchrun on one host.
+
+A thin layer over the Python client: flags become a JobSpec, domain objects become aligned
+tables or (with --json) JSON. Exit codes: 0 success, 1 the job failed or was cancelled, 2 a
+usage or connection error, reported as one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TextIO
+
+import grpc
+
+from client._client import DEFAULT_COORDINATOR, Client, GelasticError, Job
+from client._model import JobSpec, JobState, RunResult, SpecError
+from client._tables import (
+    event_line,
+    event_line_header,
+    events_table,
+    jobs_table,
+    nodes_table,
+    result_text,
+    status_text,
+    to_jsonable,
+)
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "CliError", "main", "parse_nnodes"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""The job failed or was cancelled."""
+EXIT_USAGE = 2
+"""Bad usage, an unreachable coordinator, or a request the coordinator refused."""
+
+DEFAULT_CALL_TIMEOUT_S = 10.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+EVENTS_POLL_INTERVAL_S = 0.5
+
+_FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+# Options of the top-level parser that take a value; `_run_argv` skips over them.
+_GLOBAL_VALUE_OPTIONS = ("--coordinator", "--token-file", "--timeout", "--connect-timeout")
+
+
+class CliError(Exception):
+    """A problem to report as one line on stderr, ending the command with `code`."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(one_line(message))
+        self.code = code
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (argparse prints the whole usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {one_line(message)} (see '{self.prog} --help')\n")
+
+
+# ---- parsing --------------------------------------------------------------------------------
+
+
+def parse_nnodes(value: str) -> tuple[int, int]:
+    """torchrun's --nnodes: ``N`` or ``MIN:MAX`` with ``0 < MIN <= MAX``."""
+    parts = value.split(":")
+    try:
+        if len(parts) == 1:
+            low = high = int(parts[0])
+        elif len(parts) == 2:
+            low, high = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be N or MIN:MAX, got {value!r}") from None
+    if not 0 < low <= high:
+        raise argparse.ArgumentTypeError(f"must satisfy 0 < MIN <= MAX, got {value!r}")
+    return low, high
+
+
+def _env_pair(value: str) -> tuple[str, str]:
+    key, sep, val = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"must be KEY=VALUE, got {value!r}")
+    return key, val
+
+
+def _positive_float(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {value!r}") from None
+    if not f > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
+    return f
+
+
+def _add_connection_options(p: argparse.ArgumentParser, *, suppress: bool) -> None:
+    # The subcommands repeat these with SUPPRESS defaults, so `gelastic jobs --coordinator X`
+    # works and a subcommand never overwrites a value given before it.
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    p.add_argument(
+        "--coordinator",
+        default=default(None),
+        help="HOST:PORT of the coordinator "
+        f"(default: $GELASTIC_COORDINATOR or {DEFAULT_COORDINATOR})",
+    )
+    p.add_argument(
+        "--token-file",
+        default=default(""),
+        metavar="PATH",
+        help="file holding the token that authenticates this client",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=default(DEFAULT_CALL_TIMEOUT_S),
+        metavar="S",
+        help=f"deadline of each call to the coordinator (default {DEFAULT_CALL_TIMEOUT_S:g} s)",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=_positive_float,
+        default=default(DEFAULT_CONNECT_TIMEOUT_S),
+        metavar="S",
+        help=f"how long to try to connect (default {DEFAULT_CONNECT_TIMEOUT_S:g} s)",
+    )
+
+
+def _add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = JobSpec()
+    p = _Parser(
+        prog="gelastic",
+        description="Run elastic distributed jobs on a gelastic coordinator.",
+        epilog="Exit codes: 0 success, 1 the job failed or was cancelled, 2 usage or "
+        "connection error.",
+    )
+    _add_connection_options(p, suppress=False)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        s = sub.add_parser(name, help=help_text, description=help_text)
+        _add_connection_options(s, suppress=True)
+        return s
+
+    sub.add_parser(
+        "run",
+        help="run a torchrun-style script on this host, no servers needed "
+        "(see 'gelastic run --help')",
+        add_help=False,
+    )
+
+    s = command("submit", "submit a job; print its id")
+    s.add_argument(
+        "--nnodes",
+        type=parse_nnodes,
+        default=(1, 1),
+        metavar="N|MIN:MAX",
+        help="number of nodes, or a range (default 1)",
+    )
+    s.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=int,
+        default=d.nproc_per_node,
+        metavar="N",
+        help="workers per node (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        type=int,
+        default=d.max_restarts,
+        metavar="N",
+        help="failure restarts allowed (default %(default)s)",
+    )
+    s.add_argument("--role", default=d.role, help="ROLE_NAME of the workers (default %(default)s)")
+    s.add_argument("--name", default=d.name, help="a label for people")
+    s.add_argument(
+        "--env",
+        type=_env_pair,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for every worker (repeatable)",
+    )
+    s.add_argument(
+        "-r",
+        "--redirects",
+        default=d.redirects,
+        metavar="MASK",
+        help="torchrun --redirects: 0-3 or 'local_rank:mask,...' (default 0)",
+    )
+    s.add_argument(
+        "-t",
+        "--tee",
+        default=d.tee,
+        metavar="MASK",
+        help="torchrun --tee: 0-3 or 'local_rank:mask,...' (default 0)",
+    )
+    s.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="the command is a module: run it as 'PYTHON -m MODULE ARGS'",
+    )
+    s.add_argument(
+        "--python", default="python", help="interpreter on the nodes for -m (default %(default)s)"
+    )
+    s.add_argument("--cwd", default=d.cwd, help="working directory of the workers")
+    s.add_argument(
+        "--join-timeout",
+        type=float,
+        default=d.join_timeout,
+        metavar="S",
+        help="seconds to wait for the minimum of nodes (default %(default)g)",
+    )
+    s.add_argument(
+        "--last-call-timeout",
+        type=float,
+        default=d.last_call_timeout,
+        metavar="S",
+        help="seconds a round waits for more nodes (default %(default)g)",
+    )
+    s.add_argument(
+        "--exit-barrier-timeout",
+        type=float,
+        default=d.exit_barrier_timeout,
+        metavar="S",
+        help="seconds finished nodes wait for the others (default %(default)g)",
+    )
+    s.add_argument(
+        "--stop-grace",
+        type=float,
+        default=d.stop_grace,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL (default %(default)g)",
+    )
+    s.add_argument(
+        "--restart-backoff",
+        type=float,
+        default=d.restart_backoff,
+        metavar="S",
+        help="seconds before a failure restart (default %(default)g)",
+    )
+    s.add_argument(
+        "--scale-up",
+        choices=("restart", "never"),
+        default=d.scale_up,
+        help="re-form when a node joins below the maximum (default %(default)s)",
+    )
+    s.add_argument(
+        "--watchdog", action="store_true", help="serve torch's FileTimer at TORCHELASTIC_TIMER_FILE"
+    )
+    s.add_argument(
+        "--watch",
+        action="store_true",
+        help="wait for the job with live progress; exit with its status",
+    )
+    s.add_argument(
+        "--wait-timeout",
+        type=_positive_float,
+        default=None,
+        metavar="S",
+        help="with --watch: give up waiting after S seconds (exit 2)",
+    )
+    _add_json(s)
+    s.add_argument(
+        "entry",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
+        help="the command (e.g. python train.py --lr 0.1), a module with -m, "
+        "or a function 'pkg.module:fn' followed by its string arguments",
+    )
+
+    s = command("jobs", "list jobs")
+    s.add_argument("--active", action="store_true", help="only jobs that have not finished")
+    _add_json(s)
+
+    s = command("nodes", "list nodes")
+    _add_json(s)
+
+    s = command("status", "show a job: state, reason, members, and every rank")
+    s.add_argument("job_id", metavar="JOB")
+    _add_json(s)
+
+    s = command("result", "show a finished job's return values or its failure report")
+    s.add_argument("job_id", metavar="JOB")
+    _add_json(s)
+
+    s = command("logs", "print a rank's output (raw bytes)")
+    s.add_argument("job_id", metavar="JOB")
+    s.add_argument("--rank", type=int, default=0, help="global rank (default %(default)s)")
+    s.add_argument("--stream", choices=("stdout", "stderr"), default="stdout")
+    s.add_argument(
+        "--attempt", type=int, default=None, metavar="N", help="which attempt (default: the latest)"
+    )
+    s.add_argument("-f", "--follow", action="store_true", help="keep printing while the rank runs")
+
+    s = command("events", "print a job's timeline")
+    s.add_argument("job_id", metavar="JOB")
+    s.add_argument(
+        "--after", type=int, default=0, metavar="SEQ", help="only events after this sequence number"
+    )
+    s.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing new events until the job finishes (with --json: one object per line)",
+    )
+    s.add_argument(
+        "--follow-timeout",
+        type=_positive_float,
+        default=None,
+        metavar="S",
+        help="with --follow: stop after S seconds",
+    )
+    _add_json(s)
+
+    s = command("cancel", "stop every worker of a job; the job ends CANCELED")
+    s.add_argument("job_id", metavar="JOB")
+    s.add_argument("--wait", action="store_true", help="return once the job has ended")
+    s.add_argument(
+        "--wait-timeout",
+        type=_positive_float,
+        default=60.0,
+        metavar="S",
+        help="with --wait: give up after S seconds (default %(default)g)",
+    )
+    _add_json(s)
+    return p
+
+
+def build_spec(args: argparse.Namespace) -> JobSpec:
+    """The JobSpec that `gelastic submit`'s flags describe."""
+    entry = list(args.entry)
+    if entry and entry[0] == "--":
+        entry = entry[1:]
+    if not entry:
+        raise CliError("give the command to run after '--'")
+    common: dict[str, Any] = dict(
+        nproc_per_node=args.nproc_per_node,
+        min_nodes=args.nnodes[0],
+        max_nodes=args.nnodes[1],
+        max_restarts=args.max_restarts,
+        role=args.role,
+        name=args.name,
+        env=dict(args.env),
+        redirects=args.redirects,
+        tee=args.tee,
+        join_timeout=args.join_timeout,
+        last_call_timeout=args.last_call_timeout,
+        exit_barrier_timeout=args.exit_barrier_timeout,
+        stop_grace=args.stop_grace,
+        restart_backoff=args.restart_backoff,
+        scale_up=args.scale_up,
+        watchdog=args.watchdog,
+        cwd=args.cwd,
+    )
+    if args.module:
+        return JobSpec(entrypoint=[args.python, "-m", entry[0]], args=entry[1:], **common)
+    if _FUNCTION_REF.match(entry[0]):
+        # A function entrypoint: its arguments are the remaining words, as strings.
+        return JobSpec(entrypoint=entry[0], args=tuple(entry[1:]), **common)
+    return JobSpec(entrypoint=entry, **common)
+
+
+# ---- connection -----------------------------------------------------------------------------
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a plain HOST:PORT or [V6]:PORT target; None for other gRPC targets."""
+    if "://" in address or address.startswith(("unix:", "dns:", "ipv4:", "ipv6:")):
+        return None
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def check_reachable(address: str, timeout: float) -> None:
+    """Fail fast, with the operating system's reason, when nothing listens at `address`.
+
+    gRPC would instead retry until the call's deadline and then report only
+    "failed to connect"; a plain TCP connect tells refused from unresolvable from silent.
+    """
+    target = _host_port(address)
+    if target is not None:
+        try:
+            with socket.create_connection(target, timeout=timeout):
+                return
+        except socket.gaierror as exc:
+            raise CliError(f"cannot reach the coordinator at {address}: {exc.strerror}") from None
+        except TimeoutError:
+            raise CliError(
+                f"cannot reach the coordinator at {address}: no answer within {timeout:g} s"
+            ) from None
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise CliError(f"cannot reach the coordinator at {address}: {reason}") from None
+    with grpc.insecure_channel(address) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise CliError(
+                f"cannot reach the coordinator at {address}: no connection within {timeout:g} s"
+            ) from None
+
+
+def _describe(exc: GelasticError, address: str) -> str:
+    details = one_line(str(exc))
+    if exc.code == grpc.StatusCode.UNAVAILABLE:
+        return f"cannot reach the coordinator at {address}: {details}"
+    if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"the coordinator at {address} did not answer in time: {details}"
+    return details
+
+
+def _connect(args: argparse.Namespace) -> Client:
+    address = args.coordinator or os.environ.get("GELASTIC_COORDINATOR") or DEFAULT_COORDINATOR
+    # The token is read by nothing yet: the coordinator does not authenticate clients so far.
+    _ = args.token_file
+    check_reachable(address, args.connect_timeout)
+    return Client(address, timeout=args.timeout)
+
+
+# ---- output ---------------------------------------------------------------------------------
+
+
+def _print_json(value: Any, out: TextIO | None = None, *, indent: int | None = 2) -> None:
+    stream = out or sys.stdout
+    stream.write(json.dumps(to_jsonable(value), indent=indent, allow_nan=False) + "\n")
+    stream.flush()
+
+
+def exit_code_of(state: JobState) -> int:
+    return EXIT_OK if state == JobState.SUCCEEDED else EXIT_FAILED
+
+
+def _result_json(job_id: str, state: JobState, result: RunResult | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"job_id": job_id, "state": state.value, "finished": result is not None}
+    if result is not None:
+        out["result"] = to_jsonable(result)
+        out["root_cause"] = to_jsonable(result.root_cause)
+    return out
+
+
+def _finished(job: Job) -> tuple[JobState, RunResult | None]:
+    # The result first: once it exists, the state read after it is terminal too.
+    result = job.poll()
+    return job.status().state, result
+
+
+# ---- commands -------------------------------------------------------------------------------
+
+
+def _check_spec(spec: JobSpec) -> None:
+    # A bad command line is reported before any connection attempt.
+    try:
+        spec.validate()
+    except SpecError as exc:
+        raise CliError(f"invalid job: {exc}") from None
+
+
+def _cmd_submit(client: Client, args: argparse.Namespace) -> int:
+    job = client.submit(build_spec(args))
+    if not args.watch:
+        if args.json:
+            _print_json({"job_id": job.job_id})
+        else:
+            print(job.job_id, flush=True)
+        return EXIT_OK
+    if not args.json:
+        print(job.job_id, flush=True)
+    try:
+        job.wait(args.wait_timeout, progress=True, out=sys.stderr)
+    except TimeoutError as exc:
+        raise CliError(str(exc)) from None
+    state, result = _finished(job)
+    if args.json:
+        _print_json(_result_json(job.job_id, state, result))
+    elif result is not None:
+        print(result_text(result, state.value), flush=True)
+    return exit_code_of(state)
+
+
+def _cmd_jobs(client: Client, args: argparse.Namespace) -> int:
+    jobs = client.list_jobs(include_finished=not args.active)
+    if args.json:
+        _print_json(jobs)
+    else:
+        print(jobs_table(jobs))
+    return EXIT_OK
+
+
+def _cmd_nodes(client: Client, args: argparse.Namespace) -> int:
+    nodes = client.list_nodes()
+    if args.json:
+        _print_json(nodes)
+    else:
+        print(nodes_table(nodes))
+    return EXIT_OK
+
+
+def _cmd_status(client: Client, args: argparse.Namespace) -> int:
+    status = client.job(args.job_id).status()
+    if args.json:
+        _print_json(status)
+    else:
+        print(status_text(status))
+    return EXIT_OK
+
+
+def _cmd_result(client: Client, args: argparse.Namespace) -> int:
+    job = client.job(args.job_id)
+    state, result = _finished(job)
+    if args.json:
+        _print_json(_result_json(job.job_id, state, result))
+    if result is None:
+        if not args.json:
+            print(f"gelastic: job {job.job_id} is still {state.value}", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.json:
+        print(result_text(result, state.value))
+    return exit_code_of(state)
+
+
+def _cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    out = sys.stdout.buffer
+    for chunk in client.job(args.job_id).logs(args.rank, args.stream, args.attempt, args.follow):
+        out.write(chunk)
+        out.flush()
+    return EXIT_OK
+
+
+def _cmd_events(client: Client, args: argparse.Namespace) -> int:
+    job = client.job(args.job_id)
+    if not args.follow:
+        events = job.events(args.after)
+        if args.json:
+            _print_json(events)
+        else:
+            print(events_table(events))
+        return EXIT_OK
+    deadline = None if args.follow_timeout is None else time.monotonic() + args.follow_timeout
+    if not args.json:
+        print(event_line_header(), flush=True)
+    last = args.after
+    done = False
+    while True:
+        for e in job.events(last):
+            if args.json:
+                _print_json(e, indent=None)
+            else:
+                print(event_line(e), flush=True)
+            last = e.seq
+        if done:
+            return EXIT_OK
+        # The state is read after the events, and the events read once more after a terminal
+        # state, so the events that finish the job are always printed.
+        done = job.status().state.is_terminal() or (
+            deadline is not None and time.monotonic() >= deadline
+        )
+        if not done:
+            time.sleep(EVENTS_POLL_INTERVAL_S)
+
+
+def _cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    job = client.job(args.job_id)
+    status = job.cancel()
+    if args.wait and not status.state.is_terminal():
+        try:
+            job.wait(args.wait_timeout)
+        except TimeoutError as exc:
+            raise CliError(str(exc)) from None
+        status = job.status()
+    if args.json:
+        _print_json(status)
+    else:
+        print(f"{status.job_id} {status.state.value}")
+    return EXIT_OK
+
+
+_COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
+    "submit": _cmd_submit,
+    "jobs": _cmd_jobs,
+    "nodes": _cmd_nodes,
+    "status": _cmd_status,
+    "result": _cmd_result,
+    "logs": _cmd_logs,
+    "events": _cmd_events,
+    "cancel": _cmd_cancel,
+}
+
+
+def _run_argv(argv: Sequence[str]) -> list[str] | None:
+    """The arguments of `gelastic [connection options] run ...`, or None for other commands.
+
+    `run` has torchrun's own parser: argparse cannot hand a subcommand everything after it
+    when that starts with options.
+    """
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "run":
+            return list(argv[i + 1 :])
+        if arg in _GLOBAL_VALUE_OPTIONS:
+            i += 2
+        elif arg.split("=", 1)[0] in _GLOBAL_VALUE_OPTIONS:
+            i += 1
+        else:
+            return None
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    run_args = _run_argv(argv)
+    if run_args is not None:
+        from client._cli_run import main as run_main
+
+        return run_main(run_args)
+    args = _parser().parse_args(argv)
+    address = args.coordinator or os.environ.get("GELASTIC_COORDINATOR") or DEFAULT_COORDINATOR
+    client: Client | None = None
+    try:
+        if args.command == "submit":
+            _check_spec(build_spec(args))
+        client = _connect(args)
+        return _COMMANDS[args.command](client, args)
+    except CliError as exc:
+        print(f"gelastic {args.command}: {exc}", file=sys.stderr)
+        return exc.code
+    except GelasticError as exc:
+        print(f"gelastic {args.command}: {_describe(exc, address)}", file=sys.stderr)
+        return EXIT_USAGE
+    except grpc.RpcError as exc:
+        print(f"gelastic {args.command}: {one_line(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `gelastic logs JOB | head`: the reader is gone; say nothing more.
+        _silence_stdout()
+        return EXIT_OK
+    finally:
+        if client is not None:
+            client.close()
+
+
+def _silence_stdout() -> None:
+    # Python would report the broken pipe again when it flushes stdout at exit.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
