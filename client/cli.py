@@ -46,7 +46,13 @@ EVENTS_POLL_INTERVAL_S = 0.5
 
 _FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 # Options of the top-level parser that take a value; `_run_argv` skips over them.
-_GLOBAL_VALUE_OPTIONS = ("--coordinator", "--token-file", "--timeout", "--connect-timeout")
+_GLOBAL_VALUE_OPTIONS = (
+    "--coordinator",
+    "--token-file",
+    "--tls-ca",
+    "--timeout",
+    "--connect-timeout",
+)
 
 
 class CliError(Exception):
@@ -121,7 +127,13 @@ def _add_connection_options(p: argparse.ArgumentParser, *, suppress: bool) -> No
         "--token-file",
         default=default(""),
         metavar="PATH",
-        help="file holding the token that authenticates this client",
+        help="file holding the token that authenticates this client ($GELASTIC_TOKEN_FILE)",
+    )
+    p.add_argument(
+        "--tls-ca",
+        default=default(""),
+        metavar="PATH",
+        help="PEM CA of the coordinator's certificate: use TLS ($GELASTIC_TLS_CA)",
     )
     p.add_argument(
         "--timeout",
@@ -434,10 +446,13 @@ def _describe(exc: GelasticError, address: str) -> str:
 
 def _connect(args: argparse.Namespace) -> Client:
     address = args.coordinator or os.environ.get("GELASTIC_COORDINATOR") or DEFAULT_COORDINATOR
-    # The token is read by nothing yet: the coordinator does not authenticate clients so far.
-    _ = args.token_file
     check_reachable(address, args.connect_timeout)
-    return Client(address, timeout=args.timeout)
+    return Client(
+        address,
+        timeout=args.timeout,
+        token_file=args.token_file or None,
+        tls_ca=getattr(args, "tls_ca", "") or None,
+    )
 
 
 # ---- output ---------------------------------------------------------------------------------
@@ -642,7 +657,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "submit":
             _check_spec(build_spec(args))
-        client = _connect(args)
+        try:
+            client = _connect(args)
+        except ValueError as exc:  # an unreadable token file or TLS setting
+            raise CliError(str(exc), EXIT_USAGE) from None
         return _COMMANDS[args.command](client, args)
     except CliError as exc:
         print(f"gelastic {args.command}: {exc}", file=sys.stderr)
