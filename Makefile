@@ -12,6 +12,10 @@ PROTO  := protos/gelastic/v1/gelastic.proto
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@# The network-fault tests build namespaces with `ip`; install it when we may (root, apt).
+	@command -v ip >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null) \
+		|| echo "note: iproute2 is not installed; the network-namespace test will be skipped"; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,torch]'
