@@ -8,6 +8,7 @@ finds anything the cluster left behind, and `stop()` kills only what it started.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -142,6 +143,11 @@ class LocalCluster:
             "--state-dir", str(self.workdir / "state" / name),
             *self.agent_args,
         ]
+        old = self.agents.get(name)
+        if old is not None:
+            if old.popen.poll() is None:
+                raise RuntimeError(f"agent {name} is still running")
+            old.log.close()
         self.agents[name] = self._spawn(name, argv)
         if wait:
             self.wait_nodes(lambda live: name in live, f"node {name} to register")
@@ -169,6 +175,7 @@ class LocalCluster:
         pid = proc.popen.pid
         os.kill(pid, sig)
         proc.popen.wait(timeout=30)
+        proc.log.close()
         return pid
 
     def kill_coordinator(self, sig: int = signal.SIGKILL) -> None:
@@ -208,6 +215,8 @@ class LocalCluster:
                 proc.kill()
             except psutil.Error:
                 pass
+        if self._own_tmp:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def leftovers(self) -> list[psutil.Process]:
         """Live processes started by this cluster (coordinator, agents, workers)."""

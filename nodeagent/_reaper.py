@@ -115,7 +115,11 @@ def _group_members(pgid: int, not_before: float) -> list[psutil.Process]:
     members = []
     for proc in psutil.process_iter(["pid"]):
         try:
-            if os.getpgid(proc.pid) == pgid and proc.create_time() >= not_before:
+            if (
+                os.getpgid(proc.pid) == pgid
+                and proc.create_time() >= not_before
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
                 members.append(proc)
         except (ProcessLookupError, psutil.Error):
             continue
@@ -137,7 +141,12 @@ def reap_previous(path: str | os.PathLike[str]) -> list[int]:
         if rec.pid == me:
             continue
         try:
-            leader_alive = abs(psutil.Process(rec.pid).create_time() - rec.create_time) < 1e-3
+            leader = psutil.Process(rec.pid)
+            # A zombie is already dead; only its parent's reaping is pending.
+            leader_alive = (
+                abs(leader.create_time() - rec.create_time) < 1e-3
+                and leader.status() != psutil.STATUS_ZOMBIE
+            )
         except psutil.Error:
             leader_alive = False
         if leader_alive:
