@@ -403,7 +403,9 @@ class EmbeddedCluster:
 
         self._start_task = asyncio.current_task()
         self._coordinator = Coordinator(
-            CoordinatorConfig(host="127.0.0.1", port=0, heartbeat_interval=0.5, lease=5.0)
+            CoordinatorConfig(
+                host="127.0.0.1", port=0, heartbeat_interval=0.5, lease=5.0, state_dir=":memory:"
+            )
         )
         await self._coordinator.start()
         self.address = self._coordinator.address

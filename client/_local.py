@@ -121,9 +121,12 @@ class LocalCluster:
             "--port", str(port or self.port or 0),
             "--port-file", str(port_file),
             "--lease", str(self.lease),
+            "--state-dir", str(self.workdir / "coordinator-state"),
             "--heartbeat-interval", str(self.heartbeat_interval),
             *self.coordinator_args,
         ]
+        if self.coordinator is not None and self.coordinator.popen.poll() is None:
+            raise RuntimeError("the coordinator is still running")
         self.coordinator = self._spawn("coordinator", argv)
         proc = self.coordinator.popen
         poll_until(
@@ -182,9 +185,7 @@ class LocalCluster:
         assert self.coordinator is not None
         os.kill(self.coordinator.popen.pid, sig)
         self.coordinator.popen.wait(timeout=30)
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self.coordinator.log.close()
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM everything started here, then SIGKILL what is left; bounded."""

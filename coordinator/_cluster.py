@@ -16,6 +16,7 @@ import enum
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from client._model import (
     AttemptSummary,
@@ -31,6 +32,7 @@ from client._model import (
     WorkerStatus,
     first_failure,
 )
+from coordinator._codec import decode, encode
 from coordinator._ranks import GroupRanks, NodeRole, assign_worker_ranks
 from nodeagent._assignment import RoundAssignment, WorkerRanks
 
@@ -190,6 +192,7 @@ class _Node:
     live: bool
     last_seen: float
     jobs: dict[str, int] = field(default_factory=dict)  # job id -> slots used
+    attached: bool = True  # a session of this incarnation is open (False: restored from disk)
 
     def free_slots(self) -> int:
         return self.slots - sum(self.jobs.values())
@@ -380,6 +383,65 @@ class Cluster:
                 return node, summary.attempt
         return None
 
+    # ---- persistence ------------------------------------------------------------------------
+
+    def dump_job(self, job_id: str) -> dict[str, Any]:
+        """The job as a JSON-compatible document (its events are stored on their own)."""
+        doc: dict[str, Any] = encode(self._job(job_id))
+        doc.pop("events", None)
+        return doc
+
+    def dump_nodes(self) -> list[dict[str, Any]]:
+        return [encode(n) for n in self._nodes.values()]
+
+    def restore(
+        self,
+        jobs: Sequence[dict[str, Any]],
+        events: Sequence[dict[str, Any]],
+        nodes: Sequence[dict[str, Any]],
+        now: float,
+        reconnect_grace: float,
+    ) -> list[Effect]:
+        """Load state written by an earlier coordinator process.
+
+        Nodes come back as live but without a session: each has `reconnect_grace` seconds to
+        reconnect and report what it runs before it counts as lost. Running jobs wait for that;
+        a round still choosing its master port is formed again (nothing of it started).
+        """
+        if self._jobs or self._nodes:
+            raise RuntimeError("restore() needs an empty cluster")
+        for d in nodes:
+            n = decode(_Node, d)
+            n.jobs = {}
+            n.attached = False
+            n.last_seen = now + max(0.0, reconnect_grace - self.config.lease)
+            self._nodes[n.name] = n
+        for d in jobs:
+            job = decode(_Job, d)
+            self._jobs[job.job_id] = job
+        for d in events:
+            e = decode(JobEvent, d)
+            job = self._jobs.get(e.job_id)
+            if job is not None:
+                job.events.append(e)
+            self._event_seq = max(self._event_seq, e.seq)
+        for job in self._jobs.values():
+            if job.state.is_terminal():
+                continue
+            if job.port_deadline is not None:
+                job.port_deadline = None
+                self._back_to_queue(job, "coordinator restarted while the round was forming", now)
+                continue
+            for m in job.members:
+                node = self._nodes.get(m.node)
+                if node is None or m.released or m.lost:
+                    continue
+                if node.live:
+                    node.jobs[job.job_id] = job.spec.nproc_per_node
+            self._event(job, now, "recovered", f"coordinator restarted; {job.state.value.lower()} job recovered")
+        logger.info("restored %d jobs and %d nodes", len(self._jobs), len(self._nodes))
+        return self._finish(now)
+
     # ---- inputs -----------------------------------------------------------------------------
 
     def submit(self, job_id: str, spec: JobSpec, now: float) -> list[Effect]:
@@ -421,7 +483,11 @@ class Cluster:
     ) -> list[Effect]:
         node = self._nodes.get(name)
         if node is not None and node.live and node.incarnation != incarnation:
-            raise NodeNameInUse(f"node name {name!r} is already used by a live agent")
+            if node.attached:
+                raise NodeNameInUse(f"node name {name!r} is already used by a live agent")
+            # Known only from the coordinator's state on disk: that agent restarted while the
+            # coordinator was away, so whatever it ran is gone.
+            self._lose_node(node, "its agent restarted while the coordinator was away", now)
         if node is None:
             node = _Node(name, addr, slots, incarnation, True, now)
             self._nodes[name] = node
@@ -429,12 +495,33 @@ class Cluster:
         else:
             resumed = node.incarnation == incarnation
             node.addr, node.slots, node.incarnation = addr, slots, incarnation
-            node.live, node.last_seen = True, now
+            node.live, node.last_seen, node.attached = True, now, True
             if not resumed:
                 node.jobs.clear()
             logger.info("node %s %s", name, "reconnected" if resumed else "rejoined")
         for report in running:
             self._adopt(node, report, now)
+        held = {(r.job_id, r.round) for r in running}
+        for job in self._active_jobs():
+            m = job.member(name)
+            if (
+                m is None
+                or job.state != JobState.RUNNING
+                or m.done
+                or m.stopped
+                or m.lost
+                or (job.job_id, job.round) in held
+            ):
+                continue
+            # Its assignment went down with the old stream: nothing of this round runs there, and
+            # nothing would ever report. Re-form rather than wait forever (no budget spent).
+            m.stopped = True
+            self._begin_stop(
+                job,
+                _StopKind.MEMBERSHIP,
+                f"node {name} reconnected without round {job.round}; re-forming",
+                now,
+            )
         return self._finish(now)
 
     def node_disconnected(self, name: str, incarnation: str, now: float) -> list[Effect]:
@@ -651,6 +738,9 @@ class Cluster:
                 continue
             if now < job.not_before:
                 self._set_reason(job, f"restarting after a backoff until {job.not_before:.1f}", now)
+                # Hold the nodes it will restart on: a later job must not take them meanwhile.
+                backoff_free = [n for n in self._candidates(job) if n.name not in claimed]
+                claimed.update(n.name for n in backoff_free[: job.spec.max_nodes])
                 continue
             free = [n for n in self._candidates(job) if n.name not in claimed]
             spec = job.spec
@@ -951,9 +1041,18 @@ class Cluster:
     def _after_stop(self, job: _Job, now: float) -> None:
         job.stop_deadline = None
         kind, reason = job.stop_kind, job.stop_reason
+        # Every rank exited 0 before a re-form for membership took effect: the job is done, and
+        # running it again would repeat finished work (torchelastic never scales up a SUCCEEDED
+        # group either).
+        done = kind == _StopKind.MEMBERSHIP and bool(job.members)
+        done = done and all(m.done for m in job.members)
+        if done:
+            reason = "all workers succeeded"
         self._close_attempt(job, reason, now)
         self._release_all(job)
-        if kind == _StopKind.CANCEL:
+        if done:
+            self._end(job, JobState.SUCCEEDED, WorkerState.SUCCEEDED, reason, now)
+        elif kind == _StopKind.CANCEL:
             self._end(job, JobState.CANCELED, WorkerState.STOPPED, reason, now)
         elif kind == _StopKind.FAILURE:
             if job.attempt < job.spec.max_restarts:
@@ -1043,6 +1142,7 @@ class Cluster:
 
     def _lose_node(self, node: _Node, why: str, now: float) -> None:
         node.live = False
+        node.attached = False
         logger.warning("node %s lost: %s", node.name, why)
         for job in self._active_jobs():
             m = job.member(node.name)
@@ -1087,6 +1187,11 @@ class Cluster:
                         "stale round: the job has moved on without this node",
                     )
                 )
+            return
+        if member.released:
+            # The exit barrier already let it go and its slots may serve another job now: repeat
+            # the release (it was lost with the old stream) instead of booking the slots again.
+            self._effects.append(ReleaseRound(node.name, job.job_id, job.round))
             return
         node.jobs[job.job_id] = job.spec.nproc_per_node
         for local_rank, pid in report.pids:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
+import os
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 
 import grpc
@@ -14,6 +16,7 @@ from client._security import read_token
 from coordinator._auth import ServerTLS, TokenInterceptor
 from coordinator._cluster import ClusterConfig
 from coordinator._service import CoordinatorService
+from coordinator._store import MEMORY, Store, default_state_dir
 
 __all__ = ["Coordinator", "CoordinatorConfig", "is_loopback"]
 
@@ -36,6 +39,10 @@ class CoordinatorConfig:
     """Seconds without a message after which a node is lost."""
     insecure: bool = False
     """Allow listening on a non-loopback address without authentication."""
+    state_dir: str = field(default_factory=default_state_dir)
+    """Where the durable state lives (SQLite); ":memory:" keeps nothing across restarts."""
+    reconnect_grace: float = 15.0
+    """After a restart, seconds a known node has to reconnect before it counts as lost."""
     token_file: str = ""
     """File holding the shared token agents and clients must present ("" = no token)."""
     agent_token_file: str = ""
@@ -102,14 +109,32 @@ def is_loopback(host: str) -> bool:
             return False
 
 
+def _lock_state_dir(state_dir: str) -> int | None:
+    """Hold an exclusive lock on the state dir: two coordinators on one state would corrupt it."""
+    if state_dir == MEMORY:
+        return None
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(state_dir, "coordinator.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OSError(f"another coordinator is using the state dir {state_dir}") from None
+    return fd
+
+
 class Coordinator:
     """`async with Coordinator(config) as c:` serves until the block ends."""
 
     def __init__(self, config: CoordinatorConfig | None = None) -> None:
         self.config = config or CoordinatorConfig()
         self.config.validate()
+        self._lock_fd = _lock_state_dir(self.config.state_dir)
+        self.store = Store(self.config.state_dir)
         self.service = CoordinatorService(
-            ClusterConfig(heartbeat_interval=self.config.heartbeat_interval, lease=self.config.lease)
+            ClusterConfig(heartbeat_interval=self.config.heartbeat_interval, lease=self.config.lease),
+            store=self.store,
+            reconnect_grace=self.config.reconnect_grace,
         )
         self._server: grpc.aio.Server | None = None
         self.port = 0
@@ -160,6 +185,10 @@ class Coordinator:
             return
         await self.service.stop()
         await server.stop(grace)
+        self.store.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     async def wait(self) -> None:
         if self._server is not None:

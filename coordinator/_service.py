@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -44,7 +45,9 @@ from coordinator._cluster import (
     WorkerExitReport,
     WorkerHealthSample,
 )
+from coordinator._codec import encode
 from coordinator._errors import RequestError, status_for
+from coordinator._store import Store
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
@@ -57,6 +60,8 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,159}$")
 MAX_SLOTS = 4096
 TICK_S = 0.1
 OUTBOX_LIMIT = 10_000
+FLUSH_INTERVAL_S = 0.02
+RECONNECT_GRACE_S = 15.0
 HELLO_TIMEOUT_S = 10.0
 WATCH_KEEPALIVE_S = 5.0
 
@@ -93,12 +98,30 @@ class CoordinatorService:
         self,
         config: ClusterConfig | None = None,
         clock: Callable[[], float] = time.time,
+        store: Store | None = None,
+        reconnect_grace: float = RECONNECT_GRACE_S,
     ) -> None:
         self.cluster = Cluster(config)
         self.config = self.cluster.config
         self._clock = clock
-        self._sessions: dict[str, _Session] = {}
         self._job_versions: dict[str, int] = {}
+        self._store = store
+        self._reconnect_grace = reconnect_grace
+        self._dirty_jobs: set[str] = set()
+        self._pending_events: list[tuple[int, str, dict[str, Any]]] = []
+        self._nodes_dirty = False
+        self._flush_lock = asyncio.Lock()
+        self._flush_wanted = asyncio.Event()
+        self._flush_task: asyncio.Task[None] | None = None
+        self._restore_effects: list[Effect] = []
+        if store is not None:
+            state = store.load()
+            self._restore_effects = self.cluster.restore(
+                state.jobs, state.events, state.nodes, clock(), reconnect_grace
+            )
+            for job_id in self.cluster.job_ids():
+                self._job_versions[job_id] = 0
+        self._sessions: dict[str, _Session] = {}
         self._changed = asyncio.Condition()
         self._log_streams: dict[int, asyncio.Queue[pb.LogChunk]] = {}
         self._log_ids = itertools.count(1)
@@ -109,16 +132,64 @@ class CoordinatorService:
 
     def start(self) -> None:
         if self._tick_task is None:
-            self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop(), name="tick")
+            loop = asyncio.get_running_loop()
+            self._tick_task = loop.create_task(self._tick_loop(), name="tick")
+            if self._store is not None:
+                self._flush_task = loop.create_task(self._flush_loop(), name="flush")
+            effects, self._restore_effects = self._restore_effects, []
+            self.apply(effects)
 
     async def stop(self) -> None:
-        task, self._tick_task = self._tick_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._tick_task, self._flush_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._tick_task = self._flush_task = None
         for s in list(self._sessions.values()):
             s.close()
+        await self.flush()
+
+    # ---- persistence -----------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Write every change made so far; returns once it is on disk."""
+        store = self._store
+        if store is None:
+            return
+        async with self._flush_lock:
+            jobs = [
+                (j, self.cluster.job_status(j).submitted_at, self.cluster.job_state(j).value,
+                 self.cluster.dump_job(j))
+                for j in sorted(self._dirty_jobs)
+                if self.cluster.has_job(j)
+            ]
+            events, nodes = self._pending_events, None
+            if self._nodes_dirty:
+                nodes = [(d["name"], d) for d in self.cluster.dump_nodes()]
+            self._dirty_jobs, self._pending_events, self._nodes_dirty = set(), [], False
+            if not jobs and not events and nodes is None:
+                return
+            try:
+                await asyncio.to_thread(store.save, jobs, events, nodes)
+            except Exception:
+                logger.exception("could not write the coordinator state; will retry")
+                self._dirty_jobs.update(j for j, _, _, _ in jobs)
+                self._pending_events = events + self._pending_events
+                self._nodes_dirty = self._nodes_dirty or nodes is not None
+                raise
+
+    async def _flush_loop(self) -> None:
+        # Batching: one transaction per burst of changes, however many node messages made them.
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            try:
+                await self.flush()
+            except Exception:
+                await asyncio.sleep(1.0)
+                self._flush_wanted.set()
+            await asyncio.sleep(FLUSH_INTERVAL_S)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         pb_grpc.add_CoordinatorServicer_to_server(_CoordinatorServicer(self), server)
@@ -142,10 +213,14 @@ class CoordinatorService:
         for eff in effects:
             if isinstance(eff, JobChanged):
                 self._job_versions[eff.job_id] = self._job_versions.get(eff.job_id, 0) + 1
+                self._dirty_jobs.add(eff.job_id)
                 changed = True
             elif isinstance(eff, EventRecorded):
+                e = eff.event
+                self._pending_events.append((e.seq, e.job_id, encode(e)))
                 changed = True
             elif isinstance(eff, CloseSession):
+                self._nodes_dirty = True
                 s = self._sessions.get(eff.node)
                 if s is not None and s.incarnation == eff.incarnation:
                     logger.warning("closing the session of node %s: %s", eff.node, eff.reason)
@@ -154,6 +229,8 @@ class CoordinatorService:
                 self._send(eff)
         if changed:
             asyncio.get_running_loop().create_task(self._notify())
+        if self._store is not None and (self._dirty_jobs or self._pending_events or self._nodes_dirty):
+            self._flush_wanted.set()
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -245,6 +322,7 @@ class CoordinatorService:
             old.close()
         session = _Session(hello.name, hello.incarnation)
         self._sessions[hello.name] = session
+        self._nodes_dirty = True
         session.send(
             pb.CoordinatorMessage(
                 welcome=pb.Welcome(
@@ -261,6 +339,7 @@ class CoordinatorService:
         session.close()
         if self._sessions.get(session.name) is session:
             del self._sessions[session.name]
+            self._nodes_dirty = True
             self.apply(self.cluster.node_disconnected(session.name, session.incarnation, self.now()))
 
     def on_node_message(self, session: _Session, msg: pb.NodeMessage) -> None:
@@ -407,6 +486,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
             spec.validate()
             job_id = _new_job_id(spec.name)
             self._svc.apply(self._svc.cluster.submit(job_id, spec, self._svc.now()))
+            await self._svc.flush()  # the client hears of the job only once it is on disk
             return pb.SubmitResponse(job_id=job_id)
         except Exception as exc:
             await _abort_for(context, exc)
@@ -452,6 +532,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         try:
             _check_job_id(request.job_id)
             self._svc.apply(self._svc.cluster.cancel(request.job_id, self._svc.now()))
+            await self._svc.flush()
             return self._svc.job_message(request.job_id)
         except Exception as exc:
             await _abort_for(context, exc)

@@ -26,6 +26,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds of silence after which a node is lost (default %(default)s)")
     s.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback address without authentication")
+    s.add_argument("--state-dir", default=d.state_dir,
+                   help="durable state directory, or :memory: (default %(default)s)")
+    s.add_argument("--reconnect-grace", type=float, default=d.reconnect_grace,
+                   help="seconds known nodes have to reconnect after a restart (default %(default)s)")
     s.add_argument("--token-file", default="", help="shared token agents and clients must present")
     s.add_argument("--agent-token-file", default="", help="a separate token for agents")
     s.add_argument("--client-token-file", default="", help="a separate token for clients")
@@ -68,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_interval=args.heartbeat_interval,
         lease=args.lease,
         insecure=args.insecure,
+        state_dir=args.state_dir,
+        reconnect_grace=args.reconnect_grace,
         token_file=args.token_file,
         agent_token_file=args.agent_token_file,
         client_token_file=args.client_token_file,

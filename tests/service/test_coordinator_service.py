@@ -60,7 +60,7 @@ class FakeNode:
 
 @pytest.fixture
 async def coordinator() -> AsyncIterator[Coordinator]:
-    async with Coordinator(CoordinatorConfig(port=0, lease=30.0, heartbeat_interval=1.0)) as c:
+    async with Coordinator(CoordinatorConfig(state_dir=":memory:", port=0, lease=30.0, heartbeat_interval=1.0)) as c:
         yield c
 
 

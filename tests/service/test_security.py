@@ -45,7 +45,7 @@ async def _hello(address: str, security: Security) -> pb.CoordinatorMessage:
 async def test_token_is_required_for_clients_and_agents(tmp_path: Path) -> None:
     token_file = _write(tmp_path / "token", TOKEN + "\n")
     wrong_file = _write(tmp_path / "wrong", "x" * 32)
-    async with Coordinator(CoordinatorConfig(port=0, token_file=token_file)) as c:
+    async with Coordinator(CoordinatorConfig(state_dir=":memory:", port=0, token_file=token_file)) as c:
         for sec in (Security(), Security.from_files(wrong_file)):
             client = Client(c.address, security=sec, timeout=5)
             with pytest.raises(GelasticError) as err:
@@ -68,7 +68,7 @@ async def test_token_is_required_for_clients_and_agents(tmp_path: Path) -> None:
 async def test_separate_agent_and_client_tokens(tmp_path: Path) -> None:
     agent_file = _write(tmp_path / "agent", "agent-token-" + "a" * 20)
     client_file = _write(tmp_path / "client", "client-token-" + "c" * 20)
-    cfg = CoordinatorConfig(port=0, agent_token_file=agent_file, client_token_file=client_file)
+    cfg = CoordinatorConfig(state_dir=":memory:", port=0, agent_token_file=agent_file, client_token_file=client_file)
     async with Coordinator(cfg) as c:
         as_agent, as_client = Security.from_files(agent_file), Security.from_files(client_file)
         with pytest.raises(grpc.aio.AioRpcError) as aerr:
@@ -139,7 +139,7 @@ def _ca(tmp: Path) -> tuple[str, str, str, str, str]:
 async def test_mtls_with_a_token_end_to_end(tmp_path: Path) -> None:
     ca, cert, key, ccert, ckey = _ca(tmp_path)
     token_file = _write(tmp_path / "token", TOKEN)
-    cfg = CoordinatorConfig(port=0, token_file=token_file, tls_cert=cert, tls_key=key, tls_client_ca=ca)
+    cfg = CoordinatorConfig(state_dir=":memory:", port=0, token_file=token_file, tls_cert=cert, tls_key=key, tls_client_ca=ca)
     async with Coordinator(cfg) as c:
         good = Security.from_files(token_file, tls_ca=ca, tls_cert=ccert, tls_key=ckey)
         client = Client(c.address, security=good, timeout=5)

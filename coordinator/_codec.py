@@ -1,0 +1,120 @@
+"""Plain-JSON encoding of the coordinator's state (dataclasses, enums, bytes, int-keyed maps).
+
+What the store writes must never be pickle: the coordinator never unpickles anything. The decoder
+is driven by the dataclasses' type hints, so adding a field with a default stays compatible with
+rows written before it existed.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["decode", "encode"]
+
+
+def encode(obj: Any) -> Any:
+    """A JSON-compatible form of `obj`."""
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, bytes | bytearray):
+        return {"__b64__": base64.b64encode(bytes(obj)).decode("ascii")}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {"__map__": [[encode(k), encode(v)] for k, v in obj.items()]}
+    if isinstance(obj, list | tuple | set | frozenset):
+        return [encode(x) for x in obj]
+    raise TypeError(f"cannot encode {type(obj).__name__}")
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def decode(tp: Any, data: Any) -> Any:
+    """The value of type `tp` that `encode` turned into `data`."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any or tp is object:
+        return _plain(data)
+    if origin in (typing.Union, types.UnionType):
+        if data is None and type(None) in args:
+            return None
+        errors = []
+        for alt in args:
+            if alt is type(None):
+                continue
+            try:
+                return decode(alt, data)
+            except (TypeError, ValueError, KeyError) as exc:
+                errors.append(exc)
+        raise ValueError(f"no alternative of {tp} fits {data!r:.80}: {errors}")
+    if tp is bytes:
+        if not isinstance(data, dict) or "__b64__" not in data:
+            raise TypeError("expected bytes")
+        return base64.b64decode(data["__b64__"])
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp(data)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(data, dict):
+            raise TypeError(f"expected an object for {tp.__name__}")
+        hints = _hints(tp)
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.name in data:
+                kwargs[f.name] = decode(hints[f.name], data[f.name])
+        return tp(**kwargs)
+    if origin in (dict, Mapping, typing.Mapping) or tp is dict:
+        kt, vt = args if args else (Any, Any)
+        if not isinstance(data, dict) or "__map__" not in data:
+            raise TypeError("expected a map")
+        return {decode(kt, k): decode(vt, v) for k, v in data["__map__"]}
+    if origin in (list, Sequence, typing.Sequence) or tp is list:
+        (et,) = args or (Any,)
+        return [decode(et, x) for x in _seq(data)]
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(decode(args[0], x) for x in _seq(data))
+        return tuple(decode(t, x) for t, x in zip(args, _seq(data), strict=True))
+    if origin in (set, frozenset):
+        (et,) = args
+        return origin(decode(et, x) for x in _seq(data))
+    if origin is typing.Callable or (origin is not None and getattr(origin, "__name__", "") == "Callable"):
+        raise TypeError("callables are not stored")
+    if tp in (int, float, str, bool):
+        if tp is float and isinstance(data, int) and not isinstance(data, bool):
+            return float(data)
+        if not isinstance(data, tp) or (tp is int and isinstance(data, bool)):
+            raise TypeError(f"expected {tp.__name__}, got {type(data).__name__}")
+        return data
+    if tp is type(None):
+        if data is not None:
+            raise TypeError("expected null")
+        return None
+    raise TypeError(f"cannot decode {tp}")
+
+
+def _seq(data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        raise TypeError("expected a list")
+    return data
+
+
+def _plain(data: Any) -> Any:
+    if isinstance(data, dict):
+        if "__b64__" in data:
+            return base64.b64decode(data["__b64__"])
+        if "__map__" in data:
+            return {_plain(k): _plain(v) for k, v in data["__map__"]}
+        return {k: _plain(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_plain(x) for x in data]
+    return data

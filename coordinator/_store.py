@@ -1,0 +1,124 @@
+"""The coordinator's durable state: one SQLite database (WAL) in the state directory.
+
+Jobs are stored as one JSON document each (rewritten when the job changes), events are appended,
+nodes are the registry as last seen. Writes are batched into one transaction; callers that must
+not answer before their write is on disk (submit, cancel) wait for the flush.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SCHEMA_VERSION", "Store", "StoredState", "default_state_dir"]
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+MEMORY = ":memory:"
+
+
+def default_state_dir() -> str:
+    """A per-user data directory ($XDG_DATA_HOME/gelastic or ~/.local/share/gelastic)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "gelastic")
+
+
+@dataclass(frozen=True)
+class StoredState:
+    jobs: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    nodes: list[dict[str, Any]]
+
+
+class Store:
+    """A thread-safe handle on the database; every method is one transaction."""
+
+    def __init__(self, state_dir: str) -> None:
+        if state_dir == MEMORY:
+            self.path = MEMORY
+        else:
+            Path(state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.path = str(Path(state_dir) / "coordinator.sqlite3")
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: a write the client was told about survives a power cut, not only a crash.
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        with self._lock:
+            db = self._db
+            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is not None and int(row[0]) > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"state in {self.path} has schema {row[0]}, newer than this coordinator "
+                    f"({SCHEMA_VERSION}); refusing to touch it"
+                )
+            db.execute("BEGIN")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS jobs (job_id TEXT PRIMARY KEY, submitted_at REAL NOT NULL,"
+                " state TEXT NOT NULL, data TEXT NOT NULL)"
+            )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, job_id TEXT NOT NULL,"
+                " data TEXT NOT NULL)"
+            )
+            db.execute("CREATE INDEX IF NOT EXISTS events_job ON events (job_id, seq)")
+            db.execute("CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, data TEXT NOT NULL)")
+            db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+            db.execute("COMMIT")
+
+    def load(self) -> StoredState:
+        with self._lock:
+            db = self._db
+            jobs = [json.loads(r[0]) for r in db.execute("SELECT data FROM jobs ORDER BY submitted_at")]
+            events = [json.loads(r[0]) for r in db.execute("SELECT data FROM events ORDER BY seq")]
+            nodes = [json.loads(r[0]) for r in db.execute("SELECT data FROM nodes ORDER BY name")]
+        return StoredState(jobs, events, nodes)
+
+    def save(
+        self,
+        jobs: Iterable[tuple[str, float, str, dict[str, Any]]],
+        events: Iterable[tuple[int, str, dict[str, Any]]],
+        nodes: Iterable[tuple[str, dict[str, Any]]] | None = None,
+    ) -> None:
+        """Write jobs (id, submitted_at, state, doc), events (seq, job id, doc), nodes in one go."""
+        job_rows = [(jid, ts, st, json.dumps(doc, separators=(",", ":"))) for jid, ts, st, doc in jobs]
+        event_rows = [(seq, jid, json.dumps(doc, separators=(",", ":"))) for seq, jid, doc in events]
+        node_rows = (
+            [(name, json.dumps(doc, separators=(",", ":"))) for name, doc in nodes] if nodes is not None else None
+        )
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN")
+            try:
+                db.executemany(
+                    "INSERT OR REPLACE INTO jobs (job_id, submitted_at, state, data) VALUES (?,?,?,?)",
+                    job_rows,
+                )
+                db.executemany("INSERT OR REPLACE INTO events (seq, job_id, data) VALUES (?,?,?)", event_rows)
+                if node_rows is not None:
+                    db.execute("DELETE FROM nodes")
+                    db.executemany("INSERT INTO nodes (name, data) VALUES (?,?)", node_rows)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
