@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from client._model import (
+    MAX_RETURN_VALUE_BYTES,
     AttemptSummary,
     JobEvent,
     JobSpec,
@@ -54,6 +56,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PORT_TIMEOUT_S = 10.0
+MAX_FAILURE_TEXT = 64 * 1024
 STOP_MARGIN_S = 15.0
 MAX_EVENTS_PER_JOB = 10_000
 
@@ -908,10 +911,11 @@ class Cluster:
         key = (report.local_rank, report.pid)
         if key in member.seen_exits:
             return
-        member.seen_exits.add(key)
         w = member.workers.get(report.local_rank)
         if w is None:
             return
+        member.seen_exits.add(key)
+        report = _sanitized(report, now)
         w.exitcode = report.exitcode
         if report.pid:
             w.pid = report.pid
@@ -1314,6 +1318,47 @@ def _worker_state(phase: _WorkerPhase, proc_state: str) -> WorkerState:
         _WorkerPhase.FAILED: WorkerState.FAILED,
         _WorkerPhase.STOPPED: WorkerState.STOPPED,
     }[phase]
+
+
+def _clip(text: str, limit: int = MAX_FAILURE_TEXT) -> str:
+    if len(text) <= limit:
+        return text
+    return text[: limit // 2] + f"\n... [{len(text) - limit} characters cut] ...\n" + text[-limit // 2 :]
+
+
+def _sanitized(report: WorkerExitReport, now: float) -> WorkerExitReport:
+    """An agent's report made safe to keep: bounded texts, finite times, bounded return value."""
+    from dataclasses import replace
+
+    ts = report.timestamp if math.isfinite(report.timestamp) and report.timestamp > 0 else now
+    f = report.failure
+    if f is not None:
+        f = replace(
+            f,
+            message=_clip(f.message),
+            traceback=_clip(f.traceback),
+            stderr_tail=_clip(f.stderr_tail),
+            error_file=_clip(f.error_file, 4096),
+            node=_clip(f.node, 256),
+            signal=_clip(f.signal, 64),
+            role=_clip(f.role, 256),
+            timestamp=f.timestamp if math.isfinite(f.timestamp) and f.timestamp > 0 else ts,
+        )
+    value = report.return_value
+    if value is not None and len(value) > MAX_RETURN_VALUE_BYTES:
+        f = ProcessFailure(
+            global_rank=report.global_rank,
+            local_rank=report.local_rank,
+            pid=report.pid,
+            exitcode=report.exitcode,
+            message=(
+                f"the return value is {len(value)} bytes pickled, over the limit of "
+                f"{MAX_RETURN_VALUE_BYTES} bytes; return less, or write it to a file"
+            ),
+            timestamp=ts,
+        )
+        value = None
+    return replace(report, failure=f, return_value=value, timestamp=ts)
 
 
 def _stamp(f: ProcessFailure, node: str, w: _Worker, job: _Job) -> ProcessFailure:

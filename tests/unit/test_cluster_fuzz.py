@@ -1,0 +1,167 @@
+"""Property tests: any sequence of node messages, submits, cancels and ticks keeps the cluster sane.
+
+Hostile or confused agents (wrong rounds, unknown jobs, duplicate exits, absurd values) must never
+crash the coordinator's state machine, corrupt another job or double-book a node's slots.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from client._model import JobSpec, JobState, ProcessFailure
+from coordinator._cluster import (
+    AssignRound,
+    Cluster,
+    ClusterConfig,
+    JobNotFound,
+    NodeNameInUse,
+    RequestPort,
+    RunningGroupReport,
+    WorkerExitReport,
+    WorkerHealthSample,
+)
+
+NODES = ["n0", "n1", "n2"]
+JOBS = ["j0", "j1", "zz"]  # "zz" is never submitted
+
+floats = st.floats(allow_nan=True, allow_infinity=True, width=64)
+ints = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+small = st.integers(min_value=-2, max_value=5)
+texts = st.text(max_size=40)
+
+failure = st.builds(
+    ProcessFailure,
+    global_rank=small, local_rank=small, pid=ints, exitcode=ints, message=texts, timestamp=floats,
+    node=texts, traceback=texts,
+)
+exit_report = st.builds(
+    WorkerExitReport,
+    local_rank=small, global_rank=small, pid=st.integers(min_value=0, max_value=50), exitcode=ints,
+    stopped_by_agent=st.booleans(), failure=st.none() | failure,
+    return_value=st.none() | st.binary(max_size=20), timestamp=floats,
+)
+node = st.sampled_from(NODES)
+job = st.sampled_from(JOBS)
+rnd = st.integers(min_value=-1, max_value=6)
+
+action = st.one_of(
+    st.tuples(st.just("connect"), node, st.sampled_from(["a", "b"]), st.integers(0, 4),
+              st.lists(st.builds(RunningGroupReport, job_id=job, round=rnd, attempt=small,
+                                 pids=st.lists(st.tuples(small, ints), max_size=3).map(tuple),
+                                 exits=st.lists(exit_report, max_size=2).map(tuple),
+                                 stopped=st.booleans()), max_size=2)),
+    st.tuples(st.just("disconnect"), node, st.sampled_from(["a", "b"])),
+    st.tuples(st.just("port"), node, job, rnd, st.integers(-5, 70000), texts),
+    st.tuples(st.just("started"), node, job, rnd, st.lists(st.tuples(small, ints), max_size=3)),
+    st.tuples(st.just("exited"), node, job, rnd, exit_report),
+    st.tuples(st.just("stopped"), node, job, rnd, st.lists(ints, max_size=2)),
+    st.tuples(st.just("heartbeat"), node, job, rnd,
+              st.lists(st.builds(WorkerHealthSample, local_rank=small, pid=ints, cpu_percent=floats,
+                                 rss_bytes=ints, proc_state=texts), max_size=2)),
+    st.tuples(st.just("submit"), st.integers(1, 3), st.integers(1, 3), st.integers(0, 2)),
+    st.tuples(st.just("cancel"), job),
+    st.tuples(st.just("tick"), st.floats(min_value=0, max_value=40)),
+)
+
+
+class _Driver:
+    def __init__(self) -> None:
+        self.c = Cluster(ClusterConfig(heartbeat_interval=1.0, lease=5.0))
+        self.now = 1000.0
+        self.submitted = 0
+        self.inc: dict[str, str] = {}
+
+    def step(self, a: tuple[Any, ...]) -> None:
+        c, now = self.c, self.now
+        kind = a[0]
+        if kind == "connect":
+            _, name, inc, slots, running = a
+            try:
+                c.node_connected(name, "127.0.0.1", max(slots, 1), inc, now, running)
+                self.inc[name] = inc
+            except NodeNameInUse:
+                pass
+        elif kind == "disconnect":
+            c.node_disconnected(a[1], a[2], now)
+        elif kind == "port":
+            _, name, jid, r, port, err = a
+            c.port_reserved(name, self.inc.get(name, ""), jid, r, port, err, now)
+        elif kind == "started":
+            _, name, jid, r, pids = a
+            c.workers_started(name, self.inc.get(name, ""), jid, r, pids, now)
+        elif kind == "exited":
+            _, name, jid, r, rep = a
+            c.worker_exited(name, self.inc.get(name, ""), jid, r, rep, now)
+        elif kind == "stopped":
+            _, name, jid, r, unk = a
+            c.group_stopped(name, self.inc.get(name, ""), jid, r, unk, now)
+        elif kind == "heartbeat":
+            _, name, jid, r, samples = a
+            c.heartbeat(name, self.inc.get(name, ""), now, [(jid, r, samples)])
+        elif kind == "submit":
+            _, lo, hi, restarts = a
+            if self.submitted < 2:
+                spec = JobSpec(entrypoint=["x"], min_nodes=min(lo, hi), max_nodes=max(lo, hi),
+                               nproc_per_node=1, max_restarts=restarts, last_call_timeout=1.0,
+                               join_timeout=20.0, stop_grace=1.0, exit_barrier_timeout=5.0)
+                c.submit(f"j{self.submitted}", spec, now)
+                self.submitted += 1
+        elif kind == "cancel":
+            try:
+                c.cancel(a[1], now)
+            except JobNotFound:
+                assert a[1] not in c.job_ids()
+        elif kind == "tick":
+            self.now += a[1]
+            c.tick(self.now)
+
+    def check(self) -> None:
+        c = self.c
+        for n in c.nodes():
+            assert 0 <= n.slots_used <= n.slots, n
+        for jid in c.job_ids():
+            st_ = c.job_status(jid)
+            if st_.state.is_terminal():
+                assert c.job_result(jid) is not None
+                r = c.job_result(jid)
+                assert r is not None and not (set(r.return_values) & set(r.failures))
+            else:
+                assert c.job_result(jid) is None
+            ranks = [w.global_rank for w in st_.workers]
+            assert len(ranks) == len(set(ranks))
+            if st_.state in (JobState.RUNNING, JobState.STOPPING):
+                assert st_.members
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(action, max_size=40))
+def test_random_message_sequences_never_break_the_cluster(actions: list[tuple[Any, ...]]) -> None:
+    d = _Driver()
+    for a in actions:
+        d.step(a)
+        d.check()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(exit_report, min_size=1, max_size=6))
+def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(reports: list[WorkerExitReport]) -> None:
+    d = _Driver()
+    c = d.c
+    c.submit("j0", JobSpec(entrypoint=["x"], nproc_per_node=2, min_nodes=2, max_nodes=2), d.now)
+    effects = []
+    for name in NODES[:2]:
+        effects += c.node_connected(name, "127.0.0.1", 2, "a", d.now)
+        d.inc[name] = "a"
+    ports = [e for e in effects if isinstance(e, RequestPort)]
+    assert len(ports) == 1
+    assigns = [e for e in c.port_reserved(ports[0].node, "a", "j0", ports[0].round, 4000, "", d.now)
+               if isinstance(e, AssignRound)]
+    assert len(assigns) == 2
+    for e in assigns:
+        c.workers_started(e.node, "a", "j0", e.assignment.round, [(0, 10), (1, 11)], d.now)
+    for i, rep in enumerate(reports):
+        c.worker_exited(NODES[i % 2], "a", "j0", assigns[0].assignment.round, rep, d.now)
+        d.check()
