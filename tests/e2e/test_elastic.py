@@ -218,3 +218,18 @@ def test_checkpointed_training_survives_a_crash_and_an_agent_kill(make_cluster: 
     got = torch.load(out / "final.pt")
     for k in ref:
         assert torch.allclose(ref[k], got[k], atol=1e-5), (k, ref[k], got[k])
+
+
+def test_a_stopped_worker_makes_the_group_unhealthy_and_fails_the_job(cluster: LocalCluster) -> None:
+    spec = JobSpec(
+        entrypoint=[PY, script("stop_self.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
+        env={"STOP_RANK": "2"}, unhealthy_timeout=1.0, stop_grace=5,
+    )
+    job = cluster.client.submit(spec)
+    result = job.wait(TIMEOUT)
+    assert result.is_failed()
+    assert set(result.failures) == {2}
+    f = result.failures[2]
+    assert "stopped" in f.message.lower(), f.message
+    status = job.status()
+    assert status.finished_at - status.submitted_at < 30
