@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 PORT_TIMEOUT_S = 10.0
 MAX_FAILURE_TEXT = 64 * 1024
+PORT_RETRY_MAX_S = 10.0
+STALE_HOLD_S = 60.0
 STOP_MARGIN_S = 15.0
 MAX_EVENTS_PER_JOB = 10_000
 
@@ -196,9 +198,11 @@ class _Node:
     last_seen: float
     jobs: dict[str, int] = field(default_factory=dict)  # job id -> slots used
     attached: bool = True  # a session of this incarnation is open (False: restored from disk)
+    # Stale rounds still running here, told to stop: "job#round" -> (slots, hold until).
+    fenced: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def free_slots(self) -> int:
-        return self.slots - sum(self.jobs.values())
+        return self.slots - sum(self.jobs.values()) - sum(n for n, _ in self.fenced.values())
 
 
 class _WorkerPhase(enum.Enum):
@@ -260,6 +264,7 @@ class _Job:
     stop_deadline: float | None = None
     barrier_deadline: float | None = None
     not_before: float = 0.0
+    port_failures: int = 0
     failures: dict[int, ProcessFailure] = field(default_factory=dict)
     return_values: dict[int, bytes] = field(default_factory=dict)
     attempts: list[AttemptSummary] = field(default_factory=list)
@@ -357,7 +362,7 @@ class Cluster:
                 name=n.name,
                 addr=n.addr,
                 slots=n.slots,
-                slots_used=n.slots - n.free_slots(),
+                slots_used=min(n.slots, n.slots - n.free_slots()),
                 state="live" if n.live else "lost",
                 last_seen=n.last_seen,
                 jobs=tuple(n.jobs),
@@ -501,6 +506,7 @@ class Cluster:
             node.live, node.last_seen, node.attached = True, now, True
             if not resumed:
                 node.jobs.clear()
+                node.fenced.clear()
             logger.info("node %s %s", name, "reconnected" if resumed else "rejoined")
         for report in running:
             self._adopt(node, report, now)
@@ -581,8 +587,12 @@ class Cluster:
             return self._finish(now)
         job.port_deadline = None
         if error or not 0 < port < 65536:
+            # Back off, doubling, so an agent that cannot bind does not spin the rendezvous.
+            job.port_failures += 1
+            job.not_before = now + min(PORT_RETRY_MAX_S, 0.25 * 2 ** (job.port_failures - 1))
             self._reform(job, f"node {name} could not reserve a master port: {error or port}", now)
             return self._finish(now)
+        job.port_failures = 0
         job.master_port = port
         self._assign(job, now)
         return self._finish(now)
@@ -658,6 +668,7 @@ class Cluster:
         if node is None:
             return []
         node.last_seen = now
+        node.fenced.pop(f"{job_id}#{round_}", None)
         job = self._jobs.get(job_id)
         if job is None or job.round != round_:
             return self._finish(now)
@@ -679,6 +690,9 @@ class Cluster:
     def tick(self, now: float) -> list[Effect]:
         """Time passed: leases, last calls, join timeouts, barrier and stop deadlines."""
         for node in list(self._nodes.values()):
+            for key, (_, until) in list(node.fenced.items()):
+                if now >= until:
+                    del node.fenced[key]
             if node.live and now - node.last_seen > self.config.lease:
                 self._effects.append(CloseSession(node.name, node.incarnation, "lease expired"))
                 self._lose_node(
@@ -740,7 +754,7 @@ class Cluster:
                 claimed.update(m.node for m in job.members)
                 continue
             if now < job.not_before:
-                self._set_reason(job, f"restarting after a backoff until {job.not_before:.1f}", now)
+                self._set_reason(job, f"next round in {job.not_before - now:.1f} s (backoff)", now)
                 # Hold the nodes it will restart on: a later job must not take them meanwhile.
                 backoff_free = [n for n in self._candidates(job) if n.name not in claimed]
                 claimed.update(n.name for n in backoff_free[: job.spec.max_nodes])
@@ -1076,6 +1090,9 @@ class Cluster:
 
     def _back_to_queue(self, job: _Job, reason: str, now: float) -> None:
         job.members = []
+        # The ended round's failures live on in its AttemptSummary; a result made later (say, a
+        # rendezvous timeout) must not present them as its own.
+        job.failures = {}
         job.stop_kind = None
         job.last_call_deadline = None
         job.join_deadline = now + job.spec.join_timeout
@@ -1170,6 +1187,7 @@ class Cluster:
                 )
             self._changed(job)
         node.jobs.clear()
+        node.fenced.clear()
 
     def _adopt(self, node: _Node, report: RunningGroupReport, now: float) -> None:
         job = self._jobs.get(report.job_id)
@@ -1191,6 +1209,13 @@ class Cluster:
                         "stale round: the job has moved on without this node",
                     )
                 )
+                # Its old workers still hold the slots until the stop is confirmed: a new
+                # round must not start beside them (a GPU would still be busy).
+                key = f"{report.job_id}#{report.round}"
+                node.fenced.pop(key, None)
+                held = min(max(1, len(report.pids)), max(0, node.free_slots()))
+                if held:
+                    node.fenced[key] = (held, now + STALE_HOLD_S)
             return
         if member.released:
             # The exit barrier already let it go and its slots may serve another job now: repeat
@@ -1364,8 +1389,11 @@ def _sanitized(report: WorkerExitReport, now: float) -> WorkerExitReport:
 def _stamp(f: ProcessFailure, node: str, w: _Worker, job: _Job) -> ProcessFailure:
     from dataclasses import replace
 
+    member = job.member(node)
+    role_rank = member.ranks.role_rank(w.local_rank) if member is not None else f.role_rank
     return replace(
         f,
+        role_rank=role_rank,
         node=f.node or node,
         global_rank=w.global_rank,
         local_rank=w.local_rank,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import ipaddress
 import os
@@ -15,8 +16,11 @@ import grpc
 from client._security import read_token
 from coordinator._auth import ServerTLS, TokenInterceptor
 from coordinator._cluster import ClusterConfig
+from coordinator._metrics import CoordinatorMetrics
+from coordinator._probes import Probes
 from coordinator._service import CoordinatorService
 from coordinator._store import MEMORY, Store, default_state_dir
+from nodeagent._metrics import MetricsEndpoint
 
 __all__ = ["Coordinator", "CoordinatorConfig", "is_loopback"]
 
@@ -55,6 +59,10 @@ class CoordinatorConfig:
     """PEM private key of tls_cert."""
     tls_client_ca: str = ""
     """PEM CA whose client certificates are required (mTLS; "" = no client certificates)."""
+    metrics_port: int = 0
+    """Port to serve Prometheus metrics on over HTTP (0 = no metrics)."""
+    metrics_host: str = "127.0.0.1"
+    """Address to serve the metrics on."""
 
     def tokens(self) -> tuple[str, str]:
         """(agent token, client token); empty when not configured. Raises ValueError."""
@@ -70,6 +78,8 @@ class CoordinatorConfig:
     def validate(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port: must be 0-65535, got {self.port}")
+        if not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"metrics_port: must be 0-65535 (0 = off), got {self.metrics_port}")
         if not 0 < self.heartbeat_interval <= 60:
             raise ValueError(f"heartbeat_interval: must be in (0, 60] s, got {self.heartbeat_interval}")
         if not self.heartbeat_interval < self.lease <= 3600:
@@ -136,7 +146,16 @@ class Coordinator:
             store=self.store,
             reconnect_grace=self.config.reconnect_grace,
         )
+        self.metrics: CoordinatorMetrics | None = None
+        self._metrics_endpoint: MetricsEndpoint | None = None
+        if self.config.metrics_port:
+            self.metrics = CoordinatorMetrics(self.service.cluster, self.service.now)
+            self.service.effect_observers.append(self.metrics.observe)
+            self._metrics_endpoint = MetricsEndpoint(
+                self.metrics.registry, self.config.metrics_host, self.config.metrics_port
+            )
         self._server: grpc.aio.Server | None = None
+        self._probes: Probes | None = None
         self.port = 0
 
     @property
@@ -164,6 +183,8 @@ class Coordinator:
             ]
         )
         self.service.add_to_server(server)
+        probes = Probes(server)
+        await probes.starting()
         host = self.config.host
         bind = f"[{host}]:{self.config.port}" if ":" in host else f"{host}:{self.config.port}"
         c = self.config
@@ -174,17 +195,28 @@ class Coordinator:
             self.port = server.add_insecure_port(bind)
         if self.port == 0:
             raise OSError(f"could not listen on {bind}")
+        if self._metrics_endpoint is not None:
+            try:
+                await asyncio.to_thread(self._metrics_endpoint.start)
+            except OSError:
+                await server.stop(None)
+                raise
         await server.start()
-        self._server = server
+        self._server, self._probes = server, probes
         self.service.start()
+        await probes.serving()
         logger.info("coordinator listening on %s", self.address)
 
     async def stop(self, grace: float = 1.0) -> None:
         server, self._server = self._server, None
         if server is None:
             return
+        if self._probes is not None:
+            await self._probes.stopping()
         await self.service.stop()
         await server.stop(grace)
+        if self._metrics_endpoint is not None:
+            await asyncio.to_thread(self._metrics_endpoint.stop)
         self.store.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)

@@ -127,6 +127,7 @@ class CoordinatorService:
         self._log_ids = itertools.count(1)
         self._tick_task: asyncio.Task[None] | None = None
         self.coordinator_id = uuid.uuid4().hex
+        self.effect_observers: list[Callable[[list[Effect]], None]] = []  # e.g. metrics
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -209,6 +210,8 @@ class CoordinatorService:
         return self._clock()
 
     def apply(self, effects: list[Effect]) -> None:
+        for observe in self.effect_observers:
+            observe(effects)
         changed = False
         for eff in effects:
             if isinstance(eff, JobChanged):

@@ -36,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-cert", default="", help="PEM certificate: serve TLS")
     s.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     s.add_argument("--tls-client-ca", default="", help="require client certificates signed by this CA (mTLS)")
+    s.add_argument("--metrics-port", type=int, default=d.metrics_port,
+                   help="serve Prometheus metrics over HTTP on this port (default 0 = off)")
+    s.add_argument("--metrics-host", default=d.metrics_host,
+                   help="address to serve the metrics on (default %(default)s)")
     s.add_argument("--port-file", default="",
                    help="write the port actually bound to this file once listening")
     s.add_argument("--log-level", default="INFO")
@@ -80,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     try:
         config.validate()

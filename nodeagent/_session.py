@@ -28,6 +28,7 @@ import grpc
 from client._convert import failure_to_pb, spec_from_pb
 from client._security import Security
 from nodeagent._assignment import RoundAssignment, WorkerRanks
+from nodeagent._metrics import AgentMetrics
 from nodeagent._reaper import PidRegistry, reap_previous
 from nodeagent._workers import WorkerExit, WorkerGroup
 from protos.gelastic.v1 import gelastic_pb2 as pb
@@ -70,6 +71,10 @@ class AgentConfig:
     """PEM private key of tls_cert."""
     tls_server_name: str = ""
     """Name to check in the coordinator's certificate, when it differs from the host."""
+    metrics_port: int = 0
+    """Port to serve Prometheus metrics on over HTTP (0 = no metrics)."""
+    metrics_host: str = "127.0.0.1"
+    """Address to serve the metrics on."""
 
     def validate(self) -> None:
         if not 1 <= self.slots <= 4096:
@@ -78,6 +83,8 @@ class AgentConfig:
             raise ValueError(f"name: must be 1-128 of [A-Za-z0-9_.-], got {self.name!r}")
         if ":" not in self.coordinator:
             raise ValueError(f"coordinator: must be host:port, got {self.coordinator!r}")
+        if not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"metrics_port: must be 0-65535 (0 = off), got {self.metrics_port}")
 
 
 @dataclass
@@ -115,12 +122,14 @@ class NodeAgent:
         self._heartbeat_interval = 1.0
         self._closing = False
         self.connected = asyncio.Event()
+        self.metrics = AgentMetrics(config.name, config.metrics_host, config.metrics_port)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
         if self._main is not None:
             return
+        await asyncio.to_thread(self.metrics.start)
         self.log_root.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         killed = await asyncio.to_thread(reap_previous, self._pid_file())
@@ -142,6 +151,7 @@ class NodeAgent:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
         self._main = None
+        await asyncio.to_thread(self.metrics.stop)
 
     async def __aenter__(self) -> NodeAgent:
         await self.start()
@@ -165,6 +175,8 @@ class NodeAgent:
             started = time.monotonic()
             try:
                 await self._session()
+                if not self._closing:
+                    logger.info("session with %s closed by the coordinator", self.config.coordinator)
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
@@ -281,6 +293,7 @@ class NodeAgent:
                     )
                 )
             outbox.put_nowait(pb.NodeMessage(heartbeat=pb.Heartbeat(seq=seq, groups=groups)))
+            self.metrics.observe(groups)
 
     # ---- commands --------------------------------------------------------------------------
 

@@ -29,6 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", default="", help="PEM client certificate (mTLS)")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument("--tls-server-name", default="", help="name to check in the coordinator's certificate")
+    p.add_argument("--metrics-port", type=int, default=d.metrics_port,
+                   help="serve Prometheus metrics over HTTP on this port (default 0 = off)")
+    p.add_argument("--metrics-host", default=d.metrics_host,
+                   help="address to serve the metrics on (default %(default)s)")
     p.add_argument("--stop-grace", type=float, default=5.0,
                    help="seconds to let workers stop when the agent is asked to exit")
     p.add_argument("--log-level", default="INFO")
@@ -66,11 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_server_name=args.tls_server_name,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     try:
         config.validate()
         asyncio.run(_run(config, args.stop_grace))
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"nodeagent: {exc}", file=sys.stderr)
         return 2
     return 0

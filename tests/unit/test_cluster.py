@@ -211,11 +211,14 @@ def test_port_error_re_forms_the_round() -> None:
     d.submit("j", min_nodes=2, max_nodes=2)
     d.clear()
     effects = d.reserve_port("a", "j", 1, 0, "EADDRINUSE")
-    assert of_type(effects, RequestPort) == [RequestPort("a", "j", 2)]
+    # The next round is formed after a short backoff, never in a tight loop.
+    assert not of_type(effects, RequestPort)
     assert not of_type(effects, AssignRound)
     (event,) = [e for e in d.cluster.job_events("j") if e.kind == "reform"]
     assert "EADDRINUSE" in event.reason
+    assert "backoff" in d.reason("j")
     d.nodes["a"].port = 29999
+    d.advance(1.0)
     d.settle()
     assert d.state("j") == JobState.RUNNING
     assert (d.assignment("b").master_port, d.assignment("b").round) == (29999, 2)
@@ -1037,6 +1040,9 @@ def test_reconnect_with_a_round_of_a_finished_job_is_told_to_stop_it() -> None:
     report = RunningGroupReport(job_id="j", round=1, attempt=0, pids=((0, 1),))
     d.connect("n0", addr="10.0.0.1", incarnation=inc, running=[report])
     assert nodes_of(d.history, StopRound) == ["n0"]
+    # The old workers hold their slot until the agent confirms the stop.
+    assert d.cluster.nodes()[0].slots_used == 1
+    d.settle()
     assert d.cluster.nodes()[0].slots_used == 0
 
 
@@ -1278,3 +1284,21 @@ ClusterHistories.TestCase.settings = settings(
     deadline=None,
 )
 test_cluster_histories = ClusterHistories.TestCase
+
+
+def test_a_node_back_with_a_stale_round_gets_no_new_work_until_it_stopped() -> None:
+    from client._model import JobSpec
+    from coordinator._cluster import Cluster, ClusterConfig
+
+    c = Cluster(ClusterConfig(lease=5.0))
+    c.node_connected("a", "10.0.0.1", 1, "ia", 0.0)
+    c.submit("j", JobSpec(entrypoint=["x"], min_nodes=1, max_nodes=1, last_call_timeout=0), 0.0)
+    report = RunningGroupReport(job_id="old-job", round=3, attempt=0, pids=((0, 4242),))
+    c.node_disconnected("a", "ia", 1.0)
+    c.submit("k", JobSpec(entrypoint=["y"], min_nodes=1, max_nodes=1, last_call_timeout=0), 1.0)
+    effects = c.node_connected("a", "10.0.0.1", 1, "ia", 2.0, [report])
+    stops = [e for e in effects if isinstance(e, StopRound)]
+    assert [(e.job_id, e.round) for e in stops] == [("old-job", 3)]
+    assert not [e for e in effects if isinstance(e, RequestPort)]
+    effects = c.group_stopped("a", "ia", "old-job", 3, [], 3.0)
+    assert [e.job_id for e in effects if isinstance(e, RequestPort)] == ["j"]

@@ -1,0 +1,205 @@
+"""The coordinator's Prometheus metrics, derived from the effects of the state machine.
+
+Every batch of effects the coordinator carries out passes `CoordinatorMetrics.observe`; the
+numbers come from those effects (job events, job changes) plus cheap queries of the cluster, never
+from the gRPC layer. Gauges are kept as snapshots the scrape thread only reads, so a scrape never
+touches the cluster from outside the event loop.
+
+- `gelastic_jobs{state}`: jobs the coordinator knows, by `JobState`.
+- `gelastic_nodes{state}`: registered nodes, `live` or `lost` (refreshed at most twice a second).
+- `gelastic_restarts_total`: restarts that spent the restart budget.
+- `gelastic_failures_total{category}`: worker failures by `FailureCategory`; a node lost under a
+  job counts once per job as `INFRA`.
+- `gelastic_rendezvous_duration_seconds`: from a job entering the queue (submitted, restarting or
+  re-forming) to its round being assigned (the job becomes RUNNING).
+- `gelastic_failure_to_restart_seconds`: from the first failure (or node loss) of a round to the
+  moment every worker of a later round has started.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from client._model import FailureCategory, JobEvent, JobState, WorkerState
+from coordinator._cluster import CloseSession, Cluster, Effect, EventRecorded, JobChanged
+
+__all__ = ["CoordinatorMetrics"]
+
+logger = logging.getLogger(__name__)
+
+NODE_REFRESH_S = 0.5
+_WAITING = frozenset({JobState.QUEUED, JobState.RENDEZVOUS})
+_NODE_STATES = ("live", "lost")
+RENDEZVOUS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+RECOVERY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+
+
+class CoordinatorMetrics:
+    """Metrics of one coordinator, on a registry of its own (`self.registry`)."""
+
+    def __init__(self, cluster: Cluster, clock: Callable[[], float] = time.time) -> None:
+        self._cluster = cluster
+        self._clock = clock
+        self.registry = CollectorRegistry()
+        # Jobs restored from disk are counted, but their waits are not timed: when they began
+        # is not known.
+        self._job_states: dict[str, JobState] = {j: cluster.job_state(j) for j in cluster.job_ids()}
+        # Every key exists from the start, so the scrape thread can copy it while it changes.
+        self._job_counts: dict[str, int] = {s.value: 0 for s in JobState}
+        for state in self._job_states.values():
+            self._job_counts[state.value] += 1
+        self._node_counts: dict[str, int] = dict.fromkeys(_NODE_STATES, 0)
+        self._nodes_refreshed = -math.inf
+        self._waiting_since: dict[str, float] = {}
+        self._failed_at: dict[str, tuple[float, int]] = {}  # job -> (first failure, its round)
+
+        self.restarts = Counter(
+            "gelastic_restarts_total",
+            "Restarts of a job that spent its restart budget",
+            registry=self.registry,
+        )
+        self.failures = Counter(
+            "gelastic_failures_total",
+            "Worker failures by category (USER, PLATFORM, INFRA, INPUT); node losses are INFRA",
+            ["category"],
+            registry=self.registry,
+        )
+        for category in FailureCategory:
+            self.failures.labels(category.value)
+        self.rendezvous = Histogram(
+            "gelastic_rendezvous_duration_seconds",
+            "From a job entering the queue to its round being assigned (RUNNING)",
+            buckets=RENDEZVOUS_BUCKETS,
+            registry=self.registry,
+        )
+        self.failure_to_restart = Histogram(
+            "gelastic_failure_to_restart_seconds",
+            "From the first failure of a round to every worker of the next round started",
+            buckets=RECOVERY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_StateGauges(self))
+        ProcessCollector(registry=self.registry)
+        self._refresh_nodes()
+
+    # ---- snapshots read by the scrape thread -----------------------------------------------
+
+    def job_counts(self) -> dict[str, int]:
+        return dict(self._job_counts)
+
+    def node_counts(self) -> dict[str, int]:
+        return self._node_counts
+
+    # ---- the hook --------------------------------------------------------------------------
+
+    def observe(self, effects: Sequence[Effect]) -> None:
+        """Account for one batch of effects. Never raises: metrics must not break the service."""
+        try:
+            self._observe(effects)
+        except Exception:
+            logger.exception("metrics: could not account for %d effects", len(effects))
+
+    def _observe(self, effects: Sequence[Effect]) -> None:
+        now = self._clock()
+        started: set[str] = set()
+        lost_session = False
+        for eff in effects:
+            if isinstance(eff, EventRecorded):
+                if eff.event.kind == "workers_started":
+                    started.add(eff.event.job_id)
+                else:
+                    self._on_event(eff.event, now)
+            elif isinstance(eff, JobChanged):
+                self._on_job_changed(eff.job_id, now)
+            elif isinstance(eff, CloseSession):
+                lost_session = True
+        for job_id in started:
+            self._on_workers_started(job_id, now)
+        if lost_session or time.monotonic() - self._nodes_refreshed >= NODE_REFRESH_S:
+            self._refresh_nodes()
+
+    def _on_event(self, event: JobEvent, now: float) -> None:
+        if event.kind == "restart":
+            self.restarts.inc()
+        elif event.kind in ("worker_failed", "node_lost"):
+            category = (
+                self._category(event.job_id, event.rank)
+                if event.kind == "worker_failed"
+                else FailureCategory.INFRA.value
+            )
+            self.failures.labels(category).inc()
+            if not self._cluster.job_state(event.job_id).is_terminal():
+                self._failed_at.setdefault(event.job_id, (now, event.round))
+
+    def _on_job_changed(self, job_id: str, now: float) -> None:
+        state = self._cluster.job_state(job_id)
+        before = self._job_states.get(job_id)
+        if state == before:
+            return
+        self._job_states[job_id] = state
+        if before is not None:
+            self._job_counts[before.value] -= 1
+        self._job_counts[state.value] += 1
+        # QUEUED <-> RENDEZVOUS is one wait; anything else entering them starts a new one.
+        if state in _WAITING and before not in _WAITING:
+            self._waiting_since[job_id] = now
+        elif state == JobState.RUNNING:
+            since = self._waiting_since.pop(job_id, None)
+            if since is not None:
+                self.rendezvous.observe(max(0.0, now - since))
+        if state.is_terminal():
+            self._waiting_since.pop(job_id, None)
+            self._failed_at.pop(job_id, None)
+
+    def _on_workers_started(self, job_id: str, now: float) -> None:
+        failed = self._failed_at.get(job_id)
+        if failed is None:
+            return
+        at, failed_round = failed
+        status = self._cluster.job_status(job_id)
+        if status.state != JobState.RUNNING or status.round <= failed_round or not status.workers:
+            return
+        if any(w.state == WorkerState.INIT for w in status.workers):
+            return
+        del self._failed_at[job_id]
+        self.failure_to_restart.observe(max(0.0, now - at))
+
+    def _category(self, job_id: str, rank: int) -> str:
+        # The cluster keeps the failures of the running attempt to itself (its public result
+        # exists only once the job ends); read just the one this event names.
+        job = self._cluster._jobs.get(job_id)
+        failure = job.failures.get(rank) if job is not None else None
+        return (failure.category if failure is not None else FailureCategory.USER).value
+
+    def _refresh_nodes(self) -> None:
+        counts = dict.fromkeys(_NODE_STATES, 0)
+        for node in self._cluster.nodes():
+            counts[node.state] = counts.get(node.state, 0) + 1
+        self._node_counts = counts  # one reference swap, read whole by the scrape thread
+        self._nodes_refreshed = time.monotonic()
+
+
+class _StateGauges(Collector):
+    def __init__(self, metrics: CoordinatorMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        jobs = GaugeMetricFamily(
+            "gelastic_jobs", "Jobs the coordinator knows, by state", labels=["state"]
+        )
+        for state, n in self._metrics.job_counts().items():
+            jobs.add_metric([state], n)
+        nodes = GaugeMetricFamily(
+            "gelastic_nodes", "Registered nodes, live or lost", labels=["state"]
+        )
+        for state, n in self._metrics.node_counts().items():
+            nodes.add_metric([state], n)
+        return [jobs, nodes]
