@@ -8,6 +8,7 @@ wording (``Signal 9 (SIGKILL) received by PID 1234``).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -47,6 +48,8 @@ class ErrorFileResult:
     """torch's ``errorCode`` (set when a parent agent re-dumps a child's file)."""
     problem: str | None = None
     """Why the file could not be used; None when it was read cleanly (or is absent)."""
+    written_at: float | None = None
+    """The file's modification time: when the worker wrote it, to the nanosecond."""
 
     @property
     def usable(self) -> bool:
@@ -194,7 +197,7 @@ def read_error_file(path: str | os.PathLike[str]) -> ErrorFileResult:
         return ErrorFileResult(
             p, True, problem=f"error file {p} is not valid JSON: nested too deeply"
         )
-    return _parse(data, p)
+    return dataclasses.replace(_parse(data, p), written_at=st.st_mtime_ns / 1e9)
 
 
 def read_stderr_tail(
@@ -258,9 +261,12 @@ def build_failure(
         if ef.timestamp is not None:
             timestamp = ef.timestamp
             # torch's own writer keeps whole seconds: ranks that failed within one second would
-            # tie. The agent saw the exit moments after the file was written, with a finer clock.
-            if timestamp == int(timestamp) and timestamp <= observed_at < timestamp + 2:
-                timestamp = observed_at
+            # tie. The file's modification time says when it was written, to the nanosecond.
+            if timestamp == int(timestamp):
+                if ef.written_at is not None and timestamp <= ef.written_at < timestamp + 2:
+                    timestamp = ef.written_at
+                elif timestamp <= observed_at < timestamp + 2:
+                    timestamp = observed_at
     elif sig:
         text = signal_message(sig, pid)
         if ef is not None and ef.problem:
