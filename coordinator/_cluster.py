@@ -274,10 +274,46 @@ class _Job:
     events: list[JobEvent] = field(default_factory=list)
 
     def member(self, node: str) -> _Member | None:
-        for m in self.members:
-            if m.node == node:
-                return m
-        return None
+        # Indexed: every node message looks its member up, and a round may have 10,000 of them.
+        cached = self.__dict__.get("_member_index")
+        if cached is None or cached[0] is not self.members or len(cached[1]) != len(self.members):
+            cached = (self.members, {m.node: m for m in self.members})
+            self.__dict__["_member_index"] = cached
+        found: _Member | None = cached[1].get(node)
+        return found
+
+    def unstarted(self) -> int:
+        """Workers of the current round not started yet (kept as a count: asked on every start)."""
+        cached = self.__dict__.get("_unstarted")
+        if cached is None or cached[0] is not self.members:
+            n = sum(1 for m in self.members for w in m.workers.values() if w.phase == _WorkerPhase.INIT)
+            cached = [self.members, n]
+            self.__dict__["_unstarted"] = cached
+        return int(cached[1])
+
+    def pending_count(self) -> int:
+        """Members not done yet (a count kept up to date: asked whenever a node finishes)."""
+        cached = self.__dict__.get("_pending")
+        if cached is None or cached[0] is not self.members:
+            cached = [self.members, sum(1 for m in self.members if not m.done)]
+            self.__dict__["_pending"] = cached
+        return int(cached[1])
+
+    def note_done(self) -> None:
+        cached = self.__dict__.get("_pending")
+        if cached is not None and cached[0] is self.members:
+            cached[1] -= 1
+
+    def set_phase(self, w: _Worker, phase: _WorkerPhase) -> None:
+        if w.phase == phase:
+            return
+        cached = self.__dict__.get("_unstarted")
+        if cached is not None and cached[0] is self.members:
+            if w.phase == _WorkerPhase.INIT:
+                cached[1] -= 1
+            elif phase == _WorkerPhase.INIT:
+                cached[1] += 1
+        w.phase = phase
 
 
 # ------------------------------------------------------------------------------------------------
@@ -294,6 +330,7 @@ class Cluster:
         self._jobs: dict[str, _Job] = {}
         self._event_seq = 0
         self._effects: list[Effect] = []
+        self._reschedule = True
 
     # ---- queries ----------------------------------------------------------------------------
 
@@ -416,6 +453,7 @@ class Cluster:
         reconnect and report what it runs before it counts as lost. Running jobs wait for that;
         a round still choosing its master port is formed again (nothing of it started).
         """
+        self._reschedule = True
         if self._jobs or self._nodes:
             raise RuntimeError("restore() needs an empty cluster")
         for d in nodes:
@@ -454,6 +492,7 @@ class Cluster:
 
     def submit(self, job_id: str, spec: JobSpec, now: float) -> list[Effect]:
         """A validated spec enters the queue."""
+        self._reschedule = True
         if job_id in self._jobs:
             raise ValueError(f"job id {job_id} already exists")
         job = _Job(
@@ -470,6 +509,7 @@ class Cluster:
         return self._finish(now)
 
     def cancel(self, job_id: str, now: float) -> list[Effect]:
+        self._reschedule = True
         job = self._job(job_id)
         if job.state.is_terminal():
             return self._finish(now)
@@ -489,6 +529,7 @@ class Cluster:
         now: float,
         running: Sequence[RunningGroupReport] = (),
     ) -> list[Effect]:
+        self._reschedule = True
         node = self._nodes.get(name)
         if node is not None and node.live and node.incarnation != incarnation:
             if node.attached:
@@ -534,6 +575,7 @@ class Cluster:
         return self._finish(now)
 
     def node_disconnected(self, name: str, incarnation: str, now: float) -> list[Effect]:
+        self._reschedule = True
         node = self._nodes.get(name)
         if node is None or node.incarnation != incarnation or not node.live:
             return self._finish(now)
@@ -578,6 +620,7 @@ class Cluster:
         error: str,
         now: float,
     ) -> list[Effect]:
+        self._reschedule = True
         node = self._live(name, incarnation)
         job = self._jobs.get(job_id)
         if node is None or job is None or job.round != round_ or job.port_deadline is None:
@@ -620,7 +663,7 @@ class Cluster:
                 continue
             w.pid = pid
             if w.phase == _WorkerPhase.INIT:
-                w.phase = _WorkerPhase.RUNNING
+                job.set_phase(w, _WorkerPhase.RUNNING)
             started.append(f"{w.global_rank}:{pid}")
         self._event(
             job,
@@ -664,6 +707,7 @@ class Cluster:
         unkillable: Sequence[int],
         now: float,
     ) -> list[Effect]:
+        self._reschedule = True
         node = self._live(name, incarnation)
         if node is None:
             return []
@@ -735,12 +779,16 @@ class Cluster:
                     self._effects.append(ReleaseRound(m.node, job.job_id, job.round))
                     self._free_member(job, m)
                 self._changed(job)
-        return self._finish(now)
+        return self._finish(now, force=True)
 
     # ---- internals: scheduling ----------------------------------------------------------------
 
-    def _finish(self, now: float) -> list[Effect]:
-        self._schedule(now)
+    def _finish(self, now: float, *, force: bool = False) -> list[Effect]:
+        # Placement only changes when capacity or the queue does (or time passes, on a tick):
+        # skipping it otherwise keeps a worker message O(1) however large the cluster.
+        if force or self._reschedule:
+            self._reschedule = False
+            self._schedule(now)
         effects, self._effects = self._effects, []
         return effects
 
@@ -934,10 +982,10 @@ class Cluster:
         if report.pid:
             w.pid = report.pid
         if report.stopped_by_agent:
-            w.phase = _WorkerPhase.STOPPED
+            job.set_phase(w, _WorkerPhase.STOPPED)
             return
         if report.exitcode == 0 and report.failure is None:
-            w.phase = _WorkerPhase.SUCCEEDED
+            job.set_phase(w, _WorkerPhase.SUCCEEDED)
             if report.return_value is not None:
                 job.return_values[w.global_rank] = report.return_value
             self._event(
@@ -952,7 +1000,7 @@ class Cluster:
                 self._member_done(job, member, now)
             self._changed(job)
             return
-        w.phase = _WorkerPhase.FAILED
+        job.set_phase(w, _WorkerPhase.FAILED)
         failure = report.failure or ProcessFailure(
             global_rank=w.global_rank,
             local_rank=w.local_rank,
@@ -988,9 +1036,11 @@ class Cluster:
         self._changed(job)
 
     def _member_done(self, job: _Job, member: _Member, now: float) -> None:
-        member.done = True
+        if not member.done:
+            member.done = True
+            job.note_done()
         member.stopped = True
-        pending = [m.node for m in job.members if not m.done]
+        pending = job.pending_count()
         if job.state != JobState.RUNNING:
             return
         if not pending:
@@ -1003,16 +1053,20 @@ class Cluster:
             return
         if job.barrier_deadline is None:
             job.barrier_deadline = now + job.spec.exit_barrier_timeout
+        if pending <= 5:
+            waiting_for = ", ".join(m.node for m in job.members if not m.done)
+        else:
+            waiting_for = f"{pending} nodes"
         self._event(
             job,
             now,
             "barrier_wait",
-            f"node {member.node} finished; waiting in the exit barrier for {', '.join(pending)}",
+            f"node {member.node} finished; waiting in the exit barrier for {waiting_for}",
             node=member.node,
         )
         self._set_reason(
             job,
-            f"exit barrier: {len(job.members) - len(pending)}/{len(job.members)} nodes done",
+            f"exit barrier: {len(job.members) - pending}/{len(job.members)} nodes done",
             now,
         )
 
@@ -1051,7 +1105,7 @@ class Cluster:
         member.stopped = True
         for w in member.workers.values():
             if w.phase in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
-                w.phase = _WorkerPhase.STOPPED
+                job.set_phase(w, _WorkerPhase.STOPPED)
         if job.state == JobState.STOPPING and all(m.stopped for m in job.members):
             self._after_stop(job, now)
         self._changed(job)
@@ -1089,6 +1143,7 @@ class Cluster:
             self._back_to_queue(job, reason, now)
 
     def _back_to_queue(self, job: _Job, reason: str, now: float) -> None:
+        self._reschedule = True
         job.members = []
         # The ended round's failures live on in its AttemptSummary; a result made later (say, a
         # rendezvous timeout) must not present them as its own.
@@ -1156,12 +1211,13 @@ class Cluster:
 
     def _free_member(self, job: _Job, member: _Member) -> None:
         node = self._nodes.get(member.node)
-        if node is not None:
-            node.jobs.pop(job.job_id, None)
+        if node is not None and node.jobs.pop(job.job_id, None) is not None:
+            self._reschedule = True
 
     # ---- internals: nodes -----------------------------------------------------------------------
 
     def _lose_node(self, node: _Node, why: str, now: float) -> None:
+        self._reschedule = True
         node.live = False
         node.attached = False
         logger.warning("node %s lost: %s", node.name, why)
@@ -1226,7 +1282,8 @@ class Cluster:
         for local_rank, pid in report.pids:
             w = member.workers.get(local_rank)
             if w is not None and w.phase == _WorkerPhase.INIT:
-                w.pid, w.phase = pid, _WorkerPhase.RUNNING
+                w.pid = pid
+                job.set_phase(w, _WorkerPhase.RUNNING)
         for ex in report.exits:
             self._apply_exit(job, member, ex, now)
         if report.stopped:
@@ -1273,7 +1330,7 @@ class Cluster:
         return [j for j in self._jobs.values() if not j.state.is_terminal()]
 
     def _all_started(self, job: _Job) -> bool:
-        return all(w.phase != _WorkerPhase.INIT for m in job.members for w in m.workers.values())
+        return job.unstarted() == 0
 
     def _worker_count(self, job: _Job) -> int:
         return sum(len(m.workers) for m in job.members)
