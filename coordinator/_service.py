@@ -60,7 +60,7 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,159}$")
 MAX_SLOTS = 4096
 TICK_S = 0.1
 OUTBOX_LIMIT = 10_000
-FLUSH_INTERVAL_S = 0.02
+FLUSH_INTERVAL_S = 0.05
 RECONNECT_GRACE_S = 15.0
 HELLO_TIMEOUT_S = 10.0
 WATCH_KEEPALIVE_S = 5.0
@@ -111,6 +111,8 @@ class CoordinatorService:
         self._pending_events: list[tuple[int, str, dict[str, Any]]] = []
         self._nodes_dirty = False
         self._flush_lock = asyncio.Lock()
+        self._notify_pending = False
+        self._notify_task: asyncio.Task[None] | None = None
         self._flush_wanted = asyncio.Event()
         self._flush_task: asyncio.Task[None] | None = None
         self._restore_effects: list[Effect] = []
@@ -230,12 +232,15 @@ class CoordinatorService:
                     s.close()
             else:
                 self._send(eff)
-        if changed:
-            asyncio.get_running_loop().create_task(self._notify())
+        if changed and not self._notify_pending:
+            # One wake-up per burst of changes, not one task per node message.
+            self._notify_pending = True
+            self._notify_task = asyncio.get_running_loop().create_task(self._notify())
         if self._store is not None and (self._dirty_jobs or self._pending_events or self._nodes_dirty):
             self._flush_wanted.set()
 
     async def _notify(self) -> None:
+        self._notify_pending = False
         async with self._changed:
             self._changed.notify_all()
 
@@ -290,6 +295,11 @@ class CoordinatorService:
                     timeout,
                 )
         return self._job_versions.get(job_id, 0)
+
+    def watch_interval(self, job_id: str) -> float:
+        """Pause between two watch updates: none for small jobs, up to 0.5 s for huge ones."""
+        spec = self.cluster.job_spec(job_id)
+        return min(0.5, spec.nproc_per_node * spec.max_nodes / 20_000)
 
     def job_version(self, job_id: str) -> int:
         return self._job_versions.get(job_id, 0)
@@ -519,6 +529,9 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 if svc.cluster.job_state(job_id).is_terminal():
                     return
                 version = await svc.wait_changed(job_id, version, WATCH_KEEPALIVE_S)
+                if not svc.cluster.job_state(job_id).is_terminal():
+                    # A snapshot is O(ranks): coalesce bursts (10,000 starts) into a few updates.
+                    await asyncio.sleep(svc.watch_interval(job_id))
         except Exception as exc:
             await _abort_for(context, exc)
             raise
