@@ -1,7 +1,8 @@
 """`python -m bench [SCENARIO ...] [--runs N] [--quick] [--json PATH]`: run the benchmarks.
 
 Without a scenario every one runs. Prints a table (scenario, metric, system, median, min, max,
-n) and the torchrun/gelastic ratios on stdout, progress on stderr, and writes the JSON.
+n) and the torchrun/gelastic ratios on stdout, progress on stderr, and writes the JSON; the
+scale scenarios' charts go next to it as PNG when matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -13,8 +14,17 @@ import time
 from pathlib import Path
 
 from bench._common import TORCHRUN, Measurement, log, render_table, write_json
+from bench._plots import write_plots
 
-SCENARIOS = ("cold_start", "recovery_worker_crash", "recovery_agent_kill", "failure_report")
+SCENARIOS = (
+    "cold_start",
+    "recovery_worker_crash",
+    "recovery_agent_kill",
+    "failure_report",
+    "rendezvous_scale",
+    "heartbeat_capacity",
+    "footprint",
+)
 DEFAULT_RUNS = 5
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "results.json"
 
@@ -71,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.json, measurements, meta)
     print(render_table(measurements))
     log(f"wrote {args.json}")
+    write_plots(measurements, args.json.parent)
     if failed:
         log(f"failed scenarios: {', '.join(failed)}")
         return 1

@@ -131,7 +131,7 @@ class CoordinatorMetrics:
             self.restarts.inc()
         elif event.kind in ("worker_failed", "node_lost"):
             category = (
-                self._category(event.job_id, event.rank)
+                self._category(event)
                 if event.kind == "worker_failed"
                 else FailureCategory.INFRA.value
             )
@@ -172,12 +172,21 @@ class CoordinatorMetrics:
         del self._failed_at[job_id]
         self.failure_to_restart.observe(max(0.0, now - at))
 
-    def _category(self, job_id: str, rank: int) -> str:
-        # The cluster keeps the failures of the running attempt to itself (its public result
-        # exists only once the job ends); read just the one this event names.
-        job = self._cluster._jobs.get(job_id)
-        failure = job.failures.get(rank) if job is not None else None
-        return (failure.category if failure is not None else FailureCategory.USER).value
+    def _category(self, event: JobEvent) -> str:
+        # The cluster keeps the failures of a running attempt to itself (its public result
+        # exists only once the job ends): read the one this event names, in the current round
+        # or, when the same batch already ended that round, in the attempt it was filed under.
+        job = self._cluster._jobs.get(event.job_id)
+        if job is None:
+            return FailureCategory.USER.value
+        candidates = [job.failures.get(event.rank)]
+        candidates += [
+            f for a in reversed(job.attempts) for f in a.failures if a.round == event.round
+        ]
+        for f in candidates:
+            if f is not None and f.global_rank == event.rank and f.round == event.round:
+                return f.category.value
+        return FailureCategory.USER.value
 
     def _refresh_nodes(self) -> None:
         counts = dict.fromkeys(_NODE_STATES, 0)

@@ -10,17 +10,20 @@ import logging
 import socket
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import grpc
 
 from client._security import read_token
 from coordinator._auth import ServerTLS, TokenInterceptor
 from coordinator._cluster import ClusterConfig
-from coordinator._metrics import CoordinatorMetrics
 from coordinator._probes import Probes
 from coordinator._service import CoordinatorService
 from coordinator._store import MEMORY, Store, default_state_dir
 from nodeagent._metrics import MetricsEndpoint
+
+if TYPE_CHECKING:
+    from coordinator._metrics import CoordinatorMetrics
 
 __all__ = ["Coordinator", "CoordinatorConfig", "is_loopback"]
 
@@ -149,6 +152,9 @@ class Coordinator:
         self.metrics: CoordinatorMetrics | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
         if self.config.metrics_port:
+            # Imported here: a coordinator without metrics does not load prometheus_client.
+            from coordinator._metrics import CoordinatorMetrics
+
             self.metrics = CoordinatorMetrics(self.service.cluster, self.service.now)
             self.service.effect_observers.append(self.metrics.observe)
             self._metrics_endpoint = MetricsEndpoint(

@@ -6,23 +6,25 @@ A scrape reads the latest snapshot, so it never touches the worker processes or 
 The agent's own resident memory is read when scraped.
 
 Every set of metrics lives on a registry of its own rather than prometheus_client's global one, so
-several agents or coordinators in one process (tests, LocalCluster) never clash.
+several agents or coordinators in one process (tests, LocalCluster) never clash. prometheus_client
+is imported only when metrics are served: an agent without `--metrics-port` does not pay for it.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
-from wsgiref.simple_server import WSGIServer
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import psutil
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.process_collector import ProcessCollector
-from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import Metric
 
 __all__ = ["AgentMetrics", "MetricsEndpoint", "WorkerSample"]
 
@@ -31,8 +33,19 @@ logger = logging.getLogger(__name__)
 STOP_JOIN_S = 5.0
 
 
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a scrape every few seconds must not fill the agent's log
+
+
 class MetricsEndpoint:
-    """`GET /metrics` for one registry, served by prometheus_client on a daemon thread.
+    """`GET /metrics` for one registry: prometheus_client's WSGI app on one daemon thread.
+
+    One long-lived thread serves every scrape in turn. prometheus_client's `start_http_server`
+    starts a thread per request instead; the agent forks workers with a `preexec_fn`, which runs
+    Python's `threading._after_fork` in the child, and threads coming and going in the parent at
+    that moment are what fork-with-threads handles worst. A scrape takes milliseconds, so serving
+    them one at a time costs nothing.
 
     `start()` binds (an OSError names the address); `stop()` shuts the server down, closes its
     socket and joins its thread. Both are idempotent.
@@ -53,12 +66,21 @@ class MetricsEndpoint:
     def start(self) -> None:
         if self._server is not None:
             return
+        from prometheus_client import make_wsgi_app
+
         try:
-            server, thread = start_http_server(self.port, addr=self.host, registry=self.registry)
+            family = socket.getaddrinfo(
+                self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0][0]
+            server_class = type("MetricsServer", (WSGIServer,), {"address_family": family})
+            server = server_class((self.host, self.port), _QuietHandler)
         except OSError as exc:
             raise OSError(
                 f"cannot serve metrics on {self.host}:{self.port}: {exc.strerror or exc}"
             ) from exc
+        server.set_app(make_wsgi_app(self.registry))
+        thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+        thread.start()
         self._server, self._thread = server, thread
         self.port = server.server_port
         logger.info("metrics on %s", self.url)
@@ -85,25 +107,35 @@ class WorkerSample:
 
 
 class AgentMetrics:
-    """The agent's metrics: fed from each heartbeat, optionally served over HTTP."""
+    """The agent's metrics: fed from each heartbeat, served over HTTP when a port is given."""
 
     def __init__(self, node: str, host: str = "127.0.0.1", port: int = 0) -> None:
         self.node = node
-        self.registry = CollectorRegistry()
+        self.host = host
+        self.port = port
+        self.registry: CollectorRegistry | None = None
+        self.endpoint: MetricsEndpoint | None = None
         self._samples: tuple[WorkerSample, ...] = ()
-        self._self = psutil.Process()
-        self.registry.register(_AgentCollector(self))
-        ProcessCollector(registry=self.registry)
-        self.endpoint = MetricsEndpoint(self.registry, host, port) if port else None
+        self._self: psutil.Process | None = None
 
     def start(self) -> None:
-        """Serve the metrics, when a port was given."""
-        if self.endpoint is not None:
-            self.endpoint.start()
+        """Serve the metrics, when a port was given (port 0: do nothing)."""
+        if not self.port or self.endpoint is not None:
+            return
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.process_collector import ProcessCollector
+
+        registry = CollectorRegistry()
+        registry.register(_AgentCollector(self))
+        ProcessCollector(registry=registry)
+        endpoint = MetricsEndpoint(registry, self.host, self.port)
+        endpoint.start()
+        self.registry, self.endpoint = registry, endpoint
 
     def stop(self) -> None:
-        if self.endpoint is not None:
-            self.endpoint.stop()
+        endpoint, self.endpoint = self.endpoint, None
+        if endpoint is not None:
+            endpoint.stop()
 
     def observe(self, groups: Iterable[Any]) -> None:
         """Take the heartbeat's `GroupHealth` messages (job_id, workers with rank/cpu/rss)."""
@@ -122,16 +154,22 @@ class AgentMetrics:
 
     def own_rss_bytes(self) -> int:
         try:
+            if self._self is None:
+                self._self = psutil.Process()
             return int(self._self.memory_info().rss)
         except psutil.Error:
             return 0
 
 
-class _AgentCollector(Collector):
+class _AgentCollector:
+    """A prometheus_client collector reading the latest snapshot."""
+
     def __init__(self, metrics: AgentMetrics) -> None:
         self._metrics = metrics
 
     def collect(self) -> Iterable[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
         samples = self._metrics.samples()
         workers = GaugeMetricFamily(
             "gelastic_agent_workers", "Worker processes this agent runs", labels=["node"]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from nodeagent._launch import WorkerLaunch
+from nodeagent._launch import BOOTSTRAP_PATH, WorkerLaunch
 
 __all__ = ["KILL_WAIT_S", "ProcessHandle", "RealProcess", "spawn"]
 
@@ -33,20 +33,11 @@ KILL_WAIT_S = 5.0
 """How long to wait after SIGKILL before a process is reported as unkillable (D state)."""
 
 _PR_SET_PDEATHSIG = 1
+AGENT_PID_ENV = "GELASTIC_AGENT_PID"
+"""Set for every worker: the pid the worker must die with."""
+PDEATHSIG_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_pdeathsig.py")
 
 
-def _load_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return prctl
-
-
-# Resolved before any fork: the child must not load libraries between fork and exec.
-_PRCTL = _load_prctl()
 
 
 class ProcessHandle(Protocol):
@@ -77,15 +68,6 @@ class ProcessHandle(Protocol):
     def take_pipes(self) -> tuple[int | None, int | None]:
         """The read ends of stdout and stderr; the caller owns (and closes) them."""
         ...
-
-
-def _child_setup(parent_pid: int) -> None:
-    # Runs in the child between fork and exec: only async-signal-safe work.
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    # The agent may have died before prctl took effect; then nothing would ever kill us.
-    if os.getppid() != parent_pid:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class RealProcess:
@@ -213,19 +195,46 @@ class RealProcess:
 def spawn(launch: WorkerLaunch) -> RealProcess:
     """Start one worker; raises OSError when the program or cwd cannot be used.
 
+    No Python runs in the child between fork and exec (a `preexec_fn` in a process with threads
+    can deadlock or crash there). Python workers arm the parent-death signal in the bootstrap;
+    any other program is started through the small `_pdeathsig.py` exec stub.
+
     Must be called from the event-loop thread (see the module docstring).
     """
     loop = asyncio.get_running_loop()
     parent = os.getpid()
+    env = dict(launch.env)
+    env[AGENT_PID_ENV] = str(parent)
+    argv = list(launch.argv)
+    if BOOTSTRAP_PATH not in argv:
+        program = _resolve(argv[0], env, launch.cwd)
+        argv = [sys.executable, "-S", "-I", PDEATHSIG_PATH, str(parent), "--", program, *argv[1:]]
     popen = subprocess.Popen(
-        list(launch.argv),
-        env=launch.env,
+        argv,
+        env=env,
         cwd=launch.cwd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         close_fds=True,
         start_new_session=True,
-        preexec_fn=lambda: _child_setup(parent),
     )
     return RealProcess(popen, loop)
+
+
+def _resolve(program: str, env: dict[str, str], cwd: str | None) -> str:
+    """The program's path, as exec would find it; FileNotFoundError/PermissionError otherwise.
+
+    Checked here so a missing program is a clear spawn failure, not an exit code of the stub.
+    """
+    if os.sep in program:
+        path = program if os.path.isabs(program) or not cwd else os.path.join(cwd, program)
+        if not os.path.exists(path):
+            raise FileNotFoundError(2, "No such file or directory", program)
+        if os.path.isdir(path) or not os.access(path, os.X_OK):
+            raise PermissionError(13, "Permission denied", program)
+        return program
+    found = shutil.which(program, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(2, "No such file or directory", program)
+    return found

@@ -23,6 +23,16 @@ from client._local import poll_until
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 150
 MARK = "GELASTIC_BENCH_SMOKE"
+SCALE_METRICS = [
+    ("rendezvous_scale", "N=10 submit -> all assigned"),
+    ("rendezvous_scale", "N=10 submit -> all started"),
+    ("rendezvous_scale", "N=10 coordinator peak RSS (MB)"),
+    ("heartbeat_capacity", "N=100 coordinator CPU (cores)"),
+    ("heartbeat_capacity", "N=100 simulated agents CPU (cores)"),
+    ("footprint", "idle agent RSS (MB)"),
+    ("footprint", "idle agent CPU (%)"),
+    ("footprint", "agent RSS, 8 workers (MB)"),
+]
 
 
 def _marked(mark: str) -> list[psutil.Process]:
@@ -72,6 +82,11 @@ def test_quick_bench_reports_every_scenario(tmp_path: Path) -> None:
         assert all(v is not None and v > 0 for v in medians), (scenario, medians)
     systems = {m["system"] for m in doc["measurements"]}
     assert systems == {"gelastic", "torchrun"}
+    # The scale scenarios at their smallest size, each metric with its one sample.
+    metrics = {(m["scenario"], m["metric"]): m for m in doc["measurements"]}
+    for key in SCALE_METRICS:
+        assert key in metrics, f"{key} missing from {out}"
+        assert metrics[key]["n"] >= 1 and metrics[key]["timeouts"] == 0, metrics[key]
     assert "scenario" in text and "median" in text  # the table was printed
 
     try:

@@ -233,3 +233,18 @@ def test_a_stopped_worker_makes_the_group_unhealthy_and_fails_the_job(cluster: L
     assert "stopped" in f.message.lower(), f.message
     status = job.status()
     assert status.finished_at - status.submitted_at < 30
+
+
+def test_binary_workers_die_with_their_agent(cluster: LocalCluster) -> None:
+    spec = JobSpec(entrypoint=["sleep", "300"], nproc_per_node=2, min_nodes=2, max_nodes=2, stop_grace=5)
+    job = cluster.client.submit(spec)
+    poll_until(lambda: len([w for w in job.status().workers if w.pid]) == 4, 60, what="4 workers running")
+    victims = [w.pid for w in job.status().workers if w.node == "node-1"]
+    assert all(psutil.Process(p).name() == "sleep" for p in victims)  # exec'd in place: same pid
+    cluster.kill_agent("node-1")
+    poll_until(
+        lambda: all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in victims),
+        10, what="the dead agent's workers to die",
+    )
+    job.cancel()
+    job.wait(60)

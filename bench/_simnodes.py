@@ -1,0 +1,639 @@
+"""Simulated node agents for the scale benchmarks, and the coordinator process they talk to.
+
+A simulated node speaks the real NodeSession protocol over gRPC but runs no workers: it says
+Hello, heartbeats at the interval the coordinator's Welcome asks for (with health samples for
+the workers of the round it holds, when asked to), answers ReservePort with a PortReserved and
+Assign with WorkersStarted at once, Stop with GroupStopped, and StartLogs with an error. Many
+nodes share one process (one asyncio loop) and a few gRPC channels, so 10,000 nodes fit on a
+small host; `SimFleet` spreads them over a few such processes and talks to each over its
+stdin/stdout (one JSON line per command and per answer).
+
+`CoordinatorProcess` runs `coordinator serve` as a process of its own, so its CPU time and
+peak RSS are measured apart from everything else.
+
+`python -m bench._simnodes --address HOST:PORT --first I --count N ...` is one fleet process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+import psutil
+
+from client import Client, GelasticError, JobSpec
+from protos.gelastic.v1 import gelastic_pb2 as pb
+from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+
+__all__ = [
+    "CoordinatorProcess",
+    "FleetStats",
+    "RoundTimes",
+    "SimFleet",
+    "cpu_seconds",
+    "node_name",
+    "sim_job_spec",
+    "wait_round_started",
+]
+
+PY = sys.executable
+ROOT = Path(__file__).resolve().parents[1]
+STREAMS_PER_CHANNEL = 500
+"""Node streams multiplexed on one HTTP/2 connection (one channel) of a fleet process."""
+HEARTBEAT_SLICES = 20
+"""Heartbeats of a fleet process are sent in this many evenly spaced batches per interval."""
+FAKE_PORT = 29500
+FAKE_PID_BASE = 1_000_000
+RECONNECT_MAX_S = 5.0
+"""Longest pause between session attempts; the pause is random (full jitter), as the agent's."""
+
+
+def node_name(index: int) -> str:
+    return f"sim-{index:05d}"
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    """user + system CPU seconds of a process (its own threads, not its children)."""
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+# ---- the coordinator under test --------------------------------------------------------------
+
+
+class CoordinatorProcess:
+    """`coordinator serve --port 0` as a process of its own, its durable state and its output
+    in a fresh temporary directory (removed by `stop()`)."""
+
+    def __init__(self, *, lease: float, heartbeat_interval: float, log_level: str = "INFO") -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="gelastic-bench-coord-"))
+        self.lease = lease
+        self.heartbeat_interval = heartbeat_interval
+        self.log_level = log_level
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self._log: IO[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def start(self, timeout: float = 30.0) -> CoordinatorProcess:
+        port_file = self.workdir / "port"
+        self._log = open(self.workdir / "coordinator.out", "wb")  # noqa: SIM115 - closed in stop
+        self.popen = subprocess.Popen(
+            [
+                PY, "-m", "coordinator.cli", "serve",
+                "--port", "0",
+                "--port-file", str(port_file),
+                "--lease", str(self.lease),
+                "--heartbeat-interval", str(self.heartbeat_interval),
+                "--state-dir", str(self.workdir / "state"),
+                "--log-level", self.log_level,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while not port_file.exists():
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"the coordinator exited with {self.popen.returncode}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"the coordinator did not listen within {timeout:g} s")
+            time.sleep(0.02)
+        self.port = int(port_file.read_text().strip())
+        return self
+
+    def process(self) -> psutil.Process:
+        return psutil.Process(self.pid)
+
+    def peak_rss(self) -> int:
+        """The process's peak resident set size (VmHWM), in bytes."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return self.process().memory_info().rss
+
+    def output(self) -> str:
+        path = self.workdir / "coordinator.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, SIGKILL to its process group after `grace`; idempotent."""
+        p = self.popen
+        if p is not None and p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> CoordinatorProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ---- the parent's side: a fleet of fleet processes -------------------------------------------
+
+
+@dataclass
+class FleetStats:
+    """What the simulated nodes saw, summed over the fleet processes."""
+
+    welcomed: int = 0
+    """Sessions that got their Welcome (and are still open)."""
+    ended: int = 0
+    """Sessions that ended after their Welcome (the coordinator dropped a registered node)."""
+    refused: int = 0
+    """Session attempts the coordinator ended before its Welcome (tried again, with backoff)."""
+    assigned: int = 0
+    """Nodes that received an Assign for the job asked about."""
+    assign_first: float | None = None
+    assign_last: float | None = None
+    """Wall-clock receive times (time.time()) of the first and the last of those Assigns."""
+    heartbeats: int = 0
+    """Heartbeats sent since the fleet started."""
+    errors: list[str] = field(default_factory=list)
+
+
+class SimFleet:
+    """`count` simulated nodes named sim-00000.. spread over `processes` fleet processes."""
+
+    def __init__(
+        self,
+        address: str,
+        count: int,
+        *,
+        processes: int = 2,
+        slots: int = 1,
+        health: bool = False,
+    ) -> None:
+        self.address = address
+        self.count = count
+        self.processes = max(1, min(processes, count))
+        self.slots = slots
+        self.health = health
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> SimFleet:
+        per = math.ceil(self.count / self.processes)
+        for first in range(0, self.count, per):
+            argv = [
+                PY, "-m", "bench._simnodes",
+                "--address", self.address,
+                "--first", str(first),
+                "--count", str(min(per, self.count - first)),
+                "--slots", str(self.slots),
+                *(["--health"] if self.health else []),
+            ]  # fmt: skip
+            self.procs.append(
+                subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=None,
+                    cwd=ROOT,
+                    start_new_session=True,
+                )
+            )
+        return self
+
+    def _ask(self, command: str, timeout: float) -> list[dict[str, Any]]:
+        for p in self.procs:
+            assert p.stdin is not None
+            p.stdin.write(command.encode() + b"\n")
+            p.stdin.flush()
+        deadline = time.monotonic() + timeout
+        answers = []
+        for p in self.procs:
+            assert p.stdout is not None
+            with selectors.DefaultSelector() as sel:
+                sel.register(p.stdout, selectors.EVENT_READ)
+                if not sel.select(max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError(f"fleet process {p.pid} did not answer {command!r}")
+            line = p.stdout.readline()
+            if not line:
+                raise RuntimeError(f"fleet process {p.pid} exited ({p.poll()})")
+            answers.append(json.loads(line))
+        return answers
+
+    def stats(self, job_id: str = "", timeout: float = 30.0) -> FleetStats:
+        out = FleetStats()
+        for a in self._ask(f"stats {job_id}".strip(), timeout):
+            out.welcomed += a["welcomed"]
+            out.ended += a["ended"]
+            out.assigned += a["assigned"]
+            out.heartbeats += a["heartbeats"]
+            out.refused += a["refused"]
+            out.errors += a["errors"]
+            if a["assign_first"] is not None:
+                first, last = a["assign_first"], a["assign_last"]
+                out.assign_first = min(first, out.assign_first or first)
+                out.assign_last = max(last, out.assign_last or last)
+        return out
+
+    def wait_welcomed(self, timeout: float) -> FleetStats:
+        """Wait until every node has its Welcome; TimeoutError after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.stats()
+            if s.welcomed >= self.count:
+                return s
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{s.welcomed}/{self.count} simulated nodes registered after {timeout:g} s"
+                    + (f"; errors: {s.errors[:3]}" if s.errors else "")
+                )
+            time.sleep(0.1)
+
+    def psutil_procs(self) -> list[psutil.Process]:
+        out = []
+        for p in self.procs:
+            with contextlib.suppress(psutil.Error):
+                out.append(psutil.Process(p.pid))
+        return out
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Ask every fleet process to close its streams and exit; SIGKILL what is left."""
+        for p in self.procs:
+            if p.poll() is None and p.stdin is not None:
+                with contextlib.suppress(OSError):
+                    p.stdin.write(b"quit\n")
+                    p.stdin.flush()
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+            for f in (p.stdin, p.stdout):
+                if f is not None:
+                    with contextlib.suppress(OSError):
+                        f.close()
+        self.procs.clear()
+
+    def __enter__(self) -> SimFleet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ---- a job on simulated nodes ------------------------------------------------------------------
+
+
+def sim_job_spec(nodes: int, nproc_per_node: int = 1, name: str = "bench-sim") -> JobSpec:
+    """A job of exactly `nodes` nodes that starts at once; simulated nodes never run it."""
+    return JobSpec(
+        entrypoint=["/bin/true"],
+        nproc_per_node=nproc_per_node,
+        min_nodes=nodes,
+        max_nodes=nodes,
+        last_call_timeout=0.0,
+        name=name,
+    )
+
+
+@dataclass
+class RoundTimes:
+    """When the first round of a job reached the simulated nodes, in wall-clock seconds."""
+
+    all_assigned: float | None = None
+    """The last node's receive time of its Assign (None: not every node got one in time)."""
+    all_started: float | None = None
+    """The coordinator's timestamp of the last `workers_started` event (every node acked)."""
+    assigned: int = 0
+    started: int = 0
+
+
+def wait_round_started(
+    fleet: SimFleet, client: Client, job_id: str, timeout: float, interval: float = 0.1
+) -> RoundTimes:
+    """Follow a job until every node got its Assign and the coordinator recorded every node's
+    WorkersStarted, or `timeout` passes; whatever was not reached stays None."""
+    out = RoundTimes()
+    started_nodes: set[str] = set()
+    last_started = 0.0
+    after = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        if out.all_assigned is None:
+            s = fleet.stats(job_id)
+            out.assigned = s.assigned
+            if s.assigned >= fleet.count:
+                out.all_assigned = s.assign_last
+        if out.all_started is None:
+            # Incremental reads: the coordinator keeps a bounded number of events per job.
+            try:
+                events = client.events(job_id, after)
+            except GelasticError as exc:
+                # A coordinator busy for longer than a call's deadline: just ask again.
+                if exc.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+                events = []
+            for e in events:
+                after = max(after, e.seq)
+                if e.kind == "workers_started" and e.node not in started_nodes:
+                    started_nodes.add(e.node)
+                    last_started = max(last_started, e.timestamp)
+            out.started = len(started_nodes)
+            if len(started_nodes) >= fleet.count:
+                out.all_started = last_started
+        if (out.all_assigned is not None and out.all_started is not None) or (
+            time.monotonic() > deadline
+        ):
+            return out
+        time.sleep(interval)
+
+
+# ---- the fleet process ------------------------------------------------------------------------
+
+
+@dataclass
+class _Held:
+    job_id: str
+    round: int
+    workers: list[pb.WorkerPid]
+
+
+class _SimNode:
+    """One simulated agent: a NodeSession stream, a reader and a writer task."""
+
+    def __init__(self, fleet: _FleetProcess, index: int, stub: pb_grpc.NodeSessionStub) -> None:
+        self.fleet = fleet
+        self.index = index
+        self.name = node_name(index)
+        self.stub = stub
+        self.outbox: asyncio.Queue[pb.NodeMessage] = asyncio.Queue()
+        self.welcomed = False
+        self.ended = 0
+        self.held: dict[tuple[str, int], _Held] = {}
+        self.assigned_at: dict[str, float] = {}
+        self.seq = 0
+
+    async def run(self) -> None:
+        """Keep a session open, reconnecting with backoff and full jitter like the real agent."""
+        delay = 0.05
+        incarnation = uuid.uuid4().hex
+        while True:
+            if not await self._session(incarnation):
+                # The server ended the attempt before its Welcome: a busy coordinator turns new
+                # calls away (too many pending calls) and the agent simply tries again.
+                self.fleet.refused += 1
+            await asyncio.sleep(random.uniform(0, delay))
+            delay = min(delay * 2, RECONNECT_MAX_S)
+
+    async def _session(self, incarnation: str) -> bool:
+        """One session attempt; True if the coordinator welcomed this node."""
+        self.outbox = asyncio.Queue()
+        self.send(
+            pb.NodeMessage(
+                hello=pb.Hello(
+                    name=self.name,
+                    addr="127.0.0.1",
+                    slots=self.fleet.slots,
+                    incarnation=incarnation,
+                    version="sim",
+                )
+            )
+        )
+        call = self.stub.Session()
+        writer = asyncio.get_running_loop().create_task(self._write(call))
+        welcomed = False
+        try:
+            async for msg in call:
+                self._on(msg)
+                welcomed = welcomed or self.welcomed
+        except grpc.aio.AioRpcError as exc:
+            if welcomed:
+                self.fleet.error(f"{self.name}: session ended: {exc.code().name}: {exc.details()}")
+        finally:
+            if welcomed:
+                self.ended += 1
+            self.welcomed = False
+            self.held.clear()
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+            call.cancel()
+        return welcomed
+
+    async def _write(self, call: Any) -> None:
+        # One write at a time on a call; a failed write means the stream is over, which the
+        # reader sees as well (a refused attempt surfaces here as an "internal error").
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            while True:
+                await call.write(await self.outbox.get())
+
+    def send(self, msg: pb.NodeMessage) -> None:
+        self.outbox.put_nowait(msg)
+
+    def heartbeat(self) -> None:
+        self.seq += 1
+        groups = []
+        if self.fleet.health:
+            groups = [
+                pb.GroupHealth(
+                    job_id=h.job_id,
+                    round=h.round,
+                    workers=[
+                        pb.WorkerHealth(
+                            local_rank=w.local_rank,
+                            global_rank=w.global_rank,
+                            pid=w.pid,
+                            cpu_percent=97.0,
+                            rss_bytes=512 * 1024 * 1024,
+                            proc_state="running",
+                        )
+                        for w in h.workers
+                    ],
+                )
+                for h in self.held.values()
+            ]
+        self.send(pb.NodeMessage(heartbeat=pb.Heartbeat(seq=self.seq, groups=groups)))
+
+    def _on(self, msg: pb.CoordinatorMessage) -> None:
+        kind = msg.WhichOneof("kind")
+        if kind == "welcome":
+            self.welcomed = True
+            self.fleet.heartbeat_interval = max(0.05, msg.welcome.heartbeat_interval_ms / 1000)
+        elif kind == "reserve_port":
+            m = msg.reserve_port
+            self.send(
+                pb.NodeMessage(
+                    port_reserved=pb.PortReserved(job_id=m.job_id, round=m.round, port=FAKE_PORT)
+                )
+            )
+        elif kind == "assign":
+            a = msg.assign
+            self.assigned_at.setdefault(a.job_id, time.time())
+            workers = [
+                pb.WorkerPid(
+                    local_rank=w.local_rank,
+                    pid=FAKE_PID_BASE + self.index * 64 + w.local_rank,
+                    global_rank=w.global_rank,
+                )
+                for w in a.workers
+            ]
+            self.held[(a.job_id, a.round)] = _Held(a.job_id, a.round, workers)
+            started = pb.WorkersStarted(job_id=a.job_id, round=a.round, workers=workers)
+            self.send(pb.NodeMessage(workers_started=started))
+        elif kind == "stop":
+            stop = msg.stop
+            self.held.pop((stop.job_id, stop.round), None)
+            stopped = pb.GroupStopped(job_id=stop.job_id, round=stop.round)
+            self.send(pb.NodeMessage(group_stopped=stopped))
+        elif kind == "release":
+            self.held.pop((msg.release.job_id, msg.release.round), None)
+        elif kind == "start_logs":
+            self.send(
+                pb.NodeMessage(
+                    log_chunk=pb.LogChunk(
+                        request_id=msg.start_logs.request_id,
+                        eof=True,
+                        error="a simulated node keeps no logs",
+                    )
+                )
+            )
+
+
+class _FleetProcess:
+    """The simulated nodes of one process and the commands it answers on stdin."""
+
+    def __init__(self, address: str, first: int, count: int, slots: int, health: bool) -> None:
+        self.address = address
+        self.first = first
+        self.count = count
+        self.slots = slots
+        self.health = health
+        self.heartbeat_interval = 1.0
+        self.nodes: list[_SimNode] = []
+        self.errors: list[str] = []
+        self.heartbeats = 0
+        self.refused = 0
+
+    def error(self, text: str) -> None:
+        if len(self.errors) < 20:
+            self.errors.append(text)
+
+    async def main(self) -> None:
+        loop = asyncio.get_running_loop()
+        channels = [
+            grpc.aio.insecure_channel(
+                self.address,
+                # A subchannel of its own per channel: one HTTP/2 connection each.
+                options=[("grpc.use_local_subchannel_pool", 1), ("grpc.channel_id", i)],
+            )
+            for i in range(math.ceil(self.count / STREAMS_PER_CHANNEL))
+        ]
+        stubs = [pb_grpc.NodeSessionStub(c) for c in channels]
+        self.nodes = [
+            _SimNode(self, self.first + i, stubs[i // STREAMS_PER_CHANNEL])
+            for i in range(self.count)
+        ]
+        tasks = [loop.create_task(n.run()) for n in self.nodes]
+        ticker = loop.create_task(self._heartbeats())
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        try:
+            while True:
+                line = (await reader.readline()).decode().strip()
+                if not line or line == "quit":
+                    break
+                cmd, _, arg = line.partition(" ")
+                if cmd == "stats":
+                    self._answer(self._stats(arg))
+                else:
+                    self._answer({"error": f"unknown command {cmd!r}"})
+        finally:
+            ticker.cancel()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(ticker, *tasks, return_exceptions=True)
+            for c in channels:
+                await c.close(grace=None)
+
+    async def _heartbeats(self) -> None:
+        """Every node heartbeats once per interval, the fleet's nodes spread evenly over it."""
+        slice_no = 0
+        next_at = time.monotonic()
+        while True:
+            next_at += self.heartbeat_interval / HEARTBEAT_SLICES
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            for n in self.nodes[slice_no::HEARTBEAT_SLICES]:
+                if n.welcomed:
+                    n.heartbeat()
+                    self.heartbeats += 1
+            slice_no = (slice_no + 1) % HEARTBEAT_SLICES
+
+    def _stats(self, job_id: str) -> dict[str, Any]:
+        times = [n.assigned_at[job_id] for n in self.nodes if job_id in n.assigned_at]
+        return {
+            "welcomed": sum(n.welcomed for n in self.nodes),
+            "ended": sum(n.ended for n in self.nodes),
+            "assigned": len(times),
+            "assign_first": min(times) if times else None,
+            "assign_last": max(times) if times else None,
+            "heartbeats": self.heartbeats,
+            "refused": self.refused,
+            "errors": self.errors,
+        }
+
+    @staticmethod
+    def _answer(doc: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(doc) + "\n")
+        sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench._simnodes", description=__doc__)
+    p.add_argument("--address", required=True, help="the coordinator, host:port")
+    p.add_argument("--first", type=int, default=0, help="index of this process's first node")
+    p.add_argument("--count", type=int, required=True, help="nodes in this process")
+    p.add_argument("--slots", type=int, default=1, help="slots each node offers")
+    p.add_argument("--health", action="store_true", help="send worker health in heartbeats")
+    args = p.parse_args(argv)
+    fleet = _FleetProcess(args.address, args.first, args.count, args.slots, args.health)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(fleet.main())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
