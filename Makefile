@@ -57,6 +57,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) -m bench
 
 clean:

@@ -331,6 +331,7 @@ class Cluster:
         self._event_seq = 0
         self._effects: list[Effect] = []
         self._reschedule = True
+        self._n_live = 0  # kept as a count: a join must not cost O(nodes)
 
     # ---- queries ----------------------------------------------------------------------------
 
@@ -439,6 +440,13 @@ class Cluster:
     def dump_nodes(self) -> list[dict[str, Any]]:
         return [encode(n) for n in self._nodes.values()]
 
+    def dump_node(self, name: str) -> dict[str, Any] | None:
+        node = self._nodes.get(name)
+        return encode(node) if node is not None else None
+
+    def job_submitted_at(self, job_id: str) -> float:
+        return self._job(job_id).submitted_at
+
     def restore(
         self,
         jobs: Sequence[dict[str, Any]],
@@ -462,6 +470,7 @@ class Cluster:
             n.attached = False
             n.last_seen = now + max(0.0, reconnect_grace - self.config.lease)
             self._nodes[n.name] = n
+            self._n_live += 1 if n.live else 0
         for d in jobs:
             job = decode(_Job, d)
             self._jobs[job.job_id] = job
@@ -539,11 +548,14 @@ class Cluster:
             self._lose_node(node, "its agent restarted while the coordinator was away", now)
         if node is None:
             node = _Node(name, addr, slots, incarnation, True, now)
+            self._n_live += 1
             self._nodes[name] = node
             logger.info("node %s joined (%s, %d slots)", name, addr, slots)
         else:
             resumed = node.incarnation == incarnation
             node.addr, node.slots, node.incarnation = addr, slots, incarnation
+            if not node.live:
+                self._n_live += 1
             node.live, node.last_seen, node.attached = True, now, True
             if not resumed:
                 node.jobs.clear()
@@ -734,9 +746,10 @@ class Cluster:
     def tick(self, now: float) -> list[Effect]:
         """Time passed: leases, last calls, join timeouts, barrier and stop deadlines."""
         for node in list(self._nodes.values()):
-            for key, (_, until) in list(node.fenced.items()):
-                if now >= until:
-                    del node.fenced[key]
+            if node.fenced:
+                for key, (_, until) in list(node.fenced.items()):
+                    if now >= until:
+                        del node.fenced[key]
             if node.live and now - node.last_seen > self.config.lease:
                 self._effects.append(CloseSession(node.name, node.incarnation, "lease expired"))
                 self._lose_node(
@@ -788,16 +801,18 @@ class Cluster:
         # skipping it otherwise keeps a worker message O(1) however large the cluster.
         if force or self._reschedule:
             self._reschedule = False
-            self._schedule(now)
+            self._schedule(now, tick=force)
         effects, self._effects = self._effects, []
         return effects
 
-    def _schedule(self, now: float) -> None:
+    def _schedule(self, now: float, *, tick: bool = False) -> None:
         claimed: set[str] = set()
         waiting = [
             j for j in self._jobs.values() if j.state in (JobState.QUEUED, JobState.RENDEZVOUS)
         ]
         for job in sorted(waiting, key=lambda j: j.submitted_at):
+            if len(waiting) == 1 and self._cannot_change_yet(job, now, tick):
+                continue
             if self._assigned(job) or job.port_deadline is not None:
                 claimed.update(m.node for m in job.members)
                 continue
@@ -858,6 +873,27 @@ class Cluster:
                     now,
                 )
         self._scale_up(claimed, now)
+
+    def _cannot_change_yet(self, job: _Job, now: float, tick: bool) -> bool:
+        """A cheap answer for a lone waiting job while nodes join one by one (10,000 of them).
+
+        Counting live nodes bounds what a full placement could find; when that cannot form the
+        round (yet), skip the O(nodes) placement. Deadlines are checked on ticks.
+        """
+        spec, live = job.spec, self._n_live
+        if job.port_deadline is not None or self._assigned(job) or now < job.not_before:
+            return False
+        if job.last_call_deadline is None:
+            if live < spec.min_nodes and now < job.join_deadline:
+                self._set_reason(
+                    job,
+                    f"rendezvous: {live}/{spec.min_nodes} nodes, waiting up to "
+                    f"{job.join_deadline - now:.0f} s more for min_nodes",
+                    now,
+                )
+                return True
+            return False
+        return not tick and now < job.last_call_deadline and spec.min_nodes <= live < spec.max_nodes
 
     def _scale_up(self, claimed: set[str], now: float) -> None:
         for job in self._active_jobs():
@@ -1218,6 +1254,8 @@ class Cluster:
 
     def _lose_node(self, node: _Node, why: str, now: float) -> None:
         self._reschedule = True
+        if node.live:
+            self._n_live -= 1
         node.live = False
         node.attached = False
         logger.warning("node %s lost: %s", node.name, why)

@@ -18,6 +18,9 @@ from typing import Any
 __all__ = ["decode", "encode"]
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def encode(obj: Any) -> Any:
     """A JSON-compatible form of `obj`."""
     if obj is None or isinstance(obj, bool | int | float | str):
@@ -26,8 +29,11 @@ def encode(obj: Any) -> Any:
         return {"__b64__": base64.b64encode(bytes(obj)).decode("ascii")}
     if isinstance(obj, enum.Enum):
         return obj.value
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    names = _FIELD_NAMES.get(type(obj))
+    if names is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = _FIELD_NAMES[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+    if names is not None:
+        return {name: encode(getattr(obj, name)) for name in names}
     if isinstance(obj, Mapping):
         return {"__map__": [[encode(k), encode(v)] for k, v in obj.items()]}
     if isinstance(obj, list | tuple | set | frozenset):

@@ -109,7 +109,7 @@ class CoordinatorService:
         self._reconnect_grace = reconnect_grace
         self._dirty_jobs: set[str] = set()
         self._pending_events: list[tuple[int, str, dict[str, Any]]] = []
-        self._nodes_dirty = False
+        self._dirty_nodes: set[str] = set()
         self._flush_lock = asyncio.Lock()
         self._notify_pending = False
         self._notify_task: asyncio.Task[None] | None = None
@@ -161,16 +161,16 @@ class CoordinatorService:
         if store is None:
             return
         async with self._flush_lock:
+            c = self.cluster
             jobs = [
-                (j, self.cluster.job_status(j).submitted_at, self.cluster.job_state(j).value,
-                 self.cluster.dump_job(j))
+                (j, c.job_submitted_at(j), c.job_state(j).value, c.dump_job(j))
                 for j in sorted(self._dirty_jobs)
-                if self.cluster.has_job(j)
+                if c.has_job(j)
             ]
             events, nodes = self._pending_events, None
-            if self._nodes_dirty:
-                nodes = [(d["name"], d) for d in self.cluster.dump_nodes()]
-            self._dirty_jobs, self._pending_events, self._nodes_dirty = set(), [], False
+            if self._dirty_nodes:
+                nodes = [(n, d) for n in sorted(self._dirty_nodes) if (d := c.dump_node(n)) is not None]
+            self._dirty_jobs, self._pending_events, self._dirty_nodes = set(), [], set()
             if not jobs and not events and nodes is None:
                 return
             try:
@@ -179,7 +179,7 @@ class CoordinatorService:
                 logger.exception("could not write the coordinator state; will retry")
                 self._dirty_jobs.update(j for j, _, _, _ in jobs)
                 self._pending_events = events + self._pending_events
-                self._nodes_dirty = self._nodes_dirty or nodes is not None
+                self._dirty_nodes.update(n for n, _ in nodes or ())
                 raise
 
     async def _flush_loop(self) -> None:
@@ -187,12 +187,15 @@ class CoordinatorService:
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
+            started = time.monotonic()
             try:
                 await self.flush()
             except Exception:
                 await asyncio.sleep(1.0)
                 self._flush_wanted.set()
-            await asyncio.sleep(FLUSH_INTERVAL_S)
+            # A flush of a huge job costs O(ranks): pause in proportion so that a burst of
+            # worker messages never spends more than a fifth of the loop on writing state.
+            await asyncio.sleep(max(FLUSH_INTERVAL_S, 4 * (time.monotonic() - started)))
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         pb_grpc.add_CoordinatorServicer_to_server(_CoordinatorServicer(self), server)
@@ -225,7 +228,7 @@ class CoordinatorService:
                 self._pending_events.append((e.seq, e.job_id, encode(e)))
                 changed = True
             elif isinstance(eff, CloseSession):
-                self._nodes_dirty = True
+                self._dirty_nodes.add(eff.node)
                 s = self._sessions.get(eff.node)
                 if s is not None and s.incarnation == eff.incarnation:
                     logger.warning("closing the session of node %s: %s", eff.node, eff.reason)
@@ -236,7 +239,7 @@ class CoordinatorService:
             # One wake-up per burst of changes, not one task per node message.
             self._notify_pending = True
             self._notify_task = asyncio.get_running_loop().create_task(self._notify())
-        if self._store is not None and (self._dirty_jobs or self._pending_events or self._nodes_dirty):
+        if self._store is not None and (self._dirty_jobs or self._pending_events or self._dirty_nodes):
             self._flush_wanted.set()
 
     async def _notify(self) -> None:
@@ -335,7 +338,7 @@ class CoordinatorService:
             old.close()
         session = _Session(hello.name, hello.incarnation)
         self._sessions[hello.name] = session
-        self._nodes_dirty = True
+        self._dirty_nodes.add(hello.name)
         session.send(
             pb.CoordinatorMessage(
                 welcome=pb.Welcome(
@@ -352,7 +355,7 @@ class CoordinatorService:
         session.close()
         if self._sessions.get(session.name) is session:
             del self._sessions[session.name]
-            self._nodes_dirty = True
+            self._dirty_nodes.add(session.name)
             self.apply(self.cluster.node_disconnected(session.name, session.incarnation, self.now()))
 
     def on_node_message(self, session: _Session, msg: pb.NodeMessage) -> None:

@@ -96,7 +96,7 @@ class Store:
         events: Iterable[tuple[int, str, dict[str, Any]]],
         nodes: Iterable[tuple[str, dict[str, Any]]] | None = None,
     ) -> None:
-        """Write jobs (id, submitted_at, state, doc), events (seq, job id, doc), nodes in one go."""
+        """Write jobs (id, submitted_at, state, doc), events (seq, job id, doc) and changed nodes."""
         job_rows = [(jid, ts, st, json.dumps(doc, separators=(",", ":"))) for jid, ts, st, doc in jobs]
         event_rows = [(seq, jid, json.dumps(doc, separators=(",", ":"))) for seq, jid, doc in events]
         node_rows = (
@@ -111,9 +111,8 @@ class Store:
                     job_rows,
                 )
                 db.executemany("INSERT OR REPLACE INTO events (seq, job_id, data) VALUES (?,?,?)", event_rows)
-                if node_rows is not None:
-                    db.execute("DELETE FROM nodes")
-                    db.executemany("INSERT INTO nodes (name, data) VALUES (?,?)", node_rows)
+                if node_rows:
+                    db.executemany("INSERT OR REPLACE INTO nodes (name, data) VALUES (?,?)", node_rows)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
