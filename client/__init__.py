@@ -27,12 +27,11 @@ from client._model import (
 )
 
 __all__ = [
+    "AttemptSummary",
     "Client",
+    "FailureCategory",
     "GelasticError",
     "Job",
-    "submit",
-    "AttemptSummary",
-    "FailureCategory",
     "JobEvent",
     "JobSpec",
     "JobState",
@@ -44,4 +43,5 @@ __all__ = [
     "SpecError",
     "WorkerState",
     "WorkerStatus",
+    "submit",
 ]

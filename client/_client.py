@@ -74,7 +74,9 @@ class Client:
         self.timeout = timeout
         if security is None:
             security = Security.from_files(
-                token_file=token_file if token_file is not None else os.environ.get("GELASTIC_TOKEN_FILE", ""),
+                token_file=token_file
+                if token_file is not None
+                else os.environ.get("GELASTIC_TOKEN_FILE", ""),
                 tls_ca=tls_ca if tls_ca is not None else os.environ.get("GELASTIC_TLS_CA", ""),
             )
         self.security = security
@@ -105,7 +107,7 @@ class Client:
             try:
                 return fn()
             except grpc.RpcError as exc:
-                retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE,)  # type: ignore[attr-defined]
+                retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE,)
                 if not (idempotent and retryable) or attempt == RETRIES - 1:
                     raise _wrap(exc) from None
                 time.sleep(delay)
@@ -120,7 +122,10 @@ class Client:
             spec = replace(spec, function_args=payload)
         spec.validate()
         msg = pb.SubmitRequest(spec=spec_to_pb(spec))
-        resp = self._call(lambda: self._stub.Submit(msg, timeout=self.timeout, metadata=self._md), idempotent=False)
+        resp = self._call(
+            lambda: self._stub.Submit(msg, timeout=self.timeout, metadata=self._md),
+            idempotent=False,
+        )
         return Job(self, resp.job_id)
 
     def job(self, job_id: str) -> Job:
@@ -128,27 +133,41 @@ class Client:
 
     def get_job(self, job_id: str) -> pb.Job:
         req = pb.GetJobRequest(job_id=job_id)
-        return self._call(lambda: self._stub.GetJob(req, timeout=self.timeout, metadata=self._md), idempotent=True)
+        return self._call(
+            lambda: self._stub.GetJob(req, timeout=self.timeout, metadata=self._md), idempotent=True
+        )
 
     def list_jobs(self, include_finished: bool = True) -> list[JobStatus]:
         req = pb.ListJobsRequest(include_finished=include_finished)
-        resp = self._call(lambda: self._stub.ListJobs(req, timeout=self.timeout, metadata=self._md), idempotent=True)
+        resp = self._call(
+            lambda: self._stub.ListJobs(req, timeout=self.timeout, metadata=self._md),
+            idempotent=True,
+        )
         return [job_status_from_pb(j) for j in resp.jobs]
 
     def list_nodes(self) -> list[NodeInfo]:
         req = pb.ListNodesRequest()
-        resp = self._call(lambda: self._stub.ListNodes(req, timeout=self.timeout, metadata=self._md), idempotent=True)
+        resp = self._call(
+            lambda: self._stub.ListNodes(req, timeout=self.timeout, metadata=self._md),
+            idempotent=True,
+        )
         return [node_from_pb(n) for n in resp.nodes]
 
     def cancel(self, job_id: str) -> JobStatus:
         req = pb.CancelJobRequest(job_id=job_id)
         # Cancelling twice is harmless, so the call is safe to retry.
-        resp = self._call(lambda: self._stub.CancelJob(req, timeout=self.timeout, metadata=self._md), idempotent=True)
+        resp = self._call(
+            lambda: self._stub.CancelJob(req, timeout=self.timeout, metadata=self._md),
+            idempotent=True,
+        )
         return job_status_from_pb(resp)
 
     def events(self, job_id: str, after_seq: int = 0) -> list[JobEvent]:
         req = pb.GetEventsRequest(job_id=job_id, after_seq=after_seq)
-        resp = self._call(lambda: self._stub.GetEvents(req, timeout=self.timeout, metadata=self._md), idempotent=True)
+        resp = self._call(
+            lambda: self._stub.GetEvents(req, timeout=self.timeout, metadata=self._md),
+            idempotent=True,
+        )
         return [event_from_pb(e) for e in resp.events]
 
     def watch(self, job_id: str, timeout: float | None = None) -> Iterator[pb.JobUpdate]:
@@ -159,12 +178,20 @@ class Client:
             raise _wrap(exc) from None
 
     def logs(
-        self, job_id: str, rank: int, stream: str = "stdout", attempt: int | None = None,
-        follow: bool = False, timeout: float | None = None,
+        self,
+        job_id: str,
+        rank: int,
+        stream: str = "stdout",
+        attempt: int | None = None,
+        follow: bool = False,
+        timeout: float | None = None,
     ) -> Iterator[bytes]:
         req = pb.ReadLogsRequest(
-            job_id=job_id, rank=rank, stream=stream,
-            attempt=-1 if attempt is None else attempt, follow=follow,
+            job_id=job_id,
+            rank=rank,
+            stream=stream,
+            attempt=-1 if attempt is None else attempt,
+            follow=follow,
         )
         if timeout is None and not follow:
             timeout = self.timeout
@@ -218,7 +245,9 @@ class Job:
                         return result
             except GelasticError as exc:
                 if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise TimeoutError(f"job {self.job_id} did not finish within {timeout} s") from None
+                    raise TimeoutError(
+                        f"job {self.job_id} did not finish within {timeout} s"
+                    ) from None
                 if exc.code != grpc.StatusCode.UNAVAILABLE:
                     raise
                 time.sleep(0.2)
@@ -235,7 +264,11 @@ class Job:
         return self.client.events(self.job_id, after_seq)
 
     def logs(
-        self, rank: int = 0, stream: str = "stdout", attempt: int | None = None, follow: bool = False
+        self,
+        rank: int = 0,
+        stream: str = "stdout",
+        attempt: int | None = None,
+        follow: bool = False,
     ) -> Iterator[bytes]:
         """Stream a rank's log from the agent that holds it, through the coordinator."""
         return self.client.logs(self.job_id, rank, stream, attempt, follow)

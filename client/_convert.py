@@ -62,7 +62,7 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
     return pb.JobSpec(
         name=spec.name,
         role=spec.role,
-        entrypoint=list(spec.entrypoint) if not spec.function else [],
+        entrypoint=list(spec.command) if not spec.function else [],
         function=spec.function,
         args=[str(a) for a in spec.args] if not spec.function else [],
         function_args=spec.function_args,
@@ -94,10 +94,10 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
     d = JobSpec()
 
     def opt_s(name: str, default: float) -> float:
-        return _s(getattr(msg, name)) if msg.HasField(name) else default  # type: ignore[arg-type]
+        return _s(getattr(msg, name)) if msg.HasField(name) else default
 
     def opt_i(name: str, default: int) -> int:
-        return int(getattr(msg, name)) if msg.HasField(name) else default  # type: ignore[arg-type]
+        return int(getattr(msg, name)) if msg.HasField(name) else default
 
     entrypoint: tuple[str, ...] | str = msg.function if msg.function else tuple(msg.entrypoint)
     return JobSpec(

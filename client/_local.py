@@ -7,6 +7,7 @@ finds anything the cluster left behind, and `stop()` kills only what it started.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -30,7 +31,9 @@ __all__ = ["LocalCluster", "poll_until"]
 CLUSTER_ENV = "GELASTIC_CLUSTER_ID"
 
 
-def poll_until(pred: Callable[[], bool], timeout: float, interval: float = 0.05, what: str = "") -> None:
+def poll_until(
+    pred: Callable[[], bool], timeout: float, interval: float = 0.05, what: str = ""
+) -> None:
     """Wait until `pred()` is true; raise TimeoutError naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -117,12 +120,20 @@ class LocalCluster:
         port_file = self.workdir / "coordinator.port"
         port_file.unlink(missing_ok=True)
         argv = [
-            sys.executable, "-m", "coordinator.cli", "serve",
-            "--port", str(port or self.port or 0),
-            "--port-file", str(port_file),
-            "--lease", str(self.lease),
-            "--state-dir", str(self.workdir / "coordinator-state"),
-            "--heartbeat-interval", str(self.heartbeat_interval),
+            sys.executable,
+            "-m",
+            "coordinator.cli",
+            "serve",
+            "--port",
+            str(port or self.port or 0),
+            "--port-file",
+            str(port_file),
+            "--lease",
+            str(self.lease),
+            "--state-dir",
+            str(self.workdir / "coordinator-state"),
+            "--heartbeat-interval",
+            str(self.heartbeat_interval),
             *self.coordinator_args,
         ]
         if self.coordinator is not None and self.coordinator.popen.poll() is None:
@@ -130,20 +141,31 @@ class LocalCluster:
         self.coordinator = self._spawn("coordinator", argv)
         proc = self.coordinator.popen
         poll_until(
-            lambda: port_file.exists() or proc.poll() is not None, 30, what="the coordinator to listen"
+            lambda: port_file.exists() or proc.poll() is not None,
+            30,
+            what="the coordinator to listen",
         )
         if proc.poll() is not None:
-            raise RuntimeError(f"the coordinator exited with {proc.returncode}: {self._tail('coordinator')}")
+            raise RuntimeError(
+                f"the coordinator exited with {proc.returncode}: {self._tail('coordinator')}"
+            )
         self.port = int(port_file.read_text().strip())
 
     def start_agent(self, name: str, slots: int | None = None, wait: bool = True) -> None:
         argv = [
-            sys.executable, "-m", "nodeagent.cli",
-            "--coordinator", self.address,
-            "--name", name,
-            "--slots", str(slots or self.slots),
-            "--log-dir", str(self.log_dir),
-            "--state-dir", str(self.workdir / "state" / name),
+            sys.executable,
+            "-m",
+            "nodeagent.cli",
+            "--coordinator",
+            self.address,
+            "--name",
+            name,
+            "--slots",
+            str(slots or self.slots),
+            "--log-dir",
+            str(self.log_dir),
+            "--state-dir",
+            str(self.workdir / "state" / name),
             *self.agent_args,
         ]
         old = self.agents.get(name)
@@ -195,27 +217,21 @@ class LocalCluster:
         procs = [*self.agents.values(), *([self.coordinator] if self.coordinator else [])]
         for p in procs:
             if p.popen.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(p.popen.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         deadline = time.monotonic() + timeout
         for p in procs:
             try:
                 p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.popen.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 p.popen.wait(timeout=10)
             p.log.close()
         # Anything still carrying our marker was started by this cluster: it must not survive.
         for proc in self.leftovers():
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc.kill()
-            except psutil.Error:
-                pass
         if self._own_tmp:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -227,7 +243,10 @@ class LocalCluster:
             if proc.pid == me:
                 continue
             try:
-                if proc.environ().get(CLUSTER_ENV) == self.cluster_id and proc.status() != psutil.STATUS_ZOMBIE:
+                if (
+                    proc.environ().get(CLUSTER_ENV) == self.cluster_id
+                    and proc.status() != psutil.STATUS_ZOMBIE
+                ):
                     found.append(proc)
             except psutil.Error:
                 continue

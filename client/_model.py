@@ -13,7 +13,7 @@ import signal as _signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "AttemptSummary",
@@ -247,9 +247,14 @@ class JobSpec:
         return bool(self.function)
 
     @property
+    def command(self) -> tuple[str, ...]:
+        """The command entrypoint, as normalised by __post_init__ (empty for a function)."""
+        return cast(tuple[str, ...], self.entrypoint)
+
+    @property
     def argv(self) -> tuple[str, ...]:
         """The full command of a command entrypoint."""
-        return tuple(self.entrypoint) + tuple(str(a) for a in self.args)
+        return self.command + tuple(str(a) for a in self.args)
 
     def validate(self) -> None:
         """Raise SpecError naming the first bad field."""
@@ -266,10 +271,12 @@ class JobSpec:
                     raise SpecError("entrypoint", f"item {i} must be a string, got {a!r}")
                 if "\x00" in a or len(a) > MAX_STRING:
                     raise SpecError("entrypoint", f"item {i} is not a valid argument")
-            if not self.entrypoint[0]:
+            if not self.command[0]:
                 raise SpecError("entrypoint", "the program name must not be empty")
         elif not _FUNCTION_REF.match(self.function):
-            raise SpecError("entrypoint", f"not a function reference 'pkg.module:name': {self.function!r}")
+            raise SpecError(
+                "entrypoint", f"not a function reference 'pkg.module:name': {self.function!r}"
+            )
         if len(self.function_args) > MAX_FUNCTION_ARGS_BYTES:
             raise SpecError(
                 "args",
@@ -311,7 +318,7 @@ class JobSpec:
 
 
 def function_reference(fn: Callable[..., Any]) -> str:
-    """"module:qualname" of an importable function; raises SpecError otherwise."""
+    """ "module:qualname" of an importable function; raises SpecError otherwise."""
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None)
     if not module or not qualname or "<" in qualname:

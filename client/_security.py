@@ -32,7 +32,9 @@ def read_token(path: str | os.PathLike[str]) -> str:
         raise ValueError(f"token file {p} is larger than {MAX_TOKEN_BYTES} bytes")
     token = data.decode("utf-8", errors="strict").strip()
     if len(token) < 16:
-        raise ValueError(f"token in {p} is too short: use at least 16 characters (32+ random is better)")
+        raise ValueError(
+            f"token in {p} is too short: use at least 16 characters (32+ random is better)"
+        )
     if any(c.isspace() for c in token):
         raise ValueError(f"token in {p} must not contain white space")
     return token
@@ -79,7 +81,9 @@ class Security:
         root = Path(self.tls_ca).read_bytes()
         key = Path(self.tls_key).read_bytes() if self.tls_key else None
         cert = Path(self.tls_cert).read_bytes() if self.tls_cert else None
-        return grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=cert)
+        return grpc.ssl_channel_credentials(
+            root_certificates=root, private_key=key, certificate_chain=cert
+        )
 
     def _options(self, options: Sequence[tuple[str, object]]) -> list[tuple[str, object]]:
         out = list(options)
@@ -93,7 +97,9 @@ class Security:
             return grpc.insecure_channel(target, options=self._options(options))
         return grpc.secure_channel(target, creds, options=self._options(options))
 
-    def aio_channel(self, target: str, options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
+    def aio_channel(
+        self, target: str, options: Sequence[tuple[str, object]] = ()
+    ) -> grpc.aio.Channel:
         creds = self._credentials()
         if creds is None:
             return grpc.aio.insecure_channel(target, options=self._options(options))

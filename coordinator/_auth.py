@@ -38,7 +38,9 @@ class ServerTLS:
         pair = (Path(self.key).read_bytes(), Path(self.cert).read_bytes())
         if self.client_ca:
             return grpc.ssl_server_credentials(
-                [pair], root_certificates=Path(self.client_ca).read_bytes(), require_client_auth=True
+                [pair],
+                root_certificates=Path(self.client_ca).read_bytes(),
+                require_client_auth=True,
             )
         return grpc.ssl_server_credentials([pair])
 
@@ -59,7 +61,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        method: str = details.method  # type: ignore[attr-defined]
+        method: str = details.method
         if method.startswith(_NODE_PREFIX):
             expected, who = self._agent, "agent"
         elif method.startswith(_CLIENT_PREFIX):
@@ -67,13 +69,15 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         else:
             return await continuation(details)
         presented = ""
-        for key, value in details.invocation_metadata or ():  # type: ignore[attr-defined]
+        for key, value in details.invocation_metadata or ():
             if key == AUTH_HEADER and isinstance(value, str) and value.startswith("Bearer "):
                 presented = value[len("Bearer ") :]
         handler = await continuation(details)
         if _matches(presented, expected):
             return handler
-        reason = f"missing or wrong {who} token" if presented else f"no {who} token: pass --token-file"
+        reason = (
+            f"missing or wrong {who} token" if presented else f"no {who} token: pass --token-file"
+        )
         logger.warning("refused %s: %s", method, reason)
         return _refusal(handler, reason)
 

@@ -40,9 +40,9 @@ from nodeagent._assignment import RoundAssignment, WorkerRanks
 
 __all__ = [
     "AssignRound",
+    "CloseSession",
     "Cluster",
     "ClusterConfig",
-    "CloseSession",
     "Effect",
     "EventRecorded",
     "JobChanged",
@@ -286,7 +286,9 @@ class _Job:
         """Workers of the current round not started yet (kept as a count: asked on every start)."""
         cached = self.__dict__.get("_unstarted")
         if cached is None or cached[0] is not self.members:
-            n = sum(1 for m in self.members for w in m.workers.values() if w.phase == _WorkerPhase.INIT)
+            n = sum(
+                1 for m in self.members for w in m.workers.values() if w.phase == _WorkerPhase.INIT
+            )
             cached = [self.members, n]
             self.__dict__["_unstarted"] = cached
         return int(cached[1])
@@ -493,7 +495,12 @@ class Cluster:
                     continue
                 if node.live:
                     node.jobs[job.job_id] = job.spec.nproc_per_node
-            self._event(job, now, "recovered", f"coordinator restarted; {job.state.value.lower()} job recovered")
+            self._event(
+                job,
+                now,
+                "recovered",
+                f"coordinator restarted; {job.state.value.lower()} job recovered",
+            )
         logger.info("restored %d jobs and %d nodes", len(self._jobs), len(self._nodes))
         return self._finish(now)
 
@@ -1443,7 +1450,11 @@ def _worker_state(phase: _WorkerPhase, proc_state: str) -> WorkerState:
 def _clip(text: str, limit: int = MAX_FAILURE_TEXT) -> str:
     if len(text) <= limit:
         return text
-    return text[: limit // 2] + f"\n... [{len(text) - limit} characters cut] ...\n" + text[-limit // 2 :]
+    return (
+        text[: limit // 2]
+        + f"\n... [{len(text) - limit} characters cut] ...\n"
+        + text[-limit // 2 :]
+    )
 
 
 def _sanitized(report: WorkerExitReport, now: float) -> WorkerExitReport:

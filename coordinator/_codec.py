@@ -93,7 +93,9 @@ def decode(tp: Any, data: Any) -> Any:
     if origin in (set, frozenset):
         (et,) = args
         return origin(decode(et, x) for x in _seq(data))
-    if origin is typing.Callable or (origin is not None and getattr(origin, "__name__", "") == "Callable"):
+    if origin is typing.Callable or (
+        origin is not None and getattr(origin, "__name__", "") == "Callable"
+    ):
         raise TypeError("callables are not stored")
     if tp in (int, float, str, bool):
         if tp is float and isinstance(data, int) and not isinstance(data, bool):

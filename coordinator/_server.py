@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import ipaddress
-import os
 import logging
+import os
 import socket
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -84,7 +84,9 @@ class CoordinatorConfig:
         if not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port: must be 0-65535 (0 = off), got {self.metrics_port}")
         if not 0 < self.heartbeat_interval <= 60:
-            raise ValueError(f"heartbeat_interval: must be in (0, 60] s, got {self.heartbeat_interval}")
+            raise ValueError(
+                f"heartbeat_interval: must be in (0, 60] s, got {self.heartbeat_interval}"
+            )
         if not self.heartbeat_interval < self.lease <= 3600:
             raise ValueError(
                 f"lease: must be longer than heartbeat_interval and at most 3600 s, got {self.lease}"
@@ -145,7 +147,9 @@ class Coordinator:
         self._lock_fd = _lock_state_dir(self.config.state_dir)
         self.store = Store(self.config.state_dir)
         self.service = CoordinatorService(
-            ClusterConfig(heartbeat_interval=self.config.heartbeat_interval, lease=self.config.lease),
+            ClusterConfig(
+                heartbeat_interval=self.config.heartbeat_interval, lease=self.config.lease
+            ),
             store=self.store,
             reconnect_grace=self.config.reconnect_grace,
         )
@@ -186,7 +190,7 @@ class Coordinator:
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         self.service.add_to_server(server)
         probes = Probes(server)

@@ -169,7 +169,9 @@ class CoordinatorService:
             ]
             events, nodes = self._pending_events, None
             if self._dirty_nodes:
-                nodes = [(n, d) for n in sorted(self._dirty_nodes) if (d := c.dump_node(n)) is not None]
+                nodes = [
+                    (n, d) for n in sorted(self._dirty_nodes) if (d := c.dump_node(n)) is not None
+                ]
             self._dirty_jobs, self._pending_events, self._dirty_nodes = set(), [], set()
             if not jobs and not events and nodes is None:
                 return
@@ -239,7 +241,9 @@ class CoordinatorService:
             # One wake-up per burst of changes, not one task per node message.
             self._notify_pending = True
             self._notify_task = asyncio.get_running_loop().create_task(self._notify())
-        if self._store is not None and (self._dirty_jobs or self._pending_events or self._dirty_nodes):
+        if self._store is not None and (
+            self._dirty_jobs or self._pending_events or self._dirty_nodes
+        ):
             self._flush_wanted.set()
 
     async def _notify(self) -> None:
@@ -253,7 +257,9 @@ class CoordinatorService:
             logger.info("node %s has no session; dropping %s", eff.node, type(eff).__name__)
             return
         if isinstance(eff, RequestPort):
-            msg = pb.CoordinatorMessage(reserve_port=pb.ReservePort(job_id=eff.job_id, round=eff.round))
+            msg = pb.CoordinatorMessage(
+                reserve_port=pb.ReservePort(job_id=eff.job_id, round=eff.round)
+            )
         elif isinstance(eff, AssignRound):
             a = eff.assignment
             msg = pb.CoordinatorMessage(
@@ -282,7 +288,10 @@ class CoordinatorService:
         elif isinstance(eff, StopRound):
             msg = pb.CoordinatorMessage(
                 stop=pb.Stop(
-                    job_id=eff.job_id, round=eff.round, grace_ms=round(eff.grace * 1000), reason=eff.reason
+                    job_id=eff.job_id,
+                    round=eff.round,
+                    grace_ms=round(eff.grace * 1000),
+                    reason=eff.reason,
                 )
             )
         else:
@@ -294,7 +303,9 @@ class CoordinatorService:
         async with self._changed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self._job_versions.get(job_id, 0) != seen_version),
+                    self._changed.wait_for(
+                        lambda: self._job_versions.get(job_id, 0) != seen_version
+                    ),
                     timeout,
                 )
         return self._job_versions.get(job_id, 0)
@@ -323,10 +334,13 @@ class CoordinatorService:
             )
         if not 1 <= hello.slots <= MAX_SLOTS:
             raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT, f"hello.slots: must be 1-{MAX_SLOTS}, got {hello.slots}"
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"hello.slots: must be 1-{MAX_SLOTS}, got {hello.slots}",
             )
         if not hello.addr or len(hello.addr) > 255:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello.addr: must be a host name or address")
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT, "hello.addr: must be a host name or address"
+            )
         if not hello.incarnation or len(hello.incarnation) > 128:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello.incarnation: must be set")
         running = [_running_from_pb(g) for g in hello.running]
@@ -356,7 +370,9 @@ class CoordinatorService:
         if self._sessions.get(session.name) is session:
             del self._sessions[session.name]
             self._dirty_nodes.add(session.name)
-            self.apply(self.cluster.node_disconnected(session.name, session.incarnation, self.now()))
+            self.apply(
+                self.cluster.node_disconnected(session.name, session.incarnation, self.now())
+            )
 
     def on_node_message(self, session: _Session, msg: pb.NodeMessage) -> None:
         name, inc, now = session.name, session.incarnation, self.now()
@@ -368,7 +384,9 @@ class CoordinatorService:
                     g.job_id,
                     g.round,
                     [
-                        WorkerHealthSample(w.local_rank, w.pid, w.cpu_percent, w.rss_bytes, w.proc_state)
+                        WorkerHealthSample(
+                            w.local_rank, w.pid, w.cpu_percent, w.rss_bytes, w.proc_state
+                        )
                         for w in g.workers
                     ],
                 )
@@ -396,7 +414,9 @@ class CoordinatorService:
                     q.put_nowait(msg.log_chunk)
             effects = c.heartbeat(name, inc, now)
         elif kind == "hello":
-            raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one session")
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one session"
+            )
         else:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "empty node message")
         self.apply(effects)
@@ -405,7 +425,9 @@ class CoordinatorService:
 
     async def read_logs(self, req: pb.ReadLogsRequest) -> AsyncIterator[bytes]:
         if req.stream not in ("stdout", "stderr"):
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "stream: must be 'stdout' or 'stderr'")
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT, "stream: must be 'stdout' or 'stderr'"
+            )
         attempt = None if req.attempt < 0 else req.attempt
         where = self.cluster.log_location(req.job_id, req.rank, attempt)
         if where is None:
@@ -418,7 +440,8 @@ class CoordinatorService:
         session = self._sessions.get(node)
         if session is None:
             raise RequestError(
-                grpc.StatusCode.UNAVAILABLE, f"node {node}, which holds these logs, is not connected"
+                grpc.StatusCode.UNAVAILABLE,
+                f"node {node}, which holds these logs, is not connected",
             )
         request_id = next(self._log_ids)
         queue: asyncio.Queue[pb.LogChunk] = asyncio.Queue(1024)
@@ -438,7 +461,9 @@ class CoordinatorService:
         try:
             while True:
                 try:
-                    chunk = await asyncio.wait_for(queue.get(), timeout=30.0 if not req.follow else None)
+                    chunk = await asyncio.wait_for(
+                        queue.get(), timeout=30.0 if not req.follow else None
+                    )
                 except TimeoutError as exc:
                     raise RequestError(
                         grpc.StatusCode.DEADLINE_EXCEEDED, f"node {node} did not send the logs"
@@ -454,7 +479,9 @@ class CoordinatorService:
         finally:
             del self._log_streams[request_id]
             if not session.closed:
-                session.send(pb.CoordinatorMessage(cancel_logs=pb.CancelLogs(request_id=request_id)))
+                session.send(
+                    pb.CoordinatorMessage(cancel_logs=pb.CancelLogs(request_id=request_id))
+                )
 
 
 def _exit_from_pb(m: pb.WorkerExit) -> WorkerExitReport:
@@ -485,7 +512,9 @@ async def _abort_for(context: grpc.aio.ServicerContext, exc: BaseException) -> N
     mapped = status_for(exc)
     if mapped is None:
         logger.exception("internal error", exc_info=exc)
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+        await context.abort(
+            grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+        )
     else:
         await context.abort(*mapped)
 
@@ -494,7 +523,9 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def __init__(self, svc: CoordinatorService) -> None:
         self._svc = svc
 
-    async def Submit(self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext) -> pb.SubmitResponse:  # noqa: N802
+    async def Submit(
+        self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SubmitResponse:
         try:
             if not request.HasField("spec"):
                 raise SpecError("spec", "missing")
@@ -508,7 +539,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
             await _abort_for(context, exc)
             raise
 
-    async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.Job:  # noqa: N802
+    async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.Job:
         try:
             _check_job_id(request.job_id)
             return self._svc.job_message(request.job_id, with_spec=True)
@@ -516,7 +547,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
             await _abort_for(context, exc)
             raise
 
-    async def WatchJob(  # noqa: N802
+    async def WatchJob(
         self, request: pb.WatchJobRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.JobUpdate]:
         try:
@@ -528,7 +559,9 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 events = svc.cluster.job_events(job_id, after)
                 if events:
                     after = events[-1].seq
-                yield pb.JobUpdate(job=svc.job_message(job_id), events=[event_to_pb(e) for e in events])
+                yield pb.JobUpdate(
+                    job=svc.job_message(job_id), events=[event_to_pb(e) for e in events]
+                )
                 if svc.cluster.job_state(job_id).is_terminal():
                     return
                 version = await svc.wait_changed(job_id, version, WATCH_KEEPALIVE_S)
@@ -539,15 +572,23 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
             await _abort_for(context, exc)
             raise
 
-    async def ListJobs(self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext) -> pb.ListJobsResponse:  # noqa: N802
+    async def ListJobs(
+        self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListJobsResponse:
         c = self._svc.cluster
-        ids = [j for j in c.job_ids() if request.include_finished or not c.job_state(j).is_terminal()]
+        ids = [
+            j for j in c.job_ids() if request.include_finished or not c.job_state(j).is_terminal()
+        ]
         return pb.ListJobsResponse(jobs=[self._svc.job_message(j) for j in ids])
 
-    async def ListNodes(self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext) -> pb.ListNodesResponse:  # noqa: N802
+    async def ListNodes(
+        self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListNodesResponse:
         return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in self._svc.cluster.nodes()])
 
-    async def CancelJob(self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext) -> pb.Job:  # noqa: N802
+    async def CancelJob(
+        self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Job:
         try:
             _check_job_id(request.job_id)
             self._svc.apply(self._svc.cluster.cancel(request.job_id, self._svc.now()))
@@ -557,7 +598,9 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
             await _abort_for(context, exc)
             raise
 
-    async def GetEvents(self, request: pb.GetEventsRequest, context: grpc.aio.ServicerContext) -> pb.GetEventsResponse:  # noqa: N802
+    async def GetEvents(
+        self, request: pb.GetEventsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetEventsResponse:
         try:
             _check_job_id(request.job_id)
             events = self._svc.cluster.job_events(request.job_id, request.after_seq)
@@ -566,7 +609,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
             await _abort_for(context, exc)
             raise
 
-    async def ReadLogs(  # noqa: N802
+    async def ReadLogs(
         self, request: pb.ReadLogsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.LogData]:
         try:
@@ -582,7 +625,7 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
     def __init__(self, svc: CoordinatorService) -> None:
         self._svc = svc
 
-    async def Session(  # noqa: N802
+    async def Session(
         self, request_iterator: AsyncIterator[pb.NodeMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CoordinatorMessage]:
         svc = self._svc
@@ -638,4 +681,6 @@ def _new_job_id(name: str) -> str:
 
 def _check_job_id(job_id: str) -> None:
     if not _JOB_ID.match(job_id):
-        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: not a job id: {job_id[:80]!r}")
+        raise RequestError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"job_id: not a job id: {job_id[:80]!r}"
+        )

@@ -27,7 +27,9 @@ MEMORY = ":memory:"
 
 def default_state_dir() -> str:
     """A per-user data directory ($XDG_DATA_HOME/gelastic or ~/.local/share/gelastic)."""
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "share"
+    )
     return os.path.join(base, "gelastic")
 
 
@@ -58,7 +60,9 @@ class Store:
     def _migrate(self) -> None:
         with self._lock:
             db = self._db
-            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+            )
             row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is not None and int(row[0]) > SCHEMA_VERSION:
                 raise RuntimeError(
@@ -75,7 +79,9 @@ class Store:
                 " data TEXT NOT NULL)"
             )
             db.execute("CREATE INDEX IF NOT EXISTS events_job ON events (job_id, seq)")
-            db.execute("CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, data TEXT NOT NULL)")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, data TEXT NOT NULL)"
+            )
             db.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
                 (str(SCHEMA_VERSION),),
@@ -85,7 +91,9 @@ class Store:
     def load(self) -> StoredState:
         with self._lock:
             db = self._db
-            jobs = [json.loads(r[0]) for r in db.execute("SELECT data FROM jobs ORDER BY submitted_at")]
+            jobs = [
+                json.loads(r[0]) for r in db.execute("SELECT data FROM jobs ORDER BY submitted_at")
+            ]
             events = [json.loads(r[0]) for r in db.execute("SELECT data FROM events ORDER BY seq")]
             nodes = [json.loads(r[0]) for r in db.execute("SELECT data FROM nodes ORDER BY name")]
         return StoredState(jobs, events, nodes)
@@ -97,10 +105,16 @@ class Store:
         nodes: Iterable[tuple[str, dict[str, Any]]] | None = None,
     ) -> None:
         """Write jobs (id, submitted_at, state, doc), events (seq, job id, doc) and changed nodes."""
-        job_rows = [(jid, ts, st, json.dumps(doc, separators=(",", ":"))) for jid, ts, st, doc in jobs]
-        event_rows = [(seq, jid, json.dumps(doc, separators=(",", ":"))) for seq, jid, doc in events]
+        job_rows = [
+            (jid, ts, st, json.dumps(doc, separators=(",", ":"))) for jid, ts, st, doc in jobs
+        ]
+        event_rows = [
+            (seq, jid, json.dumps(doc, separators=(",", ":"))) for seq, jid, doc in events
+        ]
         node_rows = (
-            [(name, json.dumps(doc, separators=(",", ":"))) for name, doc in nodes] if nodes is not None else None
+            [(name, json.dumps(doc, separators=(",", ":"))) for name, doc in nodes]
+            if nodes is not None
+            else None
         )
         with self._lock:
             db = self._db
@@ -110,9 +124,13 @@ class Store:
                     "INSERT OR REPLACE INTO jobs (job_id, submitted_at, state, data) VALUES (?,?,?,?)",
                     job_rows,
                 )
-                db.executemany("INSERT OR REPLACE INTO events (seq, job_id, data) VALUES (?,?,?)", event_rows)
+                db.executemany(
+                    "INSERT OR REPLACE INTO events (seq, job_id, data) VALUES (?,?,?)", event_rows
+                )
                 if node_rows:
-                    db.executemany("INSERT OR REPLACE INTO nodes (name, data) VALUES (?,?)", node_rows)
+                    db.executemany(
+                        "INSERT OR REPLACE INTO nodes (name, data) VALUES (?,?)", node_rows
+                    )
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")

@@ -19,29 +19,59 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the coordinator")
     d = CoordinatorConfig()
     s.add_argument("--host", default=d.host, help="address to listen on (default %(default)s)")
-    s.add_argument("--port", type=int, default=d.port, help="port (0 = any free; default %(default)s)")
-    s.add_argument("--heartbeat-interval", type=float, default=d.heartbeat_interval,
-                   help="seconds between agent heartbeats (default %(default)s)")
-    s.add_argument("--lease", type=float, default=d.lease,
-                   help="seconds of silence after which a node is lost (default %(default)s)")
-    s.add_argument("--insecure", action="store_true",
-                   help="allow a non-loopback address without authentication")
-    s.add_argument("--state-dir", default=d.state_dir,
-                   help="durable state directory, or :memory: (default %(default)s)")
-    s.add_argument("--reconnect-grace", type=float, default=d.reconnect_grace,
-                   help="seconds known nodes have to reconnect after a restart (default %(default)s)")
+    s.add_argument(
+        "--port", type=int, default=d.port, help="port (0 = any free; default %(default)s)"
+    )
+    s.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=d.heartbeat_interval,
+        help="seconds between agent heartbeats (default %(default)s)",
+    )
+    s.add_argument(
+        "--lease",
+        type=float,
+        default=d.lease,
+        help="seconds of silence after which a node is lost (default %(default)s)",
+    )
+    s.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback address without authentication",
+    )
+    s.add_argument(
+        "--state-dir",
+        default=d.state_dir,
+        help="durable state directory, or :memory: (default %(default)s)",
+    )
+    s.add_argument(
+        "--reconnect-grace",
+        type=float,
+        default=d.reconnect_grace,
+        help="seconds known nodes have to reconnect after a restart (default %(default)s)",
+    )
     s.add_argument("--token-file", default="", help="shared token agents and clients must present")
     s.add_argument("--agent-token-file", default="", help="a separate token for agents")
     s.add_argument("--client-token-file", default="", help="a separate token for clients")
     s.add_argument("--tls-cert", default="", help="PEM certificate: serve TLS")
     s.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
-    s.add_argument("--tls-client-ca", default="", help="require client certificates signed by this CA (mTLS)")
-    s.add_argument("--metrics-port", type=int, default=d.metrics_port,
-                   help="serve Prometheus metrics over HTTP on this port (default 0 = off)")
-    s.add_argument("--metrics-host", default=d.metrics_host,
-                   help="address to serve the metrics on (default %(default)s)")
-    s.add_argument("--port-file", default="",
-                   help="write the port actually bound to this file once listening")
+    s.add_argument(
+        "--tls-client-ca", default="", help="require client certificates signed by this CA (mTLS)"
+    )
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        default=d.metrics_port,
+        help="serve Prometheus metrics over HTTP on this port (default 0 = off)",
+    )
+    s.add_argument(
+        "--metrics-host",
+        default=d.metrics_host,
+        help="address to serve the metrics on (default %(default)s)",
+    )
+    s.add_argument(
+        "--port-file", default="", help="write the port actually bound to this file once listening"
+    )
     s.add_argument("--log-level", default="INFO")
     return p
 

@@ -38,13 +38,17 @@ def main() -> int:
         print()
         print("stdout of rank 0:")
         for chunk in job.logs(rank=0, stream="stdout"):
-            sys.stdout.write("  | " + chunk.decode(errors="replace").replace("\n", "\n  | ").rstrip("| "))
+            sys.stdout.write(
+                "  | " + chunk.decode(errors="replace").replace("\n", "\n  | ").rstrip("| ")
+            )
         print()
         if result.is_failed():
             print(result.format_failures())
         else:
-            print(f"RunResult: state={result.state.value} ranks={sorted(result.return_values) or 'n/a'}"
-                  f" failures={len(result.failures)}")
+            print(
+                f"RunResult: state={result.state.value} ranks={sorted(result.return_values) or 'n/a'}"
+                f" failures={len(result.failures)}"
+            )
     left = cluster.leftovers()
     print(f"cluster stopped; processes left behind: {len(left)}  ({time.monotonic() - t0:.1f} s)")
     return 1 if result.is_failed() or left else 0

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from typing import Protocol
 
 from nodeagent._launch import BOOTSTRAP_PATH, WorkerLaunch
@@ -36,8 +35,6 @@ _PR_SET_PDEATHSIG = 1
 AGENT_PID_ENV = "GELASTIC_AGENT_PID"
 """Set for every worker: the pid the worker must die with."""
 PDEATHSIG_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_pdeathsig.py")
-
-
 
 
 class ProcessHandle(Protocol):

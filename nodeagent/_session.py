@@ -111,7 +111,11 @@ class NodeAgent:
         self.state_dir = Path(config.state_dir).resolve() if config.state_dir else self.log_root
         self.addr = config.addr or _route_addr(config.coordinator)
         self.security = Security.from_files(
-            config.token_file, config.tls_ca, config.tls_cert, config.tls_key, config.tls_server_name
+            config.token_file,
+            config.tls_ca,
+            config.tls_cert,
+            config.tls_key,
+            config.tls_server_name,
         )
         self._held: dict[tuple[str, int], _Held] = {}
         self._outbox: asyncio.Queue[pb.NodeMessage] | None = None
@@ -176,15 +180,23 @@ class NodeAgent:
             try:
                 await self._session()
                 if not self._closing:
-                    logger.info("session with %s closed by the coordinator", self.config.coordinator)
+                    logger.info(
+                        "session with %s closed by the coordinator", self.config.coordinator
+                    )
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                if exc.code() in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.INVALID_ARGUMENT,
-                                  grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                if exc.code() in (
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                ):
                     logger.error("coordinator refused this agent: %s", exc.details())
                 else:
-                    logger.info("session with %s ended: %s", self.config.coordinator, exc.code().name)
+                    logger.info(
+                        "session with %s ended: %s", self.config.coordinator, exc.code().name
+                    )
             except Exception:
                 logger.exception("session failed")
             finally:
@@ -221,13 +233,21 @@ class NodeAgent:
                 async for msg in call:
                     kind = msg.WhichOneof("kind")
                     if kind == "welcome":
-                        self._heartbeat_interval = max(0.05, msg.welcome.heartbeat_interval_ms / 1000)
+                        self._heartbeat_interval = max(
+                            0.05, msg.welcome.heartbeat_interval_ms / 1000
+                        )
                         self._outbox = outbox
                         self.connected.set()
-                        logger.info("registered with %s as %s (%s)", self.config.coordinator,
-                                    self.config.name, self.addr)
+                        logger.info(
+                            "registered with %s as %s (%s)",
+                            self.config.coordinator,
+                            self.config.name,
+                            self.addr,
+                        )
                         if heartbeat is None:
-                            heartbeat = asyncio.get_running_loop().create_task(self._heartbeats(outbox))
+                            heartbeat = asyncio.get_running_loop().create_task(
+                                self._heartbeats(outbox)
+                            )
                     else:
                         self._dispatch(msg)
             finally:
@@ -324,8 +344,13 @@ class NodeAgent:
                 port = s.getsockname()[1]
         except OSError as exc:
             error = f"cannot bind a port on {self.addr}: {exc}"
-        self._send(pb.NodeMessage(port_reserved=pb.PortReserved(
-            job_id=m.job_id, round=m.round, port=port, error=error)))
+        self._send(
+            pb.NodeMessage(
+                port_reserved=pb.PortReserved(
+                    job_id=m.job_id, round=m.round, port=port, error=error
+                )
+            )
+        )
 
     def _assign(self, m: pb.Assign) -> None:
         key = (m.job_id, m.round)
@@ -343,7 +368,9 @@ class NodeAgent:
             master_addr=m.master_addr,
             master_port=m.master_port,
             workers=tuple(
-                WorkerRanks(w.local_rank, w.global_rank, w.role_rank, w.world_size, w.role_world_size)
+                WorkerRanks(
+                    w.local_rank, w.global_rank, w.role_rank, w.world_size, w.role_world_size
+                )
                 for w in m.workers
             ),
             run_id=m.run_id,
@@ -358,8 +385,13 @@ class NodeAgent:
 
         def on_exit(ex: WorkerExit) -> None:
             held.exits.append(ex)
-            self._send(pb.NodeMessage(worker_exited=pb.WorkerExited(
-                job_id=a.job_id, round=a.round, exit=_exit_to_pb(ex))))
+            self._send(
+                pb.NodeMessage(
+                    worker_exited=pb.WorkerExited(
+                        job_id=a.job_id, round=a.round, exit=_exit_to_pb(ex)
+                    )
+                )
+            )
 
         group = WorkerGroup(
             a,
@@ -377,19 +409,32 @@ class NodeAgent:
         held.pids = dict(pids)
         if self._held.get(key) is not held:
             return
-        self._send(pb.NodeMessage(workers_started=pb.WorkersStarted(
-            job_id=a.job_id,
-            round=a.round,
-            workers=[pb.WorkerPid(local_rank=lr, pid=pid, global_rank=_global(held, lr))
-                     for lr, pid in pids.items()],
-        )))
-        logger.info("job %s attempt %d round %d: started ranks %s", a.job_id, a.attempt, a.round,
-                    {_global(held, lr): pid for lr, pid in pids.items()})
+        self._send(
+            pb.NodeMessage(
+                workers_started=pb.WorkersStarted(
+                    job_id=a.job_id,
+                    round=a.round,
+                    workers=[
+                        pb.WorkerPid(local_rank=lr, pid=pid, global_rank=_global(held, lr))
+                        for lr, pid in pids.items()
+                    ],
+                )
+            )
+        )
+        logger.info(
+            "job %s attempt %d round %d: started ranks %s",
+            a.job_id,
+            a.attempt,
+            a.round,
+            {_global(held, lr): pid for lr, pid in pids.items()},
+        )
 
     def _stop(self, m: pb.Stop) -> None:
         held = self._held.get((m.job_id, m.round))
         if held is None:
-            self._send(pb.NodeMessage(group_stopped=pb.GroupStopped(job_id=m.job_id, round=m.round)))
+            self._send(
+                pb.NodeMessage(group_stopped=pb.GroupStopped(job_id=m.job_id, round=m.round))
+            )
             return
         logger.info("job %s round %d: stopping (%s)", m.job_id, m.round, m.reason)
         if held.stopping is None:
@@ -400,8 +445,13 @@ class NodeAgent:
     async def _stop_and_report(self, held: _Held, grace: float) -> None:
         unkillable = await self._stop_group(held, grace)
         a = held.assignment
-        self._send(pb.NodeMessage(group_stopped=pb.GroupStopped(
-            job_id=a.job_id, round=a.round, unkillable_pids=unkillable)))
+        self._send(
+            pb.NodeMessage(
+                group_stopped=pb.GroupStopped(
+                    job_id=a.job_id, round=a.round, unkillable_pids=unkillable
+                )
+            )
+        )
         self._held.pop((a.job_id, a.round), None)
 
     async def _stop_group(self, held: _Held, grace: float) -> list[int]:
@@ -431,16 +481,24 @@ class NodeAgent:
     async def _serve_logs(self, m: pb.StartLogs) -> None:
         path = self._log_path(m.job_id, m.attempt, m.rank, m.stream)
         if path is None:
-            self._send(pb.NodeMessage(log_chunk=pb.LogChunk(
-                request_id=m.request_id, eof=True,
-                error=f"node {self.config.name} has no {m.stream} log for rank {m.rank} "
-                      f"of job {m.job_id} attempt {m.attempt}")))
+            self._send(
+                pb.NodeMessage(
+                    log_chunk=pb.LogChunk(
+                        request_id=m.request_id,
+                        eof=True,
+                        error=f"node {self.config.name} has no {m.stream} log for rank {m.rank} "
+                        f"of job {m.job_id} attempt {m.attempt}",
+                    )
+                )
+            )
             return
         with open(path, "rb") as f:
             while True:
                 data = f.read(LOG_CHUNK_BYTES)
                 if data:
-                    self._send(pb.NodeMessage(log_chunk=pb.LogChunk(request_id=m.request_id, data=data)))
+                    self._send(
+                        pb.NodeMessage(log_chunk=pb.LogChunk(request_id=m.request_id, data=data))
+                    )
                     await asyncio.sleep(0)
                     continue
                 if not m.follow or not self._rank_running(m.job_id, m.rank):
@@ -449,7 +507,12 @@ class NodeAgent:
         self._send(pb.NodeMessage(log_chunk=pb.LogChunk(request_id=m.request_id, eof=True)))
 
     def _log_path(self, job_id: str, attempt: int, rank: int, stream: str) -> Path | None:
-        if not _SAFE_ID.match(job_id) or stream not in ("stdout", "stderr") or rank < 0 or attempt < 0:
+        if (
+            not _SAFE_ID.match(job_id)
+            or stream not in ("stdout", "stderr")
+            or rank < 0
+            or attempt < 0
+        ):
             return None
         for d in attempt_dirs_for(self.log_root, job_id, attempt):
             p = (d / str(rank) / f"{stream}.log").resolve()
@@ -462,7 +525,9 @@ class NodeAgent:
             if jid != job_id or h.stopped:
                 continue
             exited = {e.global_rank for e in h.exits}
-            if any(w.global_rank == rank and w.global_rank not in exited for w in h.assignment.workers):
+            if any(
+                w.global_rank == rank and w.global_rank not in exited for w in h.assignment.workers
+            ):
                 return True
         return False
 

@@ -17,24 +17,48 @@ def _parser() -> argparse.ArgumentParser:
     d = AgentConfig(coordinator="127.0.0.1:29400")
     p = argparse.ArgumentParser(prog="nodeagent", description="gelastic node agent")
     p.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator")
-    p.add_argument("--slots", type=int, default=d.slots,
-                   help="worker processes this node may run (default: CPU count, %(default)s)")
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=d.slots,
+        help="worker processes this node may run (default: CPU count, %(default)s)",
+    )
     p.add_argument("--name", default=d.name, help="unique node name (default: host name)")
-    p.add_argument("--addr", default="",
-                   help="address peers use to reach this node (default: the one routing to the coordinator)")
+    p.add_argument(
+        "--addr",
+        default="",
+        help="address peers use to reach this node (default: the one routing to the coordinator)",
+    )
     p.add_argument("--log-dir", default="", help="worker log directory (default: a temp dir)")
-    p.add_argument("--state-dir", default="", help="where the worker pid file lives (default: --log-dir)")
+    p.add_argument(
+        "--state-dir", default="", help="where the worker pid file lives (default: --log-dir)"
+    )
     p.add_argument("--token-file", default="", help="token the coordinator expects from agents")
-    p.add_argument("--tls-ca", default="", help="PEM CA of the coordinator's certificate (enables TLS)")
+    p.add_argument(
+        "--tls-ca", default="", help="PEM CA of the coordinator's certificate (enables TLS)"
+    )
     p.add_argument("--tls-cert", default="", help="PEM client certificate (mTLS)")
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
-    p.add_argument("--tls-server-name", default="", help="name to check in the coordinator's certificate")
-    p.add_argument("--metrics-port", type=int, default=d.metrics_port,
-                   help="serve Prometheus metrics over HTTP on this port (default 0 = off)")
-    p.add_argument("--metrics-host", default=d.metrics_host,
-                   help="address to serve the metrics on (default %(default)s)")
-    p.add_argument("--stop-grace", type=float, default=5.0,
-                   help="seconds to let workers stop when the agent is asked to exit")
+    p.add_argument(
+        "--tls-server-name", default="", help="name to check in the coordinator's certificate"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=d.metrics_port,
+        help="serve Prometheus metrics over HTTP on this port (default 0 = off)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default=d.metrics_host,
+        help="address to serve the metrics on (default %(default)s)",
+    )
+    p.add_argument(
+        "--stop-grace",
+        type=float,
+        default=5.0,
+        help="seconds to let workers stop when the agent is asked to exit",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -42,8 +66,10 @@ def _parser() -> argparse.ArgumentParser:
 async def _run(config: AgentConfig, grace: float) -> None:
     agent = NodeAgent(config)
     await agent.start()
-    print(f"nodeagent {config.name} ({agent.addr}) -> {config.coordinator}; logs in {agent.log_root}",
-          flush=True)
+    print(
+        f"nodeagent {config.name} ({agent.addr}) -> {config.coordinator}; logs in {agent.log_root}",
+        flush=True,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

@@ -30,7 +30,9 @@ def assert_no_leftovers(cluster: LocalCluster) -> None:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(nodes=2, slots=2, workdir=tmp_path / "cluster", lease=3.0, heartbeat_interval=0.5)
+    c = LocalCluster(
+        nodes=2, slots=2, workdir=tmp_path / "cluster", lease=3.0, heartbeat_interval=0.5
+    )
     with c:
         yield c
     assert_no_leftovers(c)
@@ -44,7 +46,9 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     def make(nodes: int = 2, slots: int = 2, **kw: Any) -> LocalCluster:
         kw.setdefault("lease", 3.0)
         kw.setdefault("heartbeat_interval", 0.5)
-        c = LocalCluster(nodes=nodes, slots=slots, workdir=tmp_path / f"cluster{len(started)}", **kw)
+        c = LocalCluster(
+            nodes=nodes, slots=slots, workdir=tmp_path / f"cluster{len(started)}", **kw
+        )
         started.append(c)
         return c.start()
 

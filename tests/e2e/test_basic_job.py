@@ -16,8 +16,12 @@ def test_gloo_allreduce_2x2_sees_the_torchrun_env(cluster: LocalCluster, tmp_pat
     out = tmp_path / "out"
     out.mkdir()
     spec = JobSpec(
-        entrypoint=[PY, script("allreduce.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
-        env={"OUT_DIR": str(out)}, role="trainer",
+        entrypoint=[PY, script("allreduce.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        env={"OUT_DIR": str(out)},
+        role="trainer",
     )
     job = cluster.client.submit(spec)
     result = job.wait(TIMEOUT)
@@ -51,8 +55,12 @@ def test_gloo_allreduce_2x2_sees_the_torchrun_env(cluster: LocalCluster, tmp_pat
 
 def test_rank_exiting_3_fails_the_job_and_stops_the_others(cluster: LocalCluster) -> None:
     spec = JobSpec(
-        entrypoint=[PY, script("exit_code.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
-        env={"FAIL_RANK": "1", "FAIL_CODE": "3", "SLEEP": "120"}, stop_grace=5,
+        entrypoint=[PY, script("exit_code.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        env={"FAIL_RANK": "1", "FAIL_CODE": "3", "SLEEP": "120"},
+        stop_grace=5,
     )
     job = cluster.client.submit(spec)
     result = job.wait(TIMEOUT)
@@ -69,7 +77,10 @@ def test_rank_exiting_3_fails_the_job_and_stops_the_others(cluster: LocalCluster
 
 def test_two_jobs_on_a_cluster_that_fits_one_both_finish(cluster: LocalCluster) -> None:
     spec = JobSpec(
-        entrypoint=[PY, "-c", "import time; time.sleep(1)"], nproc_per_node=2, min_nodes=2, max_nodes=2,
+        entrypoint=[PY, "-c", "import time; time.sleep(1)"],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
         join_timeout=1.0,
     )
     first = cluster.client.submit(spec)

@@ -20,12 +20,18 @@ def _seen(out: Path) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
 
 
-def test_crash_once_restarts_every_rank_with_the_same_restart_count(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_crash_once_restarts_every_rank_with_the_same_restart_count(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     spec = JobSpec(
-        entrypoint=[PY, script("crash_once.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
-        max_restarts=1, env={"OUT_DIR": str(out), "CRASH_RANK": "3", "CRASH_UNTIL": "1", "SLEEP": "1"},
+        entrypoint=[PY, script("crash_once.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        max_restarts=1,
+        env={"OUT_DIR": str(out), "CRASH_RANK": "3", "CRASH_UNTIL": "1", "SLEEP": "1"},
         stop_grace=5,
     )
     job = cluster.client.submit(spec)
@@ -44,8 +50,12 @@ def test_crash_on_every_attempt_exhausts_the_budget(cluster: LocalCluster, tmp_p
     out = tmp_path / "out"
     out.mkdir()
     spec = JobSpec(
-        entrypoint=[PY, script("crash_once.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
-        max_restarts=2, env={"OUT_DIR": str(out), "CRASH_RANK": "0", "CRASH_UNTIL": "99", "SLEEP": "60"},
+        entrypoint=[PY, script("crash_once.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        max_restarts=2,
+        env={"OUT_DIR": str(out), "CRASH_RANK": "0", "CRASH_UNTIL": "99", "SLEEP": "60"},
         stop_grace=5,
     )
     result = cluster.client.submit(spec).wait(TIMEOUT)
@@ -55,13 +65,24 @@ def test_crash_on_every_attempt_exhausts_the_budget(cluster: LocalCluster, tmp_p
     assert set(result.failures) == {0} and result.failures[0].attempt == 2
 
 
-def test_failure_on_any_node_fails_the_whole_job_at_once(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_failure_on_any_node_fails_the_whole_job_at_once(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
     # torchrun lets node 0 finish and wait 300 s in its exit barrier when rank 3 fails elsewhere.
     out = tmp_path / "out"
     out.mkdir()
     spec = JobSpec(
-        entrypoint=[PY, script("crash_once.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
-        env={"OUT_DIR": str(out), "CRASH_RANK": "3", "CRASH_UNTIL": "1", "CRASH_AFTER": "2", "SLEEP": "0"},
+        entrypoint=[PY, script("crash_once.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        env={
+            "OUT_DIR": str(out),
+            "CRASH_RANK": "3",
+            "CRASH_UNTIL": "1",
+            "CRASH_AFTER": "2",
+            "SLEEP": "0",
+        },
     )
     job = cluster.client.submit(spec)
     result = job.wait(60)
@@ -72,13 +93,24 @@ def test_failure_on_any_node_fails_the_whole_job_at_once(cluster: LocalCluster, 
     assert status.finished_at - status.submitted_at < 30
 
 
-def test_healthy_ranks_exiting_while_a_peer_crashes_restart_every_rank(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_healthy_ranks_exiting_while_a_peer_crashes_restart_every_rank(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     spec = JobSpec(
-        entrypoint=[PY, script("crash_once.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
+        entrypoint=[PY, script("crash_once.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
         max_restarts=1,
-        env={"OUT_DIR": str(out), "CRASH_RANK": "2", "CRASH_UNTIL": "1", "CRASH_AFTER": "0.5", "SLEEP": "0.5"},
+        env={
+            "OUT_DIR": str(out),
+            "CRASH_RANK": "2",
+            "CRASH_UNTIL": "1",
+            "CRASH_AFTER": "0.5",
+            "SLEEP": "0.5",
+        },
         stop_grace=5,
     )
     result = cluster.client.submit(spec).wait(TIMEOUT)
@@ -92,11 +124,18 @@ def test_agent_sigkill_reforms_on_the_survivors(make_cluster: Any, tmp_path: Pat
     out = tmp_path / "out"
     out.mkdir()
     spec = JobSpec(
-        entrypoint=[PY, script("crash_once.py")], nproc_per_node=2, min_nodes=2, max_nodes=3,
-        last_call_timeout=1, env={"OUT_DIR": str(out), "CRASH_UNTIL": "0", "SLEEP": "4"}, stop_grace=5,
+        entrypoint=[PY, script("crash_once.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=3,
+        last_call_timeout=1,
+        env={"OUT_DIR": str(out), "CRASH_UNTIL": "0", "SLEEP": "4"},
+        stop_grace=5,
     )
     job = c.client.submit(spec)
-    poll_until(lambda: len([w for w in job.status().workers if w.pid]) == 6, 60, what="6 workers running")
+    poll_until(
+        lambda: len([w for w in job.status().workers if w.pid]) == 6, 60, what="6 workers running"
+    )
     status = job.status()
     victim = status.members[-1].node
     victim_pids = [w.pid for w in status.workers if w.node == victim]
@@ -104,7 +143,9 @@ def test_agent_sigkill_reforms_on_the_survivors(make_cluster: Any, tmp_path: Pat
     result = job.wait(TIMEOUT)
     assert result.state == WorkerState.SUCCEEDED, result.format_failures()
     final = job.status()
-    assert sorted(m.node for m in final.members) == sorted(m.node for m in status.members if m.node != victim)
+    assert sorted(m.node for m in final.members) == sorted(
+        m.node for m in status.members if m.node != victim
+    )
     assert final.attempt == 0  # a lost node does not spend the restart budget
     assert final.round == status.round + 1
     for pid in victim_pids:
@@ -116,11 +157,18 @@ def test_a_new_agent_grows_a_running_job(make_cluster: Any, tmp_path: Path) -> N
     out = tmp_path / "out"
     out.mkdir()
     spec = JobSpec(
-        entrypoint=[PY, script("crash_once.py")], nproc_per_node=2, min_nodes=2, max_nodes=3,
-        last_call_timeout=0.5, env={"OUT_DIR": str(out), "CRASH_UNTIL": "0", "SLEEP": "3"}, stop_grace=5,
+        entrypoint=[PY, script("crash_once.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=3,
+        last_call_timeout=0.5,
+        env={"OUT_DIR": str(out), "CRASH_UNTIL": "0", "SLEEP": "3"},
+        stop_grace=5,
     )
     job = c.client.submit(spec)
-    poll_until(lambda: len([w for w in job.status().workers if w.pid]) == 4, 60, what="4 workers running")
+    poll_until(
+        lambda: len([w for w in job.status().workers if w.pid]) == 4, 60, what="4 workers running"
+    )
     c.start_agent("node-2")
     poll_until(lambda: len(job.status().members) == 3, 60, what="the job to re-form with 3 nodes")
     result = job.wait(TIMEOUT)
@@ -131,8 +179,13 @@ def test_a_new_agent_grows_a_running_job(make_cluster: Any, tmp_path: Path) -> N
 
 def test_watchdog_kills_a_hung_worker_and_the_agent_lives_on(cluster: LocalCluster) -> None:
     spec = JobSpec(
-        entrypoint=[PY, script("hang_with_timer.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
-        watchdog=True, env={"HANG_RANK": "1"}, stop_grace=5,
+        entrypoint=[PY, script("hang_with_timer.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        watchdog=True,
+        env={"HANG_RANK": "1"},
+        stop_grace=5,
     )
     job = cluster.client.submit(spec)
     result = job.wait(TIMEOUT)
@@ -143,7 +196,9 @@ def test_watchdog_kills_a_hung_worker_and_the_agent_lives_on(cluster: LocalClust
     cluster.wait_nodes(lambda live: {"node-0", "node-1"} <= live, "both agents still live")
     for name, proc in cluster.agents.items():
         assert proc.popen.poll() is None, f"agent {name} died"
-    ok = cluster.client.submit(JobSpec(entrypoint=[PY, "-c", "pass"], nproc_per_node=2, min_nodes=2, max_nodes=2))
+    ok = cluster.client.submit(
+        JobSpec(entrypoint=[PY, "-c", "pass"], nproc_per_node=2, min_nodes=2, max_nodes=2)
+    )
     assert ok.wait(TIMEOUT).state == WorkerState.SUCCEEDED
 
 
@@ -151,11 +206,17 @@ def test_cancel_stops_every_worker(cluster: LocalCluster, tmp_path: Path) -> Non
     out = tmp_path / "out"
     out.mkdir()
     spec = JobSpec(
-        entrypoint=[PY, script("crash_once.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
-        env={"OUT_DIR": str(out), "CRASH_UNTIL": "0", "SLEEP": "120"}, stop_grace=5,
+        entrypoint=[PY, script("crash_once.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        env={"OUT_DIR": str(out), "CRASH_UNTIL": "0", "SLEEP": "120"},
+        stop_grace=5,
     )
     job = cluster.client.submit(spec)
-    poll_until(lambda: len([w for w in job.status().workers if w.pid]) == 4, 60, what="4 workers running")
+    poll_until(
+        lambda: len([w for w in job.status().workers if w.pid]) == 4, 60, what="4 workers running"
+    )
     pids = [w.pid for w in job.status().workers]
     job.cancel()
     result = job.wait(60)
@@ -169,36 +230,58 @@ def test_status_shows_health_per_rank(cluster: LocalCluster, tmp_path: Path) -> 
     out = tmp_path / "out"
     out.mkdir()
     spec = JobSpec(
-        entrypoint=[PY, script("crash_once.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
-        env={"OUT_DIR": str(out), "CRASH_UNTIL": "0", "SLEEP": "30"}, stop_grace=5,
+        entrypoint=[PY, script("crash_once.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        env={"OUT_DIR": str(out), "CRASH_UNTIL": "0", "SLEEP": "30"},
+        stop_grace=5,
     )
     job = cluster.client.submit(spec)
-    poll_until(lambda: all(w.rss_bytes > 0 for w in job.status().workers) and len(job.status().workers) == 4,
-               60, what="health samples of every rank")
+    poll_until(
+        lambda: (
+            all(w.rss_bytes > 0 for w in job.status().workers) and len(job.status().workers) == 4
+        ),
+        60,
+        what="health samples of every rank",
+    )
     for w in job.status().workers:
         assert w.state == WorkerState.HEALTHY and w.pid > 0 and w.proc_state
     job.cancel()
     job.wait(60)
 
 
-def _train(c: LocalCluster, tmp: Path, name: str, env: dict[str, str], **kw: Any) -> tuple[Any, Path]:
+def _train(
+    c: LocalCluster, tmp: Path, name: str, env: dict[str, str], **kw: Any
+) -> tuple[Any, Path]:
     out, ckpt = tmp / f"{name}-out", tmp / f"{name}-ckpt"
     out.mkdir()
     ckpt.mkdir()
     spec = JobSpec(
-        entrypoint=[PY, script("ckpt_train.py")], nproc_per_node=2,
-        env={"OUT_DIR": str(out), "CKPT_DIR": str(ckpt), "STEPS": "30", **env}, stop_grace=5, **kw,
+        entrypoint=[PY, script("ckpt_train.py")],
+        nproc_per_node=2,
+        env={"OUT_DIR": str(out), "CKPT_DIR": str(ckpt), "STEPS": "30", **env},
+        stop_grace=5,
+        **kw,
     )
     return c.client.submit(spec), out
 
 
-def test_checkpointed_training_survives_a_crash_and_an_agent_kill(make_cluster: Any, tmp_path: Path) -> None:
+def test_checkpointed_training_survives_a_crash_and_an_agent_kill(
+    make_cluster: Any, tmp_path: Path
+) -> None:
     c: LocalCluster = make_cluster(nodes=3)
     ref_job, ref_out = _train(c, tmp_path, "ref", {}, min_nodes=3, max_nodes=3)
     assert ref_job.wait(TIMEOUT).state == WorkerState.SUCCEEDED
     job, out = _train(
-        c, tmp_path, "chaos", {"CRASH_AT_STEP": "5", "CRASH_RANK": "1", "STEP_SLEEP": "0.15"},
-        min_nodes=2, max_nodes=3, max_restarts=2, last_call_timeout=1,
+        c,
+        tmp_path,
+        "chaos",
+        {"CRASH_AT_STEP": "5", "CRASH_RANK": "1", "STEP_SLEEP": "0.15"},
+        min_nodes=2,
+        max_nodes=3,
+        max_restarts=2,
+        last_call_timeout=1,
     )
     progress = out / "progress"
 
@@ -220,10 +303,17 @@ def test_checkpointed_training_survives_a_crash_and_an_agent_kill(make_cluster: 
         assert torch.allclose(ref[k], got[k], atol=1e-5), (k, ref[k], got[k])
 
 
-def test_a_stopped_worker_makes_the_group_unhealthy_and_fails_the_job(cluster: LocalCluster) -> None:
+def test_a_stopped_worker_makes_the_group_unhealthy_and_fails_the_job(
+    cluster: LocalCluster,
+) -> None:
     spec = JobSpec(
-        entrypoint=[PY, script("stop_self.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
-        env={"STOP_RANK": "2"}, unhealthy_timeout=1.0, stop_grace=5,
+        entrypoint=[PY, script("stop_self.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        env={"STOP_RANK": "2"},
+        unhealthy_timeout=1.0,
+        stop_grace=5,
     )
     job = cluster.client.submit(spec)
     result = job.wait(TIMEOUT)
@@ -236,15 +326,23 @@ def test_a_stopped_worker_makes_the_group_unhealthy_and_fails_the_job(cluster: L
 
 
 def test_binary_workers_die_with_their_agent(cluster: LocalCluster) -> None:
-    spec = JobSpec(entrypoint=["sleep", "300"], nproc_per_node=2, min_nodes=2, max_nodes=2, stop_grace=5)
+    spec = JobSpec(
+        entrypoint=["sleep", "300"], nproc_per_node=2, min_nodes=2, max_nodes=2, stop_grace=5
+    )
     job = cluster.client.submit(spec)
-    poll_until(lambda: len([w for w in job.status().workers if w.pid]) == 4, 60, what="4 workers running")
+    poll_until(
+        lambda: len([w for w in job.status().workers if w.pid]) == 4, 60, what="4 workers running"
+    )
     victims = [w.pid for w in job.status().workers if w.node == "node-1"]
     assert all(psutil.Process(p).name() == "sleep" for p in victims)  # exec'd in place: same pid
     cluster.kill_agent("node-1")
     poll_until(
-        lambda: all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in victims),
-        10, what="the dead agent's workers to die",
+        lambda: all(
+            not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+            for p in victims
+        ),
+        10,
+        what="the dead agent's workers to die",
     )
     job.cancel()
     job.wait(60)

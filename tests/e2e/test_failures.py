@@ -17,8 +17,12 @@ REPO = str(Path(__file__).resolve().parents[2])
 @pytest.mark.parametrize("use_record", ["1", "0"], ids=["torch-record", "no-decorator"])
 def test_root_cause_is_the_rank_that_raised_first(cluster: LocalCluster, use_record: str) -> None:
     spec = JobSpec(
-        entrypoint=[PY, script("raise_first.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
-        env={"RAISE_RANK": "1", "USE_RECORD": use_record}, stop_grace=10,
+        entrypoint=[PY, script("raise_first.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        env={"RAISE_RANK": "1", "USE_RECORD": use_record},
+        stop_grace=10,
     )
     result = cluster.client.submit(spec).wait(TIMEOUT)
     assert result.is_failed()
@@ -40,8 +44,12 @@ def test_root_cause_is_the_rank_that_raised_first(cluster: LocalCluster, use_rec
 
 def test_sigkill_names_the_signal_and_keeps_the_stderr_tail(cluster: LocalCluster) -> None:
     spec = JobSpec(
-        entrypoint=[PY, script("sigkill_self.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
-        env={"KILL_RANK": "2", "SLEEP": "60"}, stop_grace=5,
+        entrypoint=[PY, script("sigkill_self.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        env={"KILL_RANK": "2", "SLEEP": "60"},
+        stop_grace=5,
     )
     result = cluster.client.submit(spec).wait(TIMEOUT)
     assert result.is_failed()
@@ -55,8 +63,14 @@ def test_sigkill_names_the_signal_and_keeps_the_stderr_tail(cluster: LocalCluste
 
 def test_function_entrypoint_returns_values_by_global_rank(cluster: LocalCluster) -> None:
     spec = JobSpec(
-        entrypoint="tests.e2e.funcs:report_rank", args=("hi",), kwargs={"scale": 10},
-        nproc_per_node=2, min_nodes=2, max_nodes=2, cwd=REPO, env={"PYTHONPATH": REPO},
+        entrypoint="tests.e2e.funcs:report_rank",
+        args=("hi",),
+        kwargs={"scale": 10},
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        cwd=REPO,
+        env={"PYTHONPATH": REPO},
     )
     result = cluster.client.submit(spec).wait(TIMEOUT)
     assert result.state == WorkerState.SUCCEEDED, result.format_failures()
@@ -66,7 +80,10 @@ def test_function_entrypoint_returns_values_by_global_rank(cluster: LocalCluster
 
 def test_logs_of_a_rank_come_from_its_agent(cluster: LocalCluster) -> None:
     spec = JobSpec(
-        entrypoint=[PY, script("sigkill_self.py")], nproc_per_node=2, min_nodes=2, max_nodes=2,
+        entrypoint=[PY, script("sigkill_self.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
     )
     job = cluster.client.submit(spec)
     result = job.wait(TIMEOUT)

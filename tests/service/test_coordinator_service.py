@@ -20,7 +20,9 @@ STEP = 10.0
 class FakeNode:
     """A scripted node agent speaking the real session protocol."""
 
-    def __init__(self, address: str, name: str, addr: str, slots: int = 2, incarnation: str = "") -> None:
+    def __init__(
+        self, address: str, name: str, addr: str, slots: int = 2, incarnation: str = ""
+    ) -> None:
         self.address, self.name, self.addr, self.slots = address, name, addr, slots
         self.incarnation = incarnation or f"inc-{name}"
         self.outbox: asyncio.Queue[pb.NodeMessage | None] = asyncio.Queue()
@@ -28,8 +30,13 @@ class FakeNode:
         self.call: grpc.aio.StreamStreamCall | None = None  # type: ignore[type-arg]
 
     async def connect(self, running: list[pb.RunningGroup] | None = None) -> pb.CoordinatorMessage:
-        hello = pb.Hello(name=self.name, addr=self.addr, slots=self.slots, incarnation=self.incarnation,
-                         running=running or [])
+        hello = pb.Hello(
+            name=self.name,
+            addr=self.addr,
+            slots=self.slots,
+            incarnation=self.incarnation,
+            running=running or [],
+        )
         await self.outbox.put(pb.NodeMessage(hello=hello))
 
         async def gen() -> AsyncIterator[pb.NodeMessage]:
@@ -60,7 +67,9 @@ class FakeNode:
 
 @pytest.fixture
 async def coordinator() -> AsyncIterator[Coordinator]:
-    async with Coordinator(CoordinatorConfig(state_dir=":memory:", port=0, lease=30.0, heartbeat_interval=1.0)) as c:
+    async with Coordinator(
+        CoordinatorConfig(state_dir=":memory:", port=0, lease=30.0, heartbeat_interval=1.0)
+    ) as c:
         yield c
 
 
@@ -73,25 +82,45 @@ def client(coordinator: Coordinator) -> Client:
 
 async def _run_round(a: FakeNode, b: FakeNode) -> tuple[pb.Assign, pb.Assign]:
     rp = await a.expect("reserve_port")
-    await a.send(port_reserved=pb.PortReserved(job_id=rp.reserve_port.job_id, round=rp.reserve_port.round, port=40000))
+    await a.send(
+        port_reserved=pb.PortReserved(
+            job_id=rp.reserve_port.job_id, round=rp.reserve_port.round, port=40000
+        )
+    )
     aa = (await a.expect("assign")).assign
     ab = (await b.expect("assign")).assign
     for node, asg in ((a, aa), (b, ab)):
-        await node.send(workers_started=pb.WorkersStarted(
-            job_id=asg.job_id, round=asg.round,
-            workers=[pb.WorkerPid(local_rank=w.local_rank, pid=1000 + w.global_rank, global_rank=w.global_rank)
-                     for w in asg.workers]))
+        await node.send(
+            workers_started=pb.WorkersStarted(
+                job_id=asg.job_id,
+                round=asg.round,
+                workers=[
+                    pb.WorkerPid(
+                        local_rank=w.local_rank, pid=1000 + w.global_rank, global_rank=w.global_rank
+                    )
+                    for w in asg.workers
+                ],
+            )
+        )
     return aa, ab
 
 
 def _exit(asg: pb.Assign, local_rank: int, code: int, **kw: object) -> pb.NodeMessage:
     g = asg.workers[local_rank].global_rank
-    return pb.NodeMessage(worker_exited=pb.WorkerExited(
-        job_id=asg.job_id, round=asg.round,
-        exit=pb.WorkerExit(local_rank=local_rank, global_rank=g, pid=1000 + g, exitcode=code, **kw)))  # type: ignore[arg-type]
+    return pb.NodeMessage(
+        worker_exited=pb.WorkerExited(
+            job_id=asg.job_id,
+            round=asg.round,
+            exit=pb.WorkerExit(
+                local_rank=local_rank, global_rank=g, pid=1000 + g, exitcode=code, **kw
+            ),
+        )
+    )  # type: ignore[arg-type]
 
 
-async def test_two_by_two_job_succeeds_with_return_values(coordinator: Coordinator, client: Client) -> None:
+async def test_two_by_two_job_succeeds_with_return_values(
+    coordinator: Coordinator, client: Client
+) -> None:
     spec = JobSpec(entrypoint=["python", "train.py"], nproc_per_node=2, min_nodes=2, max_nodes=2)
     job = await asyncio.to_thread(client.submit, spec)
     status = await asyncio.to_thread(job.status)
@@ -111,8 +140,13 @@ async def test_two_by_two_job_succeeds_with_return_values(coordinator: Coordinat
     assert await asyncio.to_thread(job.poll) is None
     for node, asg in ((a, aa), (b, ab)):
         for lr in range(2):
-            msg = _exit(asg, lr, 0, return_value=pickle.dumps({"rank": asg.workers[lr].global_rank}),
-                        has_return_value=True)
+            msg = _exit(
+                asg,
+                lr,
+                0,
+                return_value=pickle.dumps({"rank": asg.workers[lr].global_rank}),
+                has_return_value=True,
+            )
             await node.outbox.put(msg)
     await a.expect("release")
     await b.expect("release")
@@ -124,7 +158,9 @@ async def test_two_by_two_job_succeeds_with_return_values(coordinator: Coordinat
     await b.close()
 
 
-async def test_failure_stops_every_node_and_fails_the_job(coordinator: Coordinator, client: Client) -> None:
+async def test_failure_stops_every_node_and_fails_the_job(
+    coordinator: Coordinator, client: Client
+) -> None:
     spec = JobSpec(entrypoint=["python", "train.py"], nproc_per_node=2, min_nodes=2, max_nodes=2)
     job = await asyncio.to_thread(client.submit, spec)
     a = FakeNode(coordinator.address, "node-a", "127.0.0.1")
@@ -161,11 +197,15 @@ async def test_bad_spec_is_invalid_argument_naming_the_field(client: Client) -> 
     # Bypass client-side validation: the server must refuse on its own.
     stub = pb_grpc.CoordinatorStub(grpc.insecure_channel(client.address))
     with pytest.raises(grpc.RpcError) as err:
-        await asyncio.to_thread(stub.Submit, pb.SubmitRequest(spec=pb.JobSpec(entrypoint=[], nproc_per_node=1)))
+        await asyncio.to_thread(
+            stub.Submit, pb.SubmitRequest(spec=pb.JobSpec(entrypoint=[], nproc_per_node=1))
+        )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     assert "entrypoint" in err.value.details()  # type: ignore[attr-defined]
     with pytest.raises(grpc.RpcError) as err:
-        await asyncio.to_thread(stub.Submit, pb.SubmitRequest(spec=pb.JobSpec(entrypoint=["x"], env={"A=B": "1"})))
+        await asyncio.to_thread(
+            stub.Submit, pb.SubmitRequest(spec=pb.JobSpec(entrypoint=["x"], env={"A=B": "1"}))
+        )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     assert "env" in err.value.details()  # type: ignore[attr-defined]
 

@@ -117,7 +117,9 @@ specs = st.builds(
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=specs)
-def test_submit_of_any_spec_is_accepted_or_refused_naming_a_field(channel: grpc.Channel, spec: pb.JobSpec) -> None:
+def test_submit_of_any_spec_is_accepted_or_refused_naming_a_field(
+    channel: grpc.Channel, spec: pb.JobSpec
+) -> None:
     stub = pb_grpc.CoordinatorStub(channel)
     try:
         resp = stub.Submit(pb.SubmitRequest(spec=spec), timeout=10)
@@ -138,33 +140,90 @@ def test_reads_with_any_arguments_get_a_status(
         _code(stub.GetJob, pb.GetJobRequest(job_id=job_id)),
         _code(stub.GetEvents, pb.GetEventsRequest(job_id=job_id, after_seq=after)),
         _code(stub.CancelJob, pb.CancelJobRequest(job_id=job_id)),
-        _code(lambda req, timeout: list(stub.ReadLogs(req, timeout=timeout)),
-              pb.ReadLogsRequest(job_id=job_id, rank=rank, stream=stream, attempt=attempt)),
+        _code(
+            lambda req, timeout: list(stub.ReadLogs(req, timeout=timeout)),
+            pb.ReadLogsRequest(job_id=job_id, rank=rank, stream=stream, attempt=attempt),
+        ),
     ]
     assert set(codes) <= ACCEPTABLE, codes
 
 
 node_messages = st.one_of(
-    st.builds(lambda s, g: pb.NodeMessage(heartbeat=pb.Heartbeat(seq=s, groups=g)), big_ints,
-              st.lists(st.builds(pb.GroupHealth, job_id=texts, round=i32,
-                                 workers=st.lists(st.builds(pb.WorkerHealth, local_rank=i32, pid=i32,
-                                                            cpu_percent=st.floats(), rss_bytes=big_ints,
-                                                            proc_state=texts), max_size=2)), max_size=2)),
-    st.builds(lambda j, r, p, e: pb.NodeMessage(port_reserved=pb.PortReserved(job_id=j, round=r, port=p, error=e)),
-              texts, i32, i32, texts),
-    st.builds(lambda j, r, w: pb.NodeMessage(workers_started=pb.WorkersStarted(job_id=j, round=r, workers=w)),
-              texts, i32, st.lists(st.builds(pb.WorkerPid, local_rank=i32, pid=i32, global_rank=i32), max_size=3)),
-    st.builds(lambda j, r, x: pb.NodeMessage(worker_exited=pb.WorkerExited(job_id=j, round=r, exit=x)),
-              texts, i32,
-              st.builds(pb.WorkerExit, local_rank=i32, global_rank=i32, pid=i32, exitcode=i32,
-                        stopped_by_agent=st.booleans(), has_failure=st.booleans(),
-                        failure=st.builds(pb.ProcessFailure, message=texts, timestamp=st.floats()),
-                        return_value=st.binary(max_size=32), has_return_value=st.booleans(),
-                        timestamp=st.floats())),
-    st.builds(lambda j, r, u: pb.NodeMessage(group_stopped=pb.GroupStopped(job_id=j, round=r, unkillable_pids=u)),
-              texts, i32, st.lists(i32, max_size=3)),
-    st.builds(lambda i, d: pb.NodeMessage(log_chunk=pb.LogChunk(request_id=i, data=d)), big_ints, st.binary(max_size=32)),
-    st.builds(lambda h: pb.NodeMessage(hello=h), st.builds(pb.Hello, name=texts, addr=texts, slots=i32, incarnation=texts)),
+    st.builds(
+        lambda s, g: pb.NodeMessage(heartbeat=pb.Heartbeat(seq=s, groups=g)),
+        big_ints,
+        st.lists(
+            st.builds(
+                pb.GroupHealth,
+                job_id=texts,
+                round=i32,
+                workers=st.lists(
+                    st.builds(
+                        pb.WorkerHealth,
+                        local_rank=i32,
+                        pid=i32,
+                        cpu_percent=st.floats(),
+                        rss_bytes=big_ints,
+                        proc_state=texts,
+                    ),
+                    max_size=2,
+                ),
+            ),
+            max_size=2,
+        ),
+    ),
+    st.builds(
+        lambda j, r, p, e: pb.NodeMessage(
+            port_reserved=pb.PortReserved(job_id=j, round=r, port=p, error=e)
+        ),
+        texts,
+        i32,
+        i32,
+        texts,
+    ),
+    st.builds(
+        lambda j, r, w: pb.NodeMessage(
+            workers_started=pb.WorkersStarted(job_id=j, round=r, workers=w)
+        ),
+        texts,
+        i32,
+        st.lists(st.builds(pb.WorkerPid, local_rank=i32, pid=i32, global_rank=i32), max_size=3),
+    ),
+    st.builds(
+        lambda j, r, x: pb.NodeMessage(worker_exited=pb.WorkerExited(job_id=j, round=r, exit=x)),
+        texts,
+        i32,
+        st.builds(
+            pb.WorkerExit,
+            local_rank=i32,
+            global_rank=i32,
+            pid=i32,
+            exitcode=i32,
+            stopped_by_agent=st.booleans(),
+            has_failure=st.booleans(),
+            failure=st.builds(pb.ProcessFailure, message=texts, timestamp=st.floats()),
+            return_value=st.binary(max_size=32),
+            has_return_value=st.booleans(),
+            timestamp=st.floats(),
+        ),
+    ),
+    st.builds(
+        lambda j, r, u: pb.NodeMessage(
+            group_stopped=pb.GroupStopped(job_id=j, round=r, unkillable_pids=u)
+        ),
+        texts,
+        i32,
+        st.lists(i32, max_size=3),
+    ),
+    st.builds(
+        lambda i, d: pb.NodeMessage(log_chunk=pb.LogChunk(request_id=i, data=d)),
+        big_ints,
+        st.binary(max_size=32),
+    ),
+    st.builds(
+        lambda h: pb.NodeMessage(hello=h),
+        st.builds(pb.Hello, name=texts, addr=texts, slots=i32, incarnation=texts),
+    ),
     st.just(pb.NodeMessage()),
 )
 
@@ -172,8 +231,10 @@ _counter = iter(range(10**9))
 
 
 @settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(first=st.builds(pb.Hello, name=texts, addr=texts, slots=i32, incarnation=texts) | st.just(None),
-       messages=st.lists(node_messages, max_size=8))
+@given(
+    first=st.builds(pb.Hello, name=texts, addr=texts, slots=i32, incarnation=texts) | st.just(None),
+    messages=st.lists(node_messages, max_size=8),
+)
 def test_node_sessions_with_any_messages_never_hurt_the_server(
     channel: grpc.Channel, first: pb.Hello | None, messages: list[pb.NodeMessage]
 ) -> None:
@@ -194,7 +255,10 @@ def test_node_sessions_with_any_messages_never_hurt_the_server(
         for _ in call:
             pass
     except grpc.RpcError as exc:
-        assert exc.code() in ACCEPTABLE | {grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}, exc  # type: ignore[attr-defined]
+        assert exc.code() in ACCEPTABLE | {
+            grpc.StatusCode.CANCELLED,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+        }, exc  # type: ignore[attr-defined]
     # Still serving, and still sane.
     stub = pb_grpc.CoordinatorStub(channel)
     stub.ListNodes(pb.ListNodesRequest(), timeout=10)

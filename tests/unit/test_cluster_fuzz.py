@@ -34,33 +34,71 @@ texts = st.text(max_size=40)
 
 failure = st.builds(
     ProcessFailure,
-    global_rank=small, local_rank=small, pid=ints, exitcode=ints, message=texts, timestamp=floats,
-    node=texts, traceback=texts,
+    global_rank=small,
+    local_rank=small,
+    pid=ints,
+    exitcode=ints,
+    message=texts,
+    timestamp=floats,
+    node=texts,
+    traceback=texts,
 )
 exit_report = st.builds(
     WorkerExitReport,
-    local_rank=small, global_rank=small, pid=st.integers(min_value=0, max_value=50), exitcode=ints,
-    stopped_by_agent=st.booleans(), failure=st.none() | failure,
-    return_value=st.none() | st.binary(max_size=20), timestamp=floats,
+    local_rank=small,
+    global_rank=small,
+    pid=st.integers(min_value=0, max_value=50),
+    exitcode=ints,
+    stopped_by_agent=st.booleans(),
+    failure=st.none() | failure,
+    return_value=st.none() | st.binary(max_size=20),
+    timestamp=floats,
 )
 node = st.sampled_from(NODES)
 job = st.sampled_from(JOBS)
 rnd = st.integers(min_value=-1, max_value=6)
 
 action = st.one_of(
-    st.tuples(st.just("connect"), node, st.sampled_from(["a", "b"]), st.integers(0, 4),
-              st.lists(st.builds(RunningGroupReport, job_id=job, round=rnd, attempt=small,
-                                 pids=st.lists(st.tuples(small, ints), max_size=3).map(tuple),
-                                 exits=st.lists(exit_report, max_size=2).map(tuple),
-                                 stopped=st.booleans()), max_size=2)),
+    st.tuples(
+        st.just("connect"),
+        node,
+        st.sampled_from(["a", "b"]),
+        st.integers(0, 4),
+        st.lists(
+            st.builds(
+                RunningGroupReport,
+                job_id=job,
+                round=rnd,
+                attempt=small,
+                pids=st.lists(st.tuples(small, ints), max_size=3).map(tuple),
+                exits=st.lists(exit_report, max_size=2).map(tuple),
+                stopped=st.booleans(),
+            ),
+            max_size=2,
+        ),
+    ),
     st.tuples(st.just("disconnect"), node, st.sampled_from(["a", "b"])),
     st.tuples(st.just("port"), node, job, rnd, st.integers(-5, 70000), texts),
     st.tuples(st.just("started"), node, job, rnd, st.lists(st.tuples(small, ints), max_size=3)),
     st.tuples(st.just("exited"), node, job, rnd, exit_report),
     st.tuples(st.just("stopped"), node, job, rnd, st.lists(ints, max_size=2)),
-    st.tuples(st.just("heartbeat"), node, job, rnd,
-              st.lists(st.builds(WorkerHealthSample, local_rank=small, pid=ints, cpu_percent=floats,
-                                 rss_bytes=ints, proc_state=texts), max_size=2)),
+    st.tuples(
+        st.just("heartbeat"),
+        node,
+        job,
+        rnd,
+        st.lists(
+            st.builds(
+                WorkerHealthSample,
+                local_rank=small,
+                pid=ints,
+                cpu_percent=floats,
+                rss_bytes=ints,
+                proc_state=texts,
+            ),
+            max_size=2,
+        ),
+    ),
     st.tuples(st.just("submit"), st.integers(1, 3), st.integers(1, 3), st.integers(0, 2)),
     st.tuples(st.just("cancel"), job),
     st.tuples(st.just("tick"), st.floats(min_value=0, max_value=40)),
@@ -104,9 +142,17 @@ class _Driver:
         elif kind == "submit":
             _, lo, hi, restarts = a
             if self.submitted < 2:
-                spec = JobSpec(entrypoint=["x"], min_nodes=min(lo, hi), max_nodes=max(lo, hi),
-                               nproc_per_node=1, max_restarts=restarts, last_call_timeout=1.0,
-                               join_timeout=20.0, stop_grace=1.0, exit_barrier_timeout=5.0)
+                spec = JobSpec(
+                    entrypoint=["x"],
+                    min_nodes=min(lo, hi),
+                    max_nodes=max(lo, hi),
+                    nproc_per_node=1,
+                    max_restarts=restarts,
+                    last_call_timeout=1.0,
+                    join_timeout=20.0,
+                    stop_grace=1.0,
+                    exit_barrier_timeout=5.0,
+                )
                 c.submit(f"j{self.submitted}", spec, now)
                 self.submitted += 1
         elif kind == "cancel":
@@ -147,7 +193,9 @@ def test_random_message_sequences_never_break_the_cluster(actions: list[tuple[An
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(exit_report, min_size=1, max_size=6))
-def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(reports: list[WorkerExitReport]) -> None:
+def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(
+    reports: list[WorkerExitReport],
+) -> None:
     d = _Driver()
     c = d.c
     c.submit("j0", JobSpec(entrypoint=["x"], nproc_per_node=2, min_nodes=2, max_nodes=2), d.now)
@@ -157,8 +205,11 @@ def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(reports: list[Wor
         d.inc[name] = "a"
     ports = [e for e in effects if isinstance(e, RequestPort)]
     assert len(ports) == 1
-    assigns = [e for e in c.port_reserved(ports[0].node, "a", "j0", ports[0].round, 4000, "", d.now)
-               if isinstance(e, AssignRound)]
+    assigns = [
+        e
+        for e in c.port_reserved(ports[0].node, "a", "j0", ports[0].round, 4000, "", d.now)
+        if isinstance(e, AssignRound)
+    ]
     assert len(assigns) == 2
     for e in assigns:
         c.workers_started(e.node, "a", "j0", e.assignment.round, [(0, 10), (1, 11)], d.now)

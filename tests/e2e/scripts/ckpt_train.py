@@ -37,18 +37,24 @@ def main() -> None:
         g = torch.Generator().manual_seed(step)
         x = torch.randn(GLOBAL_BATCH, 8, generator=g)
         y = x.sum(dim=1, keepdim=True)
-        xs, ys = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+        xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
         loss = torch.nn.functional.mse_loss(ddp(xs), ys)
         opt.zero_grad()
         loss.backward()
         opt.step()
         if rank == 0:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp")
+            torch.save(
+                {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp"
+            )
             os.replace(ckpt + ".tmp", ckpt)
             with open(os.path.join(os.environ["OUT_DIR"], "progress"), "a") as f:
                 f.write(f"{attempt} {world} {step}\n")
         dist.barrier()
-        if attempt == 0 and str(rank) == os.environ.get("CRASH_RANK") and step == int(os.environ.get("CRASH_AT_STEP", "-1")):
+        if (
+            attempt == 0
+            and str(rank) == os.environ.get("CRASH_RANK")
+            and step == int(os.environ.get("CRASH_AT_STEP", "-1"))
+        ):
             print(f"rank {rank} crashing at step {step}", file=sys.stderr, flush=True)
             os._exit(1)
         time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
