@@ -1130,6 +1130,14 @@ class Cluster:
                 self._back_to_queue(job, reason, now)
             return
         job.stop_kind, job.stop_reason = kind, reason
+        if job.barrier_deadline is not None:
+            waiting = [m.node for m in job.members if m.done and not m.released]
+            self._event(
+                job,
+                now,
+                "barrier_released",
+                f"exit barrier released at once for {len(waiting)} finished node(s): {reason}",
+            )
         job.barrier_deadline = None
         self._transition(job, JobState.STOPPING, now)
         self._set_reason(job, reason, now)

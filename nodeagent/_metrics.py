@@ -18,7 +18,6 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import psutil
 
@@ -33,19 +32,14 @@ logger = logging.getLogger(__name__)
 STOP_JOIN_S = 5.0
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # a scrape every few seconds must not fill the agent's log
-
-
 class MetricsEndpoint:
     """`GET /metrics` for one registry: prometheus_client's WSGI app on one daemon thread.
 
     One long-lived thread serves every scrape in turn. prometheus_client's `start_http_server`
-    starts a thread per request instead; the agent forks workers with a `preexec_fn`, which runs
-    Python's `threading._after_fork` in the child, and threads coming and going in the parent at
-    that moment are what fork-with-threads handles worst. A scrape takes milliseconds, so serving
-    them one at a time costs nothing.
+    starts a thread per request instead, and the agent forks workers: threads coming and going
+    in the parent at that moment are what fork-with-threads handles worst. A scrape takes
+    milliseconds, so serving them one at a time costs nothing. The HTTP modules are imported
+    only when metrics are on, to keep an idle agent small.
 
     `start()` binds (an OSError names the address); `stop()` shuts the server down, closes its
     socket and joins its thread. Both are idempotent.
@@ -55,7 +49,7 @@ class MetricsEndpoint:
         self.registry = registry
         self.host = host
         self.port = port
-        self._server: WSGIServer | None = None
+        self._server: Any = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -66,7 +60,13 @@ class MetricsEndpoint:
     def start(self) -> None:
         if self._server is not None:
             return
+        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
         from prometheus_client import make_wsgi_app
+
+        class _QuietHandler(WSGIRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # a scrape every few seconds must not fill the agent's log
 
         try:
             family = socket.getaddrinfo(

@@ -89,6 +89,7 @@ def test_failure_on_any_node_fails_the_whole_job_at_once(
     assert result.is_failed() and set(result.failures) == {3}
     events = [e.kind for e in job.events()]
     assert "barrier_wait" in events  # node 0's ranks finished first and waited
+    assert events.index("barrier_wait") < events.index("barrier_released")
     status = job.status()
     assert status.finished_at - status.submitted_at < 30
 

@@ -216,3 +216,22 @@ def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(
     for i, rep in enumerate(reports):
         c.worker_exited(NODES[i % 2], "a", "j0", assigns[0].assignment.round, rep, d.now)
         d.check()
+
+
+def test_an_oversized_return_value_is_a_failure_that_names_the_limit() -> None:
+    from client._model import MAX_RETURN_VALUE_BYTES
+
+    c = Cluster()
+    c.submit("j", JobSpec(entrypoint="pkg.mod:fn", nproc_per_node=1), 0.0)
+    effects = c.node_connected("a", "127.0.0.1", 1, "i", 0.0)
+    (port,) = [e for e in effects if isinstance(e, RequestPort)]
+    c.port_reserved("a", "i", "j", port.round, 4000, "", 0.1)
+    c.workers_started("a", "i", "j", port.round, [(0, 7)], 0.2)
+    big = b"x" * (MAX_RETURN_VALUE_BYTES + 1)
+    c.worker_exited("a", "i", "j", port.round, WorkerExitReport(0, 0, 7, 0, return_value=big), 0.3)
+    c.group_stopped("a", "i", "j", port.round, [], 0.4)
+    result = c.job_result("j")
+    assert result is not None and result.is_failed()
+    assert result.return_values == {}
+    assert "over the limit" in result.failures[0].message
+    assert str(MAX_RETURN_VALUE_BYTES) in result.failures[0].message
