@@ -300,7 +300,7 @@ class NetnsCluster:
             sys.executable, "-m", "coordinator.cli", "serve",
             "--host", host.addr, "--port", "0", "--port-file", str(port_file),
             "--lease", str(self.lease), "--heartbeat-interval", str(self.heartbeat_interval),
-            "--insecure",
+            "--insecure", "--state-dir", str(self.workdir / "coordinator-state"),
         ]  # fmt: skip
         popen = self._spawn("coordinator", host, argv).popen
         poll_until(

@@ -21,7 +21,7 @@ from bench._common import TORCHRUN
 from client._local import poll_until
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT = 150
+TIMEOUT = 180
 MARK = "GELASTIC_BENCH_SMOKE"
 SCALE_METRICS = [
     ("rendezvous_scale", "N=10 submit -> all assigned"),
@@ -32,6 +32,11 @@ SCALE_METRICS = [
     ("footprint", "idle agent RSS (MB)"),
     ("footprint", "idle agent CPU (%)"),
     ("footprint", "agent RSS, 8 workers (MB)"),
+    ("coordinator_restart", "2 agents: restart -> recovered"),
+    ("coordinator_restart", "2 agents: restart -> all adopted"),
+    ("coordinator_restart", "10 simulated agents: restart -> recovered"),
+    ("submit_throughput", "1 client thread: jobs/s (50 jobs)"),
+    ("submit_throughput", "8 client threads: jobs/s (50 jobs)"),
 ]
 
 
@@ -82,7 +87,7 @@ def test_quick_bench_reports_every_scenario(tmp_path: Path) -> None:
         assert all(v is not None and v > 0 for v in medians), (scenario, medians)
     systems = {m["system"] for m in doc["measurements"]}
     assert systems == {"gelastic", "torchrun"}
-    # The scale scenarios at their smallest size, each metric with its one sample.
+    # The scale, restart and throughput scenarios at their smallest size, one sample each.
     metrics = {(m["scenario"], m["metric"]): m for m in doc["measurements"]}
     for key in SCALE_METRICS:
         assert key in metrics, f"{key} missing from {out}"

@@ -335,7 +335,15 @@ def test_binary_workers_die_with_their_agent(cluster: LocalCluster) -> None:
         lambda: len([w for w in job.status().workers if w.pid]) == 4, 60, what="4 workers running"
     )
     victims = [w.pid for w in job.status().workers if w.node == "node-1"]
-    assert all(psutil.Process(p).name() == "sleep" for p in victims)  # exec'd in place: same pid
+
+    def named_sleep() -> bool:
+        try:
+            return all(psutil.Process(p).name() == "sleep" for p in victims)
+        except psutil.NoSuchProcess:
+            return False
+
+    # The stub arms the parent-death signal and execs in place: the pid stays the worker's.
+    poll_until(named_sleep, 10, what="the workers to exec sleep")
     cluster.kill_agent("node-1")
     poll_until(
         lambda: all(
