@@ -24,6 +24,8 @@ SCENARIOS = (
     "rendezvous_scale",
     "heartbeat_capacity",
     "footprint",
+    "coordinator_restart",
+    "submit_throughput",
 )
 DEFAULT_RUNS = 5
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "results.json"

@@ -8,8 +8,15 @@ nodes share one process (one asyncio loop) and a few gRPC channels, so 10,000 no
 small host; `SimFleet` spreads them over a few such processes and talks to each over its
 stdin/stdout (one JSON line per command and per answer).
 
+With `resume`, a node also behaves like the real agent across a coordinator restart: it keeps
+the rounds it holds when its session ends and reports them in the Hello of its next session
+(`running=[RunningGroup(job_id, round, attempt, workers=[WorkerPid...])]`), and it opens a gRPC
+channel of its own for every session attempt (as the agent does), so no channel-level connect
+backoff is shared between nodes or carried from one attempt to the next.
+
 `CoordinatorProcess` runs `coordinator serve` as a process of its own, so its CPU time and
-peak RSS are measured apart from everything else.
+peak RSS are measured apart from everything else; `kill()` and `start()` again restart it on
+the same port and state directory.
 
 `python -m bench._simnodes --address HOST:PORT --first I --count N ...` is one fleet process.
 """
@@ -61,8 +68,12 @@ HEARTBEAT_SLICES = 20
 """Heartbeats of a fleet process are sent in this many evenly spaced batches per interval."""
 FAKE_PORT = 29500
 FAKE_PID_BASE = 1_000_000
+RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 5.0
-"""Longest pause between session attempts; the pause is random (full jitter), as the agent's."""
+"""Pauses between session attempts: random in [0, d] (full jitter), d doubling from
+RECONNECT_MIN_S up to RECONNECT_MAX_S and back to RECONNECT_MIN_S after a session that lasted
+over RECONNECT_RESET_S: the same schedule as the node agent's (`nodeagent/_session.py`)."""
+RECONNECT_RESET_S = 10.0
 
 
 def node_name(index: int) -> str:
@@ -82,11 +93,19 @@ class CoordinatorProcess:
     """`coordinator serve --port 0` as a process of its own, its durable state and its output
     in a fresh temporary directory (removed by `stop()`)."""
 
-    def __init__(self, *, lease: float, heartbeat_interval: float, log_level: str = "INFO") -> None:
+    def __init__(
+        self,
+        *,
+        lease: float,
+        heartbeat_interval: float,
+        log_level: str = "INFO",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix="gelastic-bench-coord-"))
         self.lease = lease
         self.heartbeat_interval = heartbeat_interval
         self.log_level = log_level
+        self.extra_args = extra_args
         self.popen: subprocess.Popen[bytes] | None = None
         self.port = 0
         self._log: IO[bytes] | None = None
@@ -100,18 +119,26 @@ class CoordinatorProcess:
         assert self.popen is not None
         return self.popen.pid
 
-    def start(self, timeout: float = 30.0) -> CoordinatorProcess:
+    def start(self, timeout: float = 30.0, poll: float = 0.02) -> CoordinatorProcess:
+        """Start it (again, after `kill()`: same port, same state directory); returns once it
+        listens (the port file appears, checked every `poll` seconds)."""
+        if self.popen is not None and self.popen.poll() is None:
+            raise RuntimeError("the coordinator is still running")
         port_file = self.workdir / "port"
-        self._log = open(self.workdir / "coordinator.out", "wb")  # noqa: SIM115 - closed in stop
+        port_file.unlink(missing_ok=True)
+        if self._log is not None:
+            self._log.close()
+        self._log = open(self.workdir / "coordinator.out", "ab")  # noqa: SIM115 - closed in stop
         self.popen = subprocess.Popen(
             [
                 PY, "-m", "coordinator.cli", "serve",
-                "--port", "0",
+                "--port", str(self.port),
                 "--port-file", str(port_file),
                 "--lease", str(self.lease),
                 "--heartbeat-interval", str(self.heartbeat_interval),
                 "--state-dir", str(self.workdir / "state"),
                 "--log-level", self.log_level,
+                *self.extra_args,
             ],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
@@ -125,9 +152,16 @@ class CoordinatorProcess:
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"the coordinator did not listen within {timeout:g} s")
-            time.sleep(0.02)
+            time.sleep(poll)
         self.port = int(port_file.read_text().strip())
         return self
+
+    def kill(self) -> None:
+        """SIGKILL the coordinator (not its state: `start()` brings it back on the same port)."""
+        p = self.popen
+        if p is not None and p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
 
     def process(self) -> psutil.Process:
         return psutil.Process(self.pid)
@@ -187,6 +221,10 @@ class FleetStats:
     """Wall-clock receive times (time.time()) of the first and the last of those Assigns."""
     heartbeats: int = 0
     """Heartbeats sent since the fleet started."""
+    welcomes: int = 0
+    """Welcomes received since the fleet started (reconnects count again)."""
+    welcome_last: float | None = None
+    """Wall-clock receive time of the latest Welcome of any node."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -201,12 +239,14 @@ class SimFleet:
         processes: int = 2,
         slots: int = 1,
         health: bool = False,
+        resume: bool = False,
     ) -> None:
         self.address = address
         self.count = count
         self.processes = max(1, min(processes, count))
         self.slots = slots
         self.health = health
+        self.resume = resume
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> SimFleet:
@@ -219,6 +259,7 @@ class SimFleet:
                 "--count", str(min(per, self.count - first)),
                 "--slots", str(self.slots),
                 *(["--health"] if self.health else []),
+                *(["--resume"] if self.resume else []),
             ]  # fmt: skip
             self.procs.append(
                 subprocess.Popen(
@@ -260,6 +301,9 @@ class SimFleet:
             out.heartbeats += a["heartbeats"]
             out.refused += a["refused"]
             out.errors += a["errors"]
+            out.welcomes += a["welcomes"]
+            if a["welcome_last"] is not None:
+                out.welcome_last = max(a["welcome_last"], out.welcome_last or 0.0)
             if a["assign_first"] is not None:
                 first, last = a["assign_first"], a["assign_last"]
                 out.assign_first = min(first, out.assign_first or first)
@@ -389,19 +433,25 @@ def wait_round_started(
 class _Held:
     job_id: str
     round: int
+    attempt: int
     workers: list[pb.WorkerPid]
 
 
 class _SimNode:
     """One simulated agent: a NodeSession stream, a reader and a writer task."""
 
-    def __init__(self, fleet: _FleetProcess, index: int, stub: pb_grpc.NodeSessionStub) -> None:
+    def __init__(
+        self, fleet: _FleetProcess, index: int, stub: pb_grpc.NodeSessionStub | None
+    ) -> None:
         self.fleet = fleet
         self.index = index
         self.name = node_name(index)
         self.stub = stub
+        """The shared channel's stub; None: a channel of its own per session attempt."""
         self.outbox: asyncio.Queue[pb.NodeMessage] = asyncio.Queue()
         self.welcomed = False
+        self.welcomes = 0
+        self.welcome_at: float | None = None
         self.ended = 0
         self.held: dict[tuple[str, int], _Held] = {}
         self.assigned_at: dict[str, float] = {}
@@ -409,17 +459,34 @@ class _SimNode:
 
     async def run(self) -> None:
         """Keep a session open, reconnecting with backoff and full jitter like the real agent."""
-        delay = 0.05
+        delay = RECONNECT_MIN_S
         incarnation = uuid.uuid4().hex
         while True:
-            if not await self._session(incarnation):
+            started = time.monotonic()
+            if self.stub is not None:
+                welcomed = await self._session(self.stub, incarnation)
+            else:
+                async with grpc.aio.insecure_channel(
+                    self.fleet.address, options=[("grpc.use_local_subchannel_pool", 1)]
+                ) as channel:
+                    welcomed = await self._session(pb_grpc.NodeSessionStub(channel), incarnation)
+            if not welcomed:
                 # The server ended the attempt before its Welcome: a busy coordinator turns new
-                # calls away (too many pending calls) and the agent simply tries again.
+                # calls away (too many pending calls), or none listens; the agent tries again.
                 self.fleet.refused += 1
+            if time.monotonic() - started > RECONNECT_RESET_S:
+                delay = RECONNECT_MIN_S
             await asyncio.sleep(random.uniform(0, delay))
             delay = min(delay * 2, RECONNECT_MAX_S)
 
-    async def _session(self, incarnation: str) -> bool:
+    def _running(self) -> list[pb.RunningGroup]:
+        """What this node holds, as the real agent reports it in the Hello after a reconnect."""
+        return [
+            pb.RunningGroup(job_id=h.job_id, round=h.round, attempt=h.attempt, workers=h.workers)
+            for h in self.held.values()
+        ]
+
+    async def _session(self, stub: pb_grpc.NodeSessionStub, incarnation: str) -> bool:
         """One session attempt; True if the coordinator welcomed this node."""
         self.outbox = asyncio.Queue()
         self.send(
@@ -430,10 +497,11 @@ class _SimNode:
                     slots=self.fleet.slots,
                     incarnation=incarnation,
                     version="sim",
+                    running=self._running() if self.fleet.resume else [],
                 )
             )
         )
-        call = self.stub.Session()
+        call = stub.Session()
         writer = asyncio.get_running_loop().create_task(self._write(call))
         welcomed = False
         try:
@@ -447,7 +515,8 @@ class _SimNode:
             if welcomed:
                 self.ended += 1
             self.welcomed = False
-            self.held.clear()
+            if not self.fleet.resume:
+                self.held.clear()
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
@@ -492,6 +561,8 @@ class _SimNode:
         kind = msg.WhichOneof("kind")
         if kind == "welcome":
             self.welcomed = True
+            self.welcomes += 1
+            self.welcome_at = time.time()
             self.fleet.heartbeat_interval = max(0.05, msg.welcome.heartbeat_interval_ms / 1000)
         elif kind == "reserve_port":
             m = msg.reserve_port
@@ -511,7 +582,7 @@ class _SimNode:
                 )
                 for w in a.workers
             ]
-            self.held[(a.job_id, a.round)] = _Held(a.job_id, a.round, workers)
+            self.held[(a.job_id, a.round)] = _Held(a.job_id, a.round, a.attempt, workers)
             started = pb.WorkersStarted(job_id=a.job_id, round=a.round, workers=workers)
             self.send(pb.NodeMessage(workers_started=started))
         elif kind == "stop":
@@ -536,12 +607,15 @@ class _SimNode:
 class _FleetProcess:
     """The simulated nodes of one process and the commands it answers on stdin."""
 
-    def __init__(self, address: str, first: int, count: int, slots: int, health: bool) -> None:
+    def __init__(
+        self, address: str, first: int, count: int, slots: int, health: bool, resume: bool = False
+    ) -> None:
         self.address = address
         self.first = first
         self.count = count
         self.slots = slots
         self.health = health
+        self.resume = resume
         self.heartbeat_interval = 1.0
         self.nodes: list[_SimNode] = []
         self.errors: list[str] = []
@@ -554,17 +628,21 @@ class _FleetProcess:
 
     async def main(self) -> None:
         loop = asyncio.get_running_loop()
-        channels = [
-            grpc.aio.insecure_channel(
-                self.address,
-                # A subchannel of its own per channel: one HTTP/2 connection each.
-                options=[("grpc.use_local_subchannel_pool", 1), ("grpc.channel_id", i)],
-            )
-            for i in range(math.ceil(self.count / STREAMS_PER_CHANNEL))
-        ]
+        channels = (
+            []
+            if self.resume  # every node opens a channel of its own per session attempt
+            else [
+                grpc.aio.insecure_channel(
+                    self.address,
+                    # A subchannel of its own per channel: one HTTP/2 connection each.
+                    options=[("grpc.use_local_subchannel_pool", 1), ("grpc.channel_id", i)],
+                )
+                for i in range(math.ceil(self.count / STREAMS_PER_CHANNEL))
+            ]
+        )
         stubs = [pb_grpc.NodeSessionStub(c) for c in channels]
         self.nodes = [
-            _SimNode(self, self.first + i, stubs[i // STREAMS_PER_CHANNEL])
+            _SimNode(self, self.first + i, stubs[i // STREAMS_PER_CHANNEL] if stubs else None)
             for i in range(self.count)
         ]
         tasks = [loop.create_task(n.run()) for n in self.nodes]
@@ -604,7 +682,10 @@ class _FleetProcess:
 
     def _stats(self, job_id: str) -> dict[str, Any]:
         times = [n.assigned_at[job_id] for n in self.nodes if job_id in n.assigned_at]
+        welcome_times = [n.welcome_at for n in self.nodes if n.welcome_at is not None]
         return {
+            "welcomes": sum(n.welcomes for n in self.nodes),
+            "welcome_last": max(welcome_times) if welcome_times else None,
             "welcomed": sum(n.welcomed for n in self.nodes),
             "ended": sum(n.ended for n in self.nodes),
             "assigned": len(times),
@@ -628,8 +709,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, required=True, help="nodes in this process")
     p.add_argument("--slots", type=int, default=1, help="slots each node offers")
     p.add_argument("--health", action="store_true", help="send worker health in heartbeats")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep held rounds across sessions and report them in Hello; a channel per session",
+    )
     args = p.parse_args(argv)
-    fleet = _FleetProcess(args.address, args.first, args.count, args.slots, args.health)
+    fleet = _FleetProcess(
+        args.address, args.first, args.count, args.slots, args.health, args.resume
+    )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(fleet.main())
     return 0

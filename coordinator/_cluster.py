@@ -161,6 +161,8 @@ class CloseSession:
 @dataclass(frozen=True)
 class JobChanged:
     job_id: str
+    durable: bool = True
+    """False when only the reason text moved (a countdown): tell watchers, write nothing."""
 
 
 @dataclass(frozen=True)
@@ -333,6 +335,7 @@ class Cluster:
         self._event_seq = 0
         self._effects: list[Effect] = []
         self._reschedule = True
+        self._changed_keys: set[tuple[str, bool]] = set()
         self._n_live = 0  # kept as a count: a join must not cost O(nodes)
 
     # ---- queries ----------------------------------------------------------------------------
@@ -403,7 +406,7 @@ class Cluster:
                 addr=n.addr,
                 slots=n.slots,
                 slots_used=min(n.slots, n.slots - n.free_slots()),
-                state="live" if n.live else "lost",
+                state=("live" if n.attached else "reconnecting") if n.live else "lost",
                 last_seen=n.last_seen,
                 jobs=tuple(n.jobs),
                 incarnation=n.incarnation,
@@ -486,9 +489,9 @@ class Cluster:
             if job.state.is_terminal():
                 continue
             if job.port_deadline is not None:
-                job.port_deadline = None
-                self._back_to_queue(job, "coordinator restarted while the round was forming", now)
-                continue
+                # The assignment may have gone out just before the crash: give the members the
+                # reconnect grace to report the round (then it is adopted), else form it again.
+                job.port_deadline = now + reconnect_grace
             for m in job.members:
                 node = self._nodes.get(m.node)
                 if node is None or m.released or m.lost:
@@ -810,6 +813,7 @@ class Cluster:
             self._reschedule = False
             self._schedule(now, tick=force)
         effects, self._effects = self._effects, []
+        self._changed_keys.clear()
         return effects
 
     def _schedule(self, now: float, *, tick: bool = False) -> None:
@@ -926,7 +930,7 @@ class Cluster:
         nodes = [
             n
             for n in self._nodes.values()
-            if n.live and job.job_id not in n.jobs and n.free_slots() >= need
+            if n.live and n.attached and job.job_id not in n.jobs and n.free_slots() >= need
         ]
         return sorted(nodes, key=lambda n: (n.addr, n.name))
 
@@ -1332,6 +1336,30 @@ class Cluster:
             self._effects.append(ReleaseRound(node.name, job.job_id, job.round))
             return
         node.jobs[job.job_id] = job.spec.nproc_per_node
+        if job.state == JobState.RENDEZVOUS and job.port_deadline is not None:
+            # The round was assigned just before the coordinator went down: it runs.
+            job.port_deadline = None
+            self._transition(job, JobState.RUNNING, now)
+            self._event(job, now, "assigned", f"round {job.round} was assigned before the restart")
+            silent = [
+                m.node
+                for m in job.members
+                if m is not member
+                and (n := self._nodes.get(m.node)) is not None
+                and n.attached
+                and all(w.phase == _WorkerPhase.INIT for w in m.workers.values())
+            ]
+            if silent:
+                # Those reconnected first without the round: it never reached them.
+                for m in job.members:
+                    if m.node in silent:
+                        m.stopped = True
+                self._begin_stop(
+                    job,
+                    _StopKind.MEMBERSHIP,
+                    f"round {job.round} never reached {', '.join(silent[:5])}; re-forming",
+                    now,
+                )
         for local_rank, pid in report.pids:
             w = member.workers.get(local_rank)
             if w is not None and w.phase == _WorkerPhase.INIT:
@@ -1401,12 +1429,13 @@ class Cluster:
     def _set_reason(self, job: _Job, reason: str, now: float) -> None:
         if reason != job.reason:
             job.reason = reason
-            self._changed(job)
+            self._changed(job, durable=False)
 
-    def _changed(self, job: _Job) -> None:
-        eff = JobChanged(job.job_id)
-        if eff not in self._effects:
-            self._effects.append(eff)
+    def _changed(self, job: _Job, *, durable: bool = True) -> None:
+        key = (job.job_id, durable)
+        if key not in self._changed_keys:
+            self._changed_keys.add(key)
+            self._effects.append(JobChanged(job.job_id, durable))
 
     def _event(
         self, job: _Job, now: float, kind: str, reason: str, *, node: str = "", rank: int = -1

@@ -223,7 +223,8 @@ class CoordinatorService:
         for eff in effects:
             if isinstance(eff, JobChanged):
                 self._job_versions[eff.job_id] = self._job_versions.get(eff.job_id, 0) + 1
-                self._dirty_jobs.add(eff.job_id)
+                if eff.durable:
+                    self._dirty_jobs.add(eff.job_id)
                 changed = True
             elif isinstance(eff, EventRecorded):
                 e = eff.event

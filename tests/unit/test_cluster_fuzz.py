@@ -235,3 +235,30 @@ def test_an_oversized_return_value_is_a_failure_that_names_the_limit() -> None:
     assert result.return_values == {}
     assert "over the limit" in result.failures[0].message
     assert str(MAX_RETURN_VALUE_BYTES) in result.failures[0].message
+
+
+def test_a_round_assigned_just_before_a_crash_is_adopted_after_restore() -> None:
+    import json
+
+    from coordinator._codec import encode
+
+    c = Cluster()
+    c.submit("j", JobSpec(entrypoint=["x"], nproc_per_node=1, min_nodes=2, max_nodes=2), 0.0)
+    c.node_connected("a", "10.0.0.1", 1, "ia", 0.0)
+    effects = c.node_connected("b", "10.0.0.2", 1, "ib", 0.0)
+    (port,) = [e for e in effects if isinstance(e, RequestPort)]
+    # The state on disk still says "choosing the port"; the agents got their assignment anyway.
+    jobs = [json.loads(json.dumps(c.dump_job("j")))]
+    nodes = [json.loads(json.dumps(d)) for d in c.dump_nodes()]
+    events = [encode(e) for e in c.job_events("j")]
+    c2 = Cluster()
+    c2.restore(jobs, events, nodes, 100.0, reconnect_grace=15.0)
+    assert {n.state for n in c2.nodes()} == {"reconnecting"}
+    for name, inc, pid in (("a", "ia", 11), ("b", "ib", 12)):
+        report = RunningGroupReport(job_id="j", round=port.round, attempt=0, pids=((0, pid),))
+        out = c2.node_connected(name, "10.0.0.1", 1, inc, 101.0, [report])
+        assert not [e for e in out if isinstance(e, RequestPort)]
+    status = c2.job_status("j")
+    assert status.state == JobState.RUNNING and status.round == port.round
+    assert sorted(w.pid for w in status.workers) == [11, 12]
+    assert {n.state for n in c2.nodes()} == {"live"}
