@@ -6,7 +6,7 @@ import sys
 
 # The agent never speaks TLS through Python's ssl module (grpc brings its own), yet asyncio
 # imports it, mapping libcrypto into every agent: 4 MB of an idle agent's footprint. Keep it out
-# of this process unless something already loaded it.
+# of this process unless something already loaded it (or metrics are asked for; see main).
 sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
 
 import argparse  # noqa: E402
@@ -86,6 +86,9 @@ async def _run(config: AgentConfig, grace: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.metrics_port and sys.modules.get("ssl", False) is None:
+        # prometheus_client imports ssl: with metrics on, let it load after all.
+        del sys.modules["ssl"]
     logging.basicConfig(
         level=args.log_level.upper(),
         format=f"%(asctime)s %(levelname)s [{args.name}] %(name)s: %(message)s",
