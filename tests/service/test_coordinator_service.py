@@ -13,56 +13,9 @@ from client import Client, GelasticError, JobSpec, JobState, WorkerState
 from coordinator._server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+from tests.service._fakes import FakeNode, run_round, worker_exit
 
 STEP = 10.0
-
-
-class FakeNode:
-    """A scripted node agent speaking the real session protocol."""
-
-    def __init__(
-        self, address: str, name: str, addr: str, slots: int = 2, incarnation: str = ""
-    ) -> None:
-        self.address, self.name, self.addr, self.slots = address, name, addr, slots
-        self.incarnation = incarnation or f"inc-{name}"
-        self.outbox: asyncio.Queue[pb.NodeMessage | None] = asyncio.Queue()
-        self.channel = grpc.aio.insecure_channel(address)
-        self.call: grpc.aio.StreamStreamCall | None = None  # type: ignore[type-arg]
-
-    async def connect(self, running: list[pb.RunningGroup] | None = None) -> pb.CoordinatorMessage:
-        hello = pb.Hello(
-            name=self.name,
-            addr=self.addr,
-            slots=self.slots,
-            incarnation=self.incarnation,
-            running=running or [],
-        )
-        await self.outbox.put(pb.NodeMessage(hello=hello))
-
-        async def gen() -> AsyncIterator[pb.NodeMessage]:
-            while True:
-                m = await self.outbox.get()
-                if m is None:
-                    return
-                yield m
-
-        self.call = pb_grpc.NodeSessionStub(self.channel).Session(gen())
-        return await self.expect("welcome")
-
-    async def expect(self, kind: str) -> pb.CoordinatorMessage:
-        assert self.call is not None
-        while True:
-            msg = await asyncio.wait_for(self.call.read(), STEP)
-            assert msg is not grpc.aio.EOF, f"{self.name}: stream ended while waiting for {kind}"
-            if msg.WhichOneof("kind") == kind:
-                return msg
-
-    async def send(self, **kind: object) -> None:
-        await self.outbox.put(pb.NodeMessage(**kind))  # type: ignore[arg-type]
-
-    async def close(self) -> None:
-        await self.outbox.put(None)
-        await self.channel.close()
 
 
 @pytest.fixture
@@ -80,44 +33,6 @@ def client(coordinator: Coordinator) -> Client:
     c.close()
 
 
-async def _run_round(a: FakeNode, b: FakeNode) -> tuple[pb.Assign, pb.Assign]:
-    rp = await a.expect("reserve_port")
-    await a.send(
-        port_reserved=pb.PortReserved(
-            job_id=rp.reserve_port.job_id, round=rp.reserve_port.round, port=40000
-        )
-    )
-    aa = (await a.expect("assign")).assign
-    ab = (await b.expect("assign")).assign
-    for node, asg in ((a, aa), (b, ab)):
-        await node.send(
-            workers_started=pb.WorkersStarted(
-                job_id=asg.job_id,
-                round=asg.round,
-                workers=[
-                    pb.WorkerPid(
-                        local_rank=w.local_rank, pid=1000 + w.global_rank, global_rank=w.global_rank
-                    )
-                    for w in asg.workers
-                ],
-            )
-        )
-    return aa, ab
-
-
-def _exit(asg: pb.Assign, local_rank: int, code: int, **kw: object) -> pb.NodeMessage:
-    g = asg.workers[local_rank].global_rank
-    return pb.NodeMessage(
-        worker_exited=pb.WorkerExited(
-            job_id=asg.job_id,
-            round=asg.round,
-            exit=pb.WorkerExit(
-                local_rank=local_rank, global_rank=g, pid=1000 + g, exitcode=code, **kw
-            ),
-        )
-    )  # type: ignore[arg-type]
-
-
 async def test_two_by_two_job_succeeds_with_return_values(
     coordinator: Coordinator, client: Client
 ) -> None:
@@ -129,7 +44,7 @@ async def test_two_by_two_job_succeeds_with_return_values(
     b = FakeNode(coordinator.address, "node-b", "127.0.0.2")
     await a.connect()
     await b.connect()
-    aa, ab = await _run_round(a, b)
+    aa, ab = await run_round(a, b)
     assert (aa.group_rank, ab.group_rank) == (0, 1)
     assert [w.global_rank for w in aa.workers] == [0, 1]
     assert [w.global_rank for w in ab.workers] == [2, 3]
@@ -140,7 +55,7 @@ async def test_two_by_two_job_succeeds_with_return_values(
     assert await asyncio.to_thread(job.poll) is None
     for node, asg in ((a, aa), (b, ab)):
         for lr in range(2):
-            msg = _exit(
+            msg = worker_exit(
                 asg,
                 lr,
                 0,
@@ -167,17 +82,17 @@ async def test_failure_stops_every_node_and_fails_the_job(
     b = FakeNode(coordinator.address, "node-b", "127.0.0.2")
     await a.connect()
     await b.connect()
-    aa, ab = await _run_round(a, b)
+    aa, ab = await run_round(a, b)
     failure = pb.ProcessFailure(message="boom", exitcode=3, pid=1003, timestamp=123.0, local_rank=1)
-    await b.outbox.put(_exit(ab, 1, 3, failure=failure, has_failure=True))
+    await b.outbox.put(worker_exit(ab, 1, 3, failure=failure, has_failure=True))
     stop_a = (await a.expect("stop")).stop
     stop_b = (await b.expect("stop")).stop
     assert stop_a.round == stop_b.round == aa.round
     assert "rank 3 failed on node-b" in stop_a.reason
     # The peers were stopped on purpose: they must appear in neither map.
-    await a.outbox.put(_exit(aa, 0, -15, stopped_by_agent=True))
-    await a.outbox.put(_exit(aa, 1, -15, stopped_by_agent=True))
-    await b.outbox.put(_exit(ab, 0, -15, stopped_by_agent=True))
+    await a.outbox.put(worker_exit(aa, 0, -15, stopped_by_agent=True))
+    await a.outbox.put(worker_exit(aa, 1, -15, stopped_by_agent=True))
+    await b.outbox.put(worker_exit(ab, 0, -15, stopped_by_agent=True))
     for node, asg in ((a, aa), (b, ab)):
         await node.send(group_stopped=pb.GroupStopped(job_id=asg.job_id, round=asg.round))
     result = await asyncio.to_thread(job.wait, 10)
@@ -244,7 +159,7 @@ async def test_cancel_running_job(coordinator: Coordinator, client: Client) -> N
     b = FakeNode(coordinator.address, "node-b", "127.0.0.2")
     await a.connect()
     await b.connect()
-    aa, ab = await _run_round(a, b)
+    aa, ab = await run_round(a, b)
     await asyncio.to_thread(job.cancel)
     for node, asg in ((a, aa), (b, ab)):
         await node.expect("stop")

@@ -30,6 +30,7 @@ from coordinator._server import Coordinator, CoordinatorConfig
 from nodeagent._metrics import AgentMetrics
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+from tests.service._fakes import FakeNode, run_round, worker_exit
 
 STEP = 10.0
 TOKEN = "probe-token-for-tests-0123456789"
@@ -88,80 +89,6 @@ def refused(port: int) -> bool:
     except (urllib.error.URLError, ConnectionError):
         return True
     return False
-
-
-class FakeNode:
-    """A scripted node agent speaking the real session protocol."""
-
-    def __init__(self, address: str, name: str, addr: str, slots: int = 2) -> None:
-        self.name, self.addr, self.slots = name, addr, slots
-        self.outbox: asyncio.Queue[pb.NodeMessage | None] = asyncio.Queue()
-        self.channel = grpc.aio.insecure_channel(address)
-        self.call: grpc.aio.StreamStreamCall | None = None  # type: ignore[type-arg]
-
-    async def connect(self) -> pb.CoordinatorMessage:
-        hello = pb.Hello(
-            name=self.name, addr=self.addr, slots=self.slots, incarnation=f"inc-{self.name}"
-        )
-        await self.outbox.put(pb.NodeMessage(hello=hello))
-
-        async def gen() -> AsyncIterator[pb.NodeMessage]:
-            while True:
-                m = await self.outbox.get()
-                if m is None:
-                    return
-                yield m
-
-        self.call = pb_grpc.NodeSessionStub(self.channel).Session(gen())
-        return await self.expect("welcome")
-
-    async def expect(self, kind: str) -> pb.CoordinatorMessage:
-        assert self.call is not None
-        while True:
-            msg = await asyncio.wait_for(self.call.read(), STEP)
-            assert msg is not grpc.aio.EOF, f"{self.name}: stream ended while waiting for {kind}"
-            if msg.WhichOneof("kind") == kind:
-                return msg
-
-    async def send(self, **kind: object) -> None:
-        await self.outbox.put(pb.NodeMessage(**kind))  # type: ignore[arg-type]
-
-    async def close(self) -> None:
-        await self.outbox.put(None)
-        await self.channel.close()
-
-
-async def _run_round(a: FakeNode, b: FakeNode) -> tuple[pb.Assign, pb.Assign]:
-    rp = await a.expect("reserve_port")
-    await a.send(
-        port_reserved=pb.PortReserved(
-            job_id=rp.reserve_port.job_id, round=rp.reserve_port.round, port=40000
-        )
-    )
-    aa = (await a.expect("assign")).assign
-    ab = (await b.expect("assign")).assign
-    for node, asg in ((a, aa), (b, ab)):
-        await node.send(
-            workers_started=pb.WorkersStarted(
-                job_id=asg.job_id,
-                round=asg.round,
-                workers=[
-                    pb.WorkerPid(
-                        local_rank=w.local_rank, pid=1000 + w.global_rank, global_rank=w.global_rank
-                    )
-                    for w in asg.workers
-                ],
-            )
-        )
-    return aa, ab
-
-
-def _exit(asg: pb.Assign, local_rank: int, code: int, **kw: object) -> pb.NodeMessage:
-    g = asg.workers[local_rank].global_rank
-    ex = pb.WorkerExit(local_rank=local_rank, global_rank=g, pid=1000 + g, exitcode=code, **kw)  # type: ignore[arg-type]
-    return pb.NodeMessage(
-        worker_exited=pb.WorkerExited(job_id=asg.job_id, round=asg.round, exit=ex)
-    )
 
 
 # ---- probes ------------------------------------------------------------------------------------
@@ -282,7 +209,7 @@ async def test_metrics_follow_a_job_through_a_failure_and_a_restart(
     b = FakeNode(coord.address, "node-b", "127.0.0.2")
     await a.connect()
     await b.connect()
-    aa, ab = await _run_round(a, b)
+    aa, ab = await run_round(a, b)
     samples = await poll_metric(port, "gelastic_jobs", lambda v: v == 1, state="RUNNING")
     assert value(samples, "gelastic_jobs", state="QUEUED") == 0
     assert value(samples, "gelastic_rendezvous_duration_seconds_count") == 1
@@ -297,7 +224,7 @@ async def test_metrics_follow_a_job_through_a_failure_and_a_restart(
         local_rank=1,
         category=pb.FAILURE_CATEGORY_USER,
     )
-    await b.outbox.put(_exit(ab, 1, 3, failure=failure, has_failure=True))
+    await b.outbox.put(worker_exit(ab, 1, 3, failure=failure, has_failure=True))
     await a.expect("stop")
     await b.expect("stop")
     for node, asg in ((a, aa), (b, ab)):
@@ -308,14 +235,14 @@ async def test_metrics_follow_a_job_through_a_failure_and_a_restart(
     assert value(samples, "gelastic_failure_to_restart_seconds_count") == 0
 
     # The next round's workers all start: the recovery is measured, and so is the second wait.
-    aa, ab = await _run_round(a, b)
+    aa, ab = await run_round(a, b)
     samples = await poll_metric(port, "gelastic_failure_to_restart_seconds_count", lambda v: v == 1)
     assert value(samples, "gelastic_rendezvous_duration_seconds_count") == 2
     assert value(samples, "gelastic_jobs", state="RUNNING") == 1
 
     for node, asg in ((a, aa), (b, ab)):
         for lr in range(2):
-            await node.outbox.put(_exit(asg, lr, 0))
+            await node.outbox.put(worker_exit(asg, lr, 0))
     result = await asyncio.to_thread(job.wait, STEP)
     assert result.state == WorkerState.SUCCEEDED
     samples = await poll_metric(port, "gelastic_jobs", lambda v: v == 1, state="SUCCEEDED")
@@ -346,7 +273,7 @@ async def test_node_loss_counts_as_an_infra_failure_and_platform_failures_are_la
     await a.connect()
     await b.connect()
     job = await asyncio.to_thread(client.submit, spec)  # both nodes are free: it takes both
-    aa, _ = await _run_round(a, b)
+    aa, _ = await run_round(a, b)
     await poll_metric(port, "gelastic_jobs", lambda v: v == 1, state="RUNNING")
 
     await b.close()  # node-b is lost: the job re-forms on node-a alone, spending no restart
@@ -381,7 +308,7 @@ async def test_node_loss_counts_as_an_infra_failure_and_platform_failures_are_la
         timestamp=time.time(),
         category=pb.FAILURE_CATEGORY_PLATFORM,
     )
-    await a.outbox.put(_exit(asg, 0, 1, failure=failure, has_failure=True))
+    await a.outbox.put(worker_exit(asg, 0, 1, failure=failure, has_failure=True))
     samples = await poll_metric(
         port, "gelastic_failures_total", lambda v: v == 1, category="PLATFORM"
     )
