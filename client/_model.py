@@ -47,6 +47,22 @@ _FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 _STD_MAPPING = re.compile(r"^(\d+:[0123],)*(\d+:[0123])$")
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,159}$")
+
+
+def is_name(value: str) -> bool:
+    """A node name, role or job name: 1-128 of [A-Za-z0-9_.-], not starting with [_.-]."""
+    return bool(_NAME.match(value))
+
+
+def is_job_id(value: str) -> bool:
+    """A job id as the coordinator makes them; also safe as a directory name."""
+    return bool(_JOB_ID.match(value))
+
+
+def is_function_reference(value: str) -> bool:
+    """ "pkg.module:qualname"."""
+    return bool(_FUNCTION_REF.match(value))
 
 
 class SpecError(ValueError):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -20,7 +19,7 @@ from typing import Any, NoReturn, TextIO
 import grpc
 
 from client._client import DEFAULT_COORDINATOR, Client, GelasticError, Job
-from client._model import JobSpec, JobState, RunResult, SpecError
+from client._model import JobSpec, JobState, RunResult, SpecError, is_function_reference
 from client._tables import (
     event_line,
     event_line_header,
@@ -44,7 +43,6 @@ DEFAULT_CALL_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 EVENTS_POLL_INTERVAL_S = 0.5
 
-_FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 # Options of the top-level parser that take a value; `_run_argv` skips over them.
 _GLOBAL_VALUE_OPTIONS = (
     "--coordinator",
@@ -387,7 +385,7 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
     )
     if args.module:
         return JobSpec(entrypoint=[args.python, "-m", entry[0]], args=entry[1:], **common)
-    if _FUNCTION_REF.match(entry[0]):
+    if is_function_reference(entry[0]):
         # A function entrypoint: its arguments are the remaining words, as strings.
         return JobSpec(entrypoint=entry[0], args=tuple(entry[1:]), **common)
     return JobSpec(entrypoint=entry, **common)

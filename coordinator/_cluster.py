@@ -452,6 +452,24 @@ class Cluster:
     def job_submitted_at(self, job_id: str) -> float:
         return self._job(job_id).submitted_at
 
+    def round_progress(self, job_id: str) -> tuple[JobState, int, bool]:
+        """(state, round, every worker of the round started) in O(1): asked on every start."""
+        job = self._job(job_id)
+        return job.state, job.round, bool(job.members) and job.unstarted() == 0
+
+    def failure(self, job_id: str, rank: int, round_: int) -> ProcessFailure | None:
+        """The failure of `rank` in `round_`, while its attempt runs or after it ended."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
+        found = job.failures.get(rank)
+        if found is not None and found.round == round_:
+            return found
+        for summary in reversed(job.attempts):
+            if summary.round == round_:
+                return next((f for f in summary.failures if f.global_rank == rank), None)
+        return None
+
     def restore(
         self,
         jobs: Sequence[dict[str, Any]],

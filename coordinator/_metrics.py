@@ -28,7 +28,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from client._model import FailureCategory, JobEvent, JobState, WorkerState
+from client._model import FailureCategory, JobEvent, JobState
 from coordinator._cluster import CloseSession, Cluster, Effect, EventRecorded, JobChanged
 
 __all__ = ["CoordinatorMetrics"]
@@ -164,29 +164,15 @@ class CoordinatorMetrics:
         if failed is None:
             return
         at, failed_round = failed
-        status = self._cluster.job_status(job_id)
-        if status.state != JobState.RUNNING or status.round <= failed_round or not status.workers:
-            return
-        if any(w.state == WorkerState.INIT for w in status.workers):
+        state, round_, all_started = self._cluster.round_progress(job_id)
+        if state != JobState.RUNNING or round_ <= failed_round or not all_started:
             return
         del self._failed_at[job_id]
         self.failure_to_restart.observe(max(0.0, now - at))
 
     def _category(self, event: JobEvent) -> str:
-        # The cluster keeps the failures of a running attempt to itself (its public result
-        # exists only once the job ends): read the one this event names, in the current round
-        # or, when the same batch already ended that round, in the attempt it was filed under.
-        job = self._cluster._jobs.get(event.job_id)
-        if job is None:
-            return FailureCategory.USER.value
-        candidates = [job.failures.get(event.rank)]
-        candidates += [
-            f for a in reversed(job.attempts) for f in a.failures if a.round == event.round
-        ]
-        for f in candidates:
-            if f is not None and f.global_rank == event.rank and f.round == event.round:
-                return f.category.value
-        return FailureCategory.USER.value
+        f = self._cluster.failure(event.job_id, event.rank, event.round)
+        return (f.category if f is not None else FailureCategory.USER).value
 
     def _refresh_nodes(self) -> None:
         counts = dict.fromkeys(_NODE_STATES, 0)

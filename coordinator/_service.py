@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -28,7 +27,7 @@ from client._convert import (
     spec_from_pb,
     spec_to_pb,
 )
-from client._model import SpecError
+from client._model import SpecError, is_job_id, is_name
 from coordinator._cluster import (
     AssignRound,
     CloseSession,
@@ -55,8 +54,6 @@ __all__ = ["CoordinatorService"]
 
 logger = logging.getLogger(__name__)
 
-_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,159}$")
 MAX_SLOTS = 4096
 TICK_S = 0.1
 OUTBOX_LIMIT = 10_000
@@ -328,7 +325,7 @@ class CoordinatorService:
     # ---- node sessions ---------------------------------------------------------------------
 
     def open_session(self, hello: pb.Hello) -> _Session:
-        if not _NODE_NAME.match(hello.name):
+        if not is_name(hello.name):
             raise RequestError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"hello.name: must be 1-128 of [A-Za-z0-9_.-], got {hello.name!r}",
@@ -681,7 +678,7 @@ def _new_job_id(name: str) -> str:
 
 
 def _check_job_id(job_id: str) -> None:
-    if not _JOB_ID.match(job_id):
+    if not is_job_id(job_id):
         raise RequestError(
             grpc.StatusCode.INVALID_ARGUMENT, f"job_id: not a job id: {job_id[:80]!r}"
         )

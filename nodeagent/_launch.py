@@ -154,6 +154,13 @@ def find_attempt_dir(log_root: Path, job_id: str, attempt: int, round_: int) -> 
     return None
 
 
+def attempt_dirs(log_root: Path, job_id: str, attempt: int) -> list[Path]:
+    """For readers: every existing log directory of one attempt, latest round first."""
+    base = Path(log_root) / job_id
+    dirs = [base / f"attempt_{attempt}", *base.glob(f"attempt_{attempt}.*")]
+    return sorted((d for d in dirs if d.is_dir()), key=lambda d: d.stat().st_mtime, reverse=True)
+
+
 def tee_prefix(template: str | None, *, role: str, local_rank: int, rank: int) -> str:
     """torchrun's tee line prefix; TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE may override it."""
     return Template(template or _DEFAULT_PREFIX_TEMPLATE).safe_substitute(

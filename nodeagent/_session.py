@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 import random
-import re
 import socket
 import time
 import uuid
@@ -26,8 +25,10 @@ from types import TracebackType
 import grpc
 
 from client._convert import failure_to_pb, spec_from_pb
+from client._model import is_job_id, is_name
 from client._security import Security
 from nodeagent._assignment import RoundAssignment, WorkerRanks
+from nodeagent._launch import attempt_dirs
 from nodeagent._metrics import AgentMetrics
 from nodeagent._reaper import PidRegistry, reap_previous
 from nodeagent._workers import WorkerExit, WorkerGroup
@@ -40,7 +41,6 @@ logger = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 LOG_CHUNK_BYTES = 64 * 1024
-_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,159}$")
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class AgentConfig:
     def validate(self) -> None:
         if not 1 <= self.slots <= 4096:
             raise ValueError(f"slots: must be 1-4096, got {self.slots}")
-        if not _SAFE_ID.match(self.name):
+        if not is_name(self.name):
             raise ValueError(f"name: must be 1-128 of [A-Za-z0-9_.-], got {self.name!r}")
         if ":" not in self.coordinator:
             raise ValueError(f"coordinator: must be host:port, got {self.coordinator!r}")
@@ -354,7 +354,7 @@ class NodeAgent:
 
     def _assign(self, m: pb.Assign) -> None:
         key = (m.job_id, m.round)
-        if key in self._held or not _SAFE_ID.match(m.job_id):
+        if key in self._held or not is_job_id(m.job_id):
             logger.warning("ignoring a duplicate or invalid assignment %s", key)
             return
         spec = spec_from_pb(m.spec)
@@ -507,14 +507,9 @@ class NodeAgent:
         self._send(pb.NodeMessage(log_chunk=pb.LogChunk(request_id=m.request_id, eof=True)))
 
     def _log_path(self, job_id: str, attempt: int, rank: int, stream: str) -> Path | None:
-        if (
-            not _SAFE_ID.match(job_id)
-            or stream not in ("stdout", "stderr")
-            or rank < 0
-            or attempt < 0
-        ):
+        if not is_job_id(job_id) or stream not in ("stdout", "stderr") or rank < 0 or attempt < 0:
             return None
-        for d in attempt_dirs_for(self.log_root, job_id, attempt):
+        for d in attempt_dirs(self.log_root, job_id, attempt):
             p = (d / str(rank) / f"{stream}.log").resolve()
             if p.is_relative_to(self.log_root) and p.is_file():
                 return p
@@ -573,14 +568,6 @@ def _route_addr(coordinator: str) -> str:
             return str(s.getsockname()[0])
     except OSError:
         return socket.getfqdn()
-
-
-def attempt_dirs_for(log_root: Path, job_id: str, attempt: int) -> list[Path]:
-    """The log directories of one attempt, latest round first."""
-    base = log_root / job_id
-    dirs = [base / f"attempt_{attempt}", *base.glob(f"attempt_{attempt}.*")]
-    existing = [d for d in dirs if d.is_dir()]
-    return sorted(existing, key=lambda d: d.stat().st_mtime, reverse=True)
 
 
 def _default_log_dir() -> str:
