@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from client._local import LocalCluster, poll_until
@@ -57,3 +58,28 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
         c.stop()
     for c in started:
         assert_no_leftovers(c)
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    """A directory the workers of a test write what they saw into ($OUT_DIR)."""
+    d = tmp_path / "out"
+    d.mkdir()
+    return d
+
+
+def wait_started(job: Any, n: int, timeout: float = 60) -> None:
+    """Wait until `n` workers of the job have a pid."""
+    poll_until(
+        lambda: len([w for w in job.status().workers if w.pid]) == n,
+        timeout,
+        what=f"{n} workers running",
+    )
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for its parent counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -17,9 +17,7 @@ def _running(job: Any, n: int) -> bool:
     return len([w for w in job.status().workers if w.pid and w.state == WorkerState.HEALTHY]) == n
 
 
-def test_kill_9_mid_job_loses_nothing(cluster: LocalCluster, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
+def test_kill_9_mid_job_loses_nothing(cluster: LocalCluster, out: Path) -> None:
     done = cluster.client.submit(
         JobSpec(entrypoint=[PY, "-c", "pass"], nproc_per_node=2, min_nodes=2, max_nodes=2)
     )
@@ -60,11 +58,7 @@ def test_kill_9_mid_job_loses_nothing(cluster: LocalCluster, tmp_path: Path) -> 
     assert kinds.index("submitted") < kinds.index("round_formed") < kinds.index("recovered")
 
 
-def test_an_exit_while_the_coordinator_is_down_is_applied(
-    cluster: LocalCluster, tmp_path: Path
-) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
+def test_an_exit_while_the_coordinator_is_down_is_applied(cluster: LocalCluster, out: Path) -> None:
     spec = JobSpec(
         entrypoint=[PY, script("crash_once.py")],
         nproc_per_node=2,

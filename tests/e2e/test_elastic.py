@@ -11,7 +11,7 @@ import torch
 
 from client import JobSpec, JobState, WorkerState
 from client._local import LocalCluster, poll_until
-from tests.e2e.conftest import PY, script
+from tests.e2e.conftest import PY, gone, script, wait_started
 
 TIMEOUT = 120
 
@@ -21,10 +21,8 @@ def _seen(out: Path) -> dict[str, dict[str, Any]]:
 
 
 def test_crash_once_restarts_every_rank_with_the_same_restart_count(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, out: Path
 ) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
     spec = JobSpec(
         entrypoint=[PY, script("crash_once.py")],
         nproc_per_node=2,
@@ -46,9 +44,7 @@ def test_crash_once_restarts_every_rank_with_the_same_restart_count(
     assert result.attempts[1].end_reason == "all workers succeeded"
 
 
-def test_crash_on_every_attempt_exhausts_the_budget(cluster: LocalCluster, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
+def test_crash_on_every_attempt_exhausts_the_budget(cluster: LocalCluster, out: Path) -> None:
     spec = JobSpec(
         entrypoint=[PY, script("crash_once.py")],
         nproc_per_node=2,
@@ -65,12 +61,8 @@ def test_crash_on_every_attempt_exhausts_the_budget(cluster: LocalCluster, tmp_p
     assert set(result.failures) == {0} and result.failures[0].attempt == 2
 
 
-def test_failure_on_any_node_fails_the_whole_job_at_once(
-    cluster: LocalCluster, tmp_path: Path
-) -> None:
+def test_failure_on_any_node_fails_the_whole_job_at_once(cluster: LocalCluster, out: Path) -> None:
     # torchrun lets node 0 finish and wait 300 s in its exit barrier when rank 3 fails elsewhere.
-    out = tmp_path / "out"
-    out.mkdir()
     spec = JobSpec(
         entrypoint=[PY, script("crash_once.py")],
         nproc_per_node=2,
@@ -95,10 +87,8 @@ def test_failure_on_any_node_fails_the_whole_job_at_once(
 
 
 def test_healthy_ranks_exiting_while_a_peer_crashes_restart_every_rank(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, out: Path
 ) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
     spec = JobSpec(
         entrypoint=[PY, script("crash_once.py")],
         nproc_per_node=2,
@@ -120,10 +110,8 @@ def test_healthy_ranks_exiting_while_a_peer_crashes_restart_every_rank(
     assert all(f"attempt1_rank{r}" in seen for r in range(4)), sorted(seen)
 
 
-def test_agent_sigkill_reforms_on_the_survivors(make_cluster: Any, tmp_path: Path) -> None:
+def test_agent_sigkill_reforms_on_the_survivors(make_cluster: Any, out: Path) -> None:
     c: LocalCluster = make_cluster(nodes=3)
-    out = tmp_path / "out"
-    out.mkdir()
     spec = JobSpec(
         entrypoint=[PY, script("crash_once.py")],
         nproc_per_node=2,
@@ -134,9 +122,7 @@ def test_agent_sigkill_reforms_on_the_survivors(make_cluster: Any, tmp_path: Pat
         stop_grace=5,
     )
     job = c.client.submit(spec)
-    poll_until(
-        lambda: len([w for w in job.status().workers if w.pid]) == 6, 60, what="6 workers running"
-    )
+    wait_started(job, 6)
     status = job.status()
     victim = status.members[-1].node
     victim_pids = [w.pid for w in status.workers if w.node == victim]
@@ -150,13 +136,11 @@ def test_agent_sigkill_reforms_on_the_survivors(make_cluster: Any, tmp_path: Pat
     assert final.attempt == 0  # a lost node does not spend the restart budget
     assert final.round == status.round + 1
     for pid in victim_pids:
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert gone(pid)
 
 
-def test_a_new_agent_grows_a_running_job(make_cluster: Any, tmp_path: Path) -> None:
+def test_a_new_agent_grows_a_running_job(make_cluster: Any, out: Path) -> None:
     c: LocalCluster = make_cluster(nodes=2)
-    out = tmp_path / "out"
-    out.mkdir()
     spec = JobSpec(
         entrypoint=[PY, script("crash_once.py")],
         nproc_per_node=2,
@@ -167,9 +151,7 @@ def test_a_new_agent_grows_a_running_job(make_cluster: Any, tmp_path: Path) -> N
         stop_grace=5,
     )
     job = c.client.submit(spec)
-    poll_until(
-        lambda: len([w for w in job.status().workers if w.pid]) == 4, 60, what="4 workers running"
-    )
+    wait_started(job, 4)
     c.start_agent("node-2")
     poll_until(lambda: len(job.status().members) == 3, 60, what="the job to re-form with 3 nodes")
     result = job.wait(TIMEOUT)
@@ -203,9 +185,7 @@ def test_watchdog_kills_a_hung_worker_and_the_agent_lives_on(cluster: LocalClust
     assert ok.wait(TIMEOUT).state == WorkerState.SUCCEEDED
 
 
-def test_cancel_stops_every_worker(cluster: LocalCluster, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
+def test_cancel_stops_every_worker(cluster: LocalCluster, out: Path) -> None:
     spec = JobSpec(
         entrypoint=[PY, script("crash_once.py")],
         nproc_per_node=2,
@@ -215,21 +195,17 @@ def test_cancel_stops_every_worker(cluster: LocalCluster, tmp_path: Path) -> Non
         stop_grace=5,
     )
     job = cluster.client.submit(spec)
-    poll_until(
-        lambda: len([w for w in job.status().workers if w.pid]) == 4, 60, what="4 workers running"
-    )
+    wait_started(job, 4)
     pids = [w.pid for w in job.status().workers]
     job.cancel()
     result = job.wait(60)
     assert job.status().state == JobState.CANCELED
     assert result.state == WorkerState.STOPPED and result.failures == {}
     for pid in pids:
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert gone(pid)
 
 
-def test_status_shows_health_per_rank(cluster: LocalCluster, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
+def test_status_shows_health_per_rank(cluster: LocalCluster, out: Path) -> None:
     spec = JobSpec(
         entrypoint=[PY, script("crash_once.py")],
         nproc_per_node=2,
@@ -331,9 +307,7 @@ def test_binary_workers_die_with_their_agent(cluster: LocalCluster) -> None:
         entrypoint=["sleep", "300"], nproc_per_node=2, min_nodes=2, max_nodes=2, stop_grace=5
     )
     job = cluster.client.submit(spec)
-    poll_until(
-        lambda: len([w for w in job.status().workers if w.pid]) == 4, 60, what="4 workers running"
-    )
+    wait_started(job, 4)
     victims = [w.pid for w in job.status().workers if w.node == "node-1"]
 
     def named_sleep() -> bool:
@@ -345,13 +319,6 @@ def test_binary_workers_die_with_their_agent(cluster: LocalCluster) -> None:
     # The stub arms the parent-death signal and execs in place: the pid stays the worker's.
     poll_until(named_sleep, 10, what="the workers to exec sleep")
     cluster.kill_agent("node-1")
-    poll_until(
-        lambda: all(
-            not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
-            for p in victims
-        ),
-        10,
-        what="the dead agent's workers to die",
-    )
+    poll_until(lambda: all(gone(p) for p in victims), 10, what="the dead agent's workers to die")
     job.cancel()
     job.wait(60)
