@@ -26,7 +26,7 @@ import psutil
 
 from client._client import Client
 
-__all__ = ["LocalCluster", "poll_until"]
+__all__ = ["LocalCluster", "StartedProcess", "marked_processes", "poll_until", "stop_processes"]
 
 CLUSTER_ENV = "GELASTIC_CLUSTER_ID"
 
@@ -44,8 +44,45 @@ def poll_until(
         time.sleep(interval)
 
 
+def stop_processes(procs: Sequence[StartedProcess], timeout: float) -> None:
+    """SIGTERM each process (in the order given), then SIGKILL the group of any that hangs."""
+    for p in procs:
+        if p.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.popen.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.popen.pid, signal.SIGKILL)
+            p.popen.wait(timeout=10)
+        p.log.close()
+
+
+def marked_processes(cluster_id: str) -> list[psutil.Process]:
+    """Live processes (not zombies) whose environment carries this cluster's marker."""
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            if (
+                proc.environ().get(CLUSTER_ENV) == cluster_id
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
 @dataclass
-class _Proc:
+class StartedProcess:
+    """A process this module started, with the file its output goes to."""
+
     name: str
     popen: subprocess.Popen[bytes]
     log: IO[bytes]
@@ -82,8 +119,8 @@ class LocalCluster:
         self.env = dict(os.environ)
         self.env.update(env or {})
         self.env[CLUSTER_ENV] = self.cluster_id
-        self.coordinator: _Proc | None = None
-        self.agents: dict[str, _Proc] = {}
+        self.coordinator: StartedProcess | None = None
+        self.agents: dict[str, StartedProcess] = {}
         self.port = 0
         self._client: Client | None = None
 
@@ -103,7 +140,7 @@ class LocalCluster:
 
     # ---- processes -------------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str]) -> _Proc:
+    def _spawn(self, name: str, argv: list[str]) -> StartedProcess:
         log_path = self.workdir / f"{name}.out"
         log = open(log_path, "ab")  # noqa: SIM115 - closed in _reap
         popen = subprocess.Popen(
@@ -114,7 +151,7 @@ class LocalCluster:
             env=self.env,
             start_new_session=True,
         )
-        return _Proc(name, popen, log, log_path)
+        return StartedProcess(name, popen, log, log_path)
 
     def start_coordinator(self, port: int = 0) -> None:
         port_file = self.workdir / "coordinator.port"
@@ -215,19 +252,7 @@ class LocalCluster:
             self._client.close()
             self._client = None
         procs = [*self.agents.values(), *([self.coordinator] if self.coordinator else [])]
-        for p in procs:
-            if p.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.popen.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            try:
-                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.popen.pid, signal.SIGKILL)
-                p.popen.wait(timeout=10)
-            p.log.close()
+        stop_processes(procs, timeout)
         # Anything still carrying our marker was started by this cluster: it must not survive.
         for proc in self.leftovers():
             with contextlib.suppress(psutil.Error):
@@ -237,20 +262,7 @@ class LocalCluster:
 
     def leftovers(self) -> list[psutil.Process]:
         """Live processes started by this cluster (coordinator, agents, workers)."""
-        found = []
-        me = os.getpid()
-        for proc in psutil.process_iter(["pid"]):
-            if proc.pid == me:
-                continue
-            try:
-                if (
-                    proc.environ().get(CLUSTER_ENV) == self.cluster_id
-                    and proc.status() != psutil.STATUS_ZOMBIE
-                ):
-                    found.append(proc)
-            except psutil.Error:
-                continue
-        return found
+        return marked_processes(self.cluster_id)
 
     def output(self, name: str) -> str:
         path = self.workdir / f"{name}.out"

@@ -16,7 +16,7 @@ import enum
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from client._model import (
@@ -1514,8 +1514,6 @@ def _clip(text: str, limit: int = MAX_FAILURE_TEXT) -> str:
 
 def _sanitized(report: WorkerExitReport, now: float) -> WorkerExitReport:
     """An agent's report made safe to keep: bounded texts, finite times, bounded return value."""
-    from dataclasses import replace
-
     ts = report.timestamp if math.isfinite(report.timestamp) and report.timestamp > 0 else now
     f = report.failure
     if f is not None:
@@ -1548,8 +1546,6 @@ def _sanitized(report: WorkerExitReport, now: float) -> WorkerExitReport:
 
 
 def _stamp(f: ProcessFailure, node: str, w: _Worker, job: _Job) -> ProcessFailure:
-    from dataclasses import replace
-
     member = job.member(node)
     role_rank = member.ranks.role_rank(w.local_rank) if member is not None else f.role_rank
     return replace(
@@ -1566,8 +1562,6 @@ def _stamp(f: ProcessFailure, node: str, w: _Worker, job: _Job) -> ProcessFailur
 
 def _label_failures(failures: dict[int, ProcessFailure]) -> dict[int, ProcessFailure]:
     """Mark the root cause (first observed across all nodes); the rest are collateral."""
-    from dataclasses import replace
-
     root = first_failure(failures)
     return {
         rank: replace(f, root_cause=(root is not None and rank == root.global_rank))

@@ -27,21 +27,24 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import psutil
 
 from client._client import Client
-from client._local import CLUSTER_ENV, poll_until
+from client._local import (
+    CLUSTER_ENV,
+    StartedProcess,
+    marked_processes,
+    poll_until,
+    stop_processes,
+)
 
 __all__ = ["Host", "Lab", "NetnsCluster", "skip_reason"]
 
@@ -239,14 +242,6 @@ def _free_subnet() -> ipaddress.IPv4Network:
 # ---- processes ---------------------------------------------------------------------------------
 
 
-@dataclass
-class _Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: IO[bytes]
-    log_path: Path
-
-
 class NetnsCluster:
     """A coordinator and node agents, each in its own namespace of `lab`."""
 
@@ -268,7 +263,7 @@ class NetnsCluster:
         self.cluster_id = uuid.uuid4().hex
         self.env = dict(os.environ)
         self.env[CLUSTER_ENV] = self.cluster_id
-        self.procs: dict[str, _Proc] = {}
+        self.procs: dict[str, StartedProcess] = {}
         self.address = ""
         self._client: Client | None = None
 
@@ -278,7 +273,7 @@ class NetnsCluster:
             self._client = Client(self.address)
         return self._client
 
-    def _spawn(self, name: str, host: Host, argv: Sequence[str]) -> _Proc:
+    def _spawn(self, name: str, host: Host, argv: Sequence[str]) -> StartedProcess:
         log_path = self.workdir / f"{name}.out"
         log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         popen = subprocess.Popen(
@@ -290,7 +285,7 @@ class NetnsCluster:
             cwd=REPO,
             start_new_session=True,
         )
-        proc = _Proc(name, popen, log, log_path)
+        proc = StartedProcess(name, popen, log, log_path)
         self.procs[name] = proc
         return proc
 
@@ -340,35 +335,11 @@ class NetnsCluster:
             self._client.close()
             self._client = None
         procs = sorted(self.procs.values(), key=lambda p: p.name == "coordinator")
-        for p in procs:
-            if p.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.popen.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            try:
-                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.popen.pid, signal.SIGKILL)
-                p.popen.wait(timeout=10)
-            p.log.close()
+        stop_processes(procs, timeout)
 
     def leftovers(self) -> list[psutil.Process]:
         """Live processes carrying this cluster's marker (coordinator, agents, workers)."""
-        found = []
-        for proc in psutil.process_iter(["pid"]):
-            if proc.pid == os.getpid():
-                continue
-            try:
-                if (
-                    proc.environ().get(CLUSTER_ENV) == self.cluster_id
-                    and proc.status() != psutil.STATUS_ZOMBIE
-                ):
-                    found.append(proc)
-            except psutil.Error:
-                continue
-        return found
+        return marked_processes(self.cluster_id)
 
     def kill_leftovers(self) -> list[tuple[int, str]]:
         """Wait a little for stragglers to exit, then SIGKILL them; return what had to be killed."""
