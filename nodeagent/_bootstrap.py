@@ -19,11 +19,11 @@ from __future__ import annotations
 import faulthandler
 import importlib
 import importlib.machinery
+import importlib.util
 import json
 import os
 import pickle
 import runpy
-import signal
 import sys
 import time
 import traceback
@@ -241,18 +241,17 @@ def _run(opts: _Options) -> None:
 
 def _die_with_agent() -> None:
     # The agent spawns without running Python between fork and exec, so the worker arms the
-    # parent-death signal itself, first thing, then checks the agent did not die meanwhile.
+    # parent-death signal itself, first thing, with the exec stub's own code beside this file.
     parent = os.environ.get("GELASTIC_AGENT_PID", "")
-    if not parent.isdigit() or not sys.platform.startswith("linux"):
+    if not parent.isdigit():
         return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
+    path = os.path.join(_HERE, "_pdeathsig.py")
+    spec = importlib.util.spec_from_file_location("_gelastic_pdeathsig", path)
+    if spec is None or spec.loader is None:
         return
-    if os.getppid() != int(parent):
-        os.kill(os.getpid(), signal.SIGKILL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.arm(int(parent))
 
 
 def main() -> None:
