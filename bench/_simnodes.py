@@ -72,7 +72,7 @@ RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 5.0
 """Pauses between session attempts: random in [0, d] (full jitter), d doubling from
 RECONNECT_MIN_S up to RECONNECT_MAX_S and back to RECONNECT_MIN_S after a session that lasted
-over RECONNECT_RESET_S: the same schedule as the node agent's (`nodeagent/_session.py`)."""
+over RECONNECT_RESET_S: the same schedule as the node agent's (`nodeagent/session.py`)."""
 RECONNECT_RESET_S = 10.0
 
 

@@ -10,7 +10,7 @@ _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 
 from client._client import Client, GelasticError, Job, submit
-from client._model import (
+from client.model import (
     AttemptSummary,
     FailureCategory,
     JobEvent,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from client._client import Client, GelasticError, Job
-from client._model import JobSpec, JobState, RunResult, SpecError
+from client.model import JobSpec, JobState, RunResult, SpecError
 
 __all__ = ["EmbeddedCluster", "RunPlan", "main", "plan_run", "run_parser"]
 
@@ -398,8 +398,8 @@ class EmbeddedCluster:
 
     async def _start(self) -> None:
         # Imported here: the rest of the CLI needs neither the server nor the agent.
-        from coordinator._server import Coordinator, CoordinatorConfig
-        from nodeagent._session import AgentConfig, NodeAgent
+        from coordinator.server import Coordinator, CoordinatorConfig
+        from nodeagent.session import AgentConfig, NodeAgent
 
         self._start_task = asyncio.current_task()
         self._coordinator = Coordinator(

@@ -18,15 +18,15 @@ from typing import Any, TextIO, TypeVar
 
 import grpc
 
-from client._convert import (
+from client.model import JobEvent, JobSpec, JobStatus, NodeInfo, RunResult
+from client.security import Security
+from client.wire import (
     event_from_pb,
     job_status_from_pb,
     node_from_pb,
     result_from_pb,
     spec_to_pb,
 )
-from client._model import JobEvent, JobSpec, JobStatus, NodeInfo, RunResult
-from client._security import Security
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
@@ -316,7 +316,7 @@ class _Progress:
 
 def progress_line(status: JobStatus) -> str:
     """One human line for a job's current state."""
-    from client._model import JobState, WorkerState
+    from client.model import JobState, WorkerState
 
     if status.state == JobState.RUNNING and status.workers:
         n = len(status.workers)

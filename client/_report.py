@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from client._model import ProcessFailure, RunResult, WorkerState, signal_name
 from client.errors import (
     NOT_AVAILABLE,
     format_failure_block,
     format_failure_table,
     indent_continuation,
 )
+from client.model import ProcessFailure, RunResult, WorkerState, signal_name
 
 __all__ = ["format_failures", "format_result"]
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from client._model import JobEvent, JobStatus, NodeInfo, RunResult, WorkerState, WorkerStatus
+from client.model import JobEvent, JobStatus, NodeInfo, RunResult, WorkerState, WorkerStatus
 
 __all__ = [
     "ago",

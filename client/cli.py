@@ -19,7 +19,6 @@ from typing import Any, NoReturn, TextIO
 import grpc
 
 from client._client import DEFAULT_COORDINATOR, Client, GelasticError, Job
-from client._model import JobSpec, JobState, RunResult, SpecError, is_function_reference
 from client._tables import (
     event_line,
     event_line_header,
@@ -30,6 +29,7 @@ from client._tables import (
     status_text,
     to_jsonable,
 )
+from client.model import JobSpec, JobState, RunResult, SpecError, is_function_reference
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "CliError", "main", "parse_nnodes"]
 

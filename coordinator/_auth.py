@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from client._security import AUTH_HEADER
+from client.security import AUTH_HEADER
 
 __all__ = ["ServerTLS", "TokenInterceptor"]
 

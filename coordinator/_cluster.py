@@ -19,7 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from client._model import (
+from client.assignment import RoundAssignment, WorkerRanks
+from client.model import (
     MAX_RETURN_VALUE_BYTES,
     AttemptSummary,
     JobEvent,
@@ -36,7 +37,6 @@ from client._model import (
 )
 from coordinator._codec import decode, encode
 from coordinator._ranks import GroupRanks, NodeRole, assign_worker_ranks
-from nodeagent._assignment import RoundAssignment, WorkerRanks
 
 __all__ = [
     "AssignRound",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from client._model import SpecError
+from client.model import SpecError
 from coordinator._cluster import JobNotFound, NodeNameInUse
 
 __all__ = ["RequestError", "status_for"]

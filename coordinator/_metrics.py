@@ -28,7 +28,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from client._model import FailureCategory, JobEvent, JobState
+from client.model import FailureCategory, JobEvent, JobState
 from coordinator._cluster import CloseSession, Cluster, Effect, EventRecorded, JobChanged
 
 __all__ = ["CoordinatorMetrics"]

@@ -19,7 +19,8 @@ from typing import Any
 
 import grpc
 
-from client._convert import (
+from client.model import SpecError, is_job_id, is_name
+from client.wire import (
     event_to_pb,
     failure_from_pb,
     job_to_pb,
@@ -27,7 +28,6 @@ from client._convert import (
     spec_from_pb,
     spec_to_pb,
 )
-from client._model import SpecError, is_job_id, is_name
 from coordinator._cluster import (
     AssignRound,
     CloseSession,

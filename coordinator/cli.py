@@ -9,7 +9,7 @@ import logging
 import signal
 import sys
 
-from coordinator._server import Coordinator, CoordinatorConfig
+from coordinator.server import Coordinator, CoordinatorConfig
 
 __all__ = ["main"]
 

@@ -2,7 +2,7 @@
 
 `read_error_file` understands torchelastic's error-file formats and never raises: a missing,
 empty, truncated or malformed file becomes a `problem` string that says exactly what is wrong.
-`build_failure` turns one worker's exit into a `client._model.ProcessFailure` with torchelastic's
+`build_failure` turns one worker's exit into a `client.model.ProcessFailure` with torchelastic's
 wording (``Signal 9 (SIGKILL) received by PID 1234``).
 """
 
@@ -17,7 +17,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from client._model import FailureCategory, ProcessFailure, signal_message, signal_name
+from client.model import FailureCategory, ProcessFailure, signal_message, signal_name
 
 __all__ = [
     "MAX_ERROR_FILE_BYTES",

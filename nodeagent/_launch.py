@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from client._model import parse_std_mapping
-from nodeagent._assignment import RoundAssignment, WorkerRanks
+from client.assignment import RoundAssignment, WorkerRanks
+from client.model import parse_std_mapping
 
 __all__ = [
     "BOOTSTRAP_PATH",

@@ -26,14 +26,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from client._model import (
+from client.assignment import RoundAssignment, WorkerRanks
+from client.model import (
     MAX_RETURN_VALUE_BYTES,
     FailureCategory,
     ProcessFailure,
     WorkerState,
     signal_name,
 )
-from nodeagent._assignment import RoundAssignment, WorkerRanks
 from nodeagent._errorfile import (
     ErrorFileResult,
     build_failure,

@@ -14,7 +14,7 @@ import asyncio  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
 
-from nodeagent._session import AgentConfig, NodeAgent  # noqa: E402
+from nodeagent.session import AgentConfig, NodeAgent  # noqa: E402
 
 __all__ = ["main"]
 

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from client import Client, GelasticError, JobSpec, JobState, WorkerState
-from coordinator._server import Coordinator, CoordinatorConfig
+from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 from tests.service._fakes import FakeNode, run_round, worker_exit

@@ -23,10 +23,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from client import Client, JobSpec, WorkerState
-from client._model import FailureCategory, ProcessFailure
+from client.model import FailureCategory, ProcessFailure
 from coordinator._cluster import Cluster, ClusterConfig, RunningGroupReport, WorkerExitReport
 from coordinator._metrics import CoordinatorMetrics
-from coordinator._server import Coordinator, CoordinatorConfig
+from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent._metrics import AgentMetrics
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc

@@ -22,8 +22,8 @@ from typing import Any
 import psutil
 import pytest
 
-from client._model import MAX_RETURN_VALUE_BYTES, JobSpec, WorkerState
-from nodeagent._assignment import RoundAssignment, WorkerRanks
+from client.assignment import RoundAssignment, WorkerRanks
+from client.model import MAX_RETURN_VALUE_BYTES, JobSpec, WorkerState
 from nodeagent._reaper import reap_previous, record_workers
 from nodeagent._workers import WorkerExit, WorkerGroup
 

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from client._model import JobSpec, ProcessFailure
+from client.assignment import RoundAssignment
+from client.model import JobSpec, ProcessFailure
 from coordinator._cluster import (
     AssignRound,
     Cluster,
@@ -28,7 +29,6 @@ from coordinator._cluster import (
     StopRound,
     WorkerExitReport,
 )
-from nodeagent._assignment import RoundAssignment
 
 T0 = 1_000_000.0
 BASE_PORT = 29500

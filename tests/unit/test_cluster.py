@@ -13,7 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from client._model import JobState, ProcessFailure, WorkerState
+from client.model import JobState, ProcessFailure, WorkerState
 from coordinator._cluster import (
     AssignRound,
     CloseSession,
@@ -1287,7 +1287,7 @@ test_cluster_histories = ClusterHistories.TestCase
 
 
 def test_a_node_back_with_a_stale_round_gets_no_new_work_until_it_stopped() -> None:
-    from client._model import JobSpec
+    from client.model import JobSpec
     from coordinator._cluster import Cluster, ClusterConfig
 
     c = Cluster(ClusterConfig(lease=5.0))

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client._model import JobSpec, JobState, ProcessFailure
+from client.model import JobSpec, JobState, ProcessFailure
 from coordinator._cluster import (
     AssignRound,
     Cluster,
@@ -219,7 +219,7 @@ def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(
 
 
 def test_an_oversized_return_value_is_a_failure_that_names_the_limit() -> None:
-    from client._model import MAX_RETURN_VALUE_BYTES
+    from client.model import MAX_RETURN_VALUE_BYTES
 
     c = Cluster()
     c.submit("j", JobSpec(entrypoint="pkg.mod:fn", nproc_per_node=1), 0.0)

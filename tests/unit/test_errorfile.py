@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from client._model import FailureCategory
+from client.model import FailureCategory
 from nodeagent._errorfile import (
     MAX_ERROR_FILE_BYTES,
     ErrorFileResult,

@@ -19,13 +19,13 @@ import pytest
 from torch.distributed.elastic.multiprocessing import errors as torch_errors
 
 import client.errors as errors_module
-from client._model import ProcessFailure
 from client.errors import (
     ChildFailedError,
     ErrorHandler,
     read_error_file,
     record,
 )
+from client.model import ProcessFailure
 
 ERRORS_PY = Path(errors_module.__file__)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from client._model import JobSpec
-from nodeagent._assignment import RoundAssignment, WorkerRanks
+from client.assignment import RoundAssignment, WorkerRanks
+from client.model import JobSpec
 from nodeagent._launch import (
     BOOTSTRAP_PATH,
     attempt_dir,

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client._model import (
+from client._report import format_failures, format_result
+from client.model import (
     AttemptSummary,
     FailureCategory,
     ProcessFailure,
     RunResult,
     WorkerState,
 )
-from client._report import format_failures, format_result
 
 T0 = 1800000000.0  # 2027-01-15_08:00:00 UTC
 TB = (

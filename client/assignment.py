@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from client._model import JobSpec
+from client.model import JobSpec
 
 __all__ = ["RoundAssignment", "WorkerRanks"]
 

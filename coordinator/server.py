@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from client._security import read_token
+from client.security import read_token
 from coordinator._auth import ServerTLS, TokenInterceptor
 from coordinator._cluster import ClusterConfig
 from coordinator._probes import Probes

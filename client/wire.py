@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from client._model import (
+from client.model import (
     AttemptSummary,
     FailureCategory,
     JobEvent,

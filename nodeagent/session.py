@@ -24,10 +24,10 @@ from types import TracebackType
 
 import grpc
 
-from client._convert import failure_to_pb, spec_from_pb
-from client._model import is_job_id, is_name
-from client._security import Security
-from nodeagent._assignment import RoundAssignment, WorkerRanks
+from client.assignment import RoundAssignment, WorkerRanks
+from client.model import is_job_id, is_name
+from client.security import Security
+from client.wire import failure_to_pb, spec_from_pb
 from nodeagent._launch import attempt_dirs
 from nodeagent._metrics import AgentMetrics
 from nodeagent._reaper import PidRegistry, reap_previous
