@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from client.metrics_http import MetricsEndpoint
 from client.security import read_token
 from coordinator._auth import ServerTLS, TokenInterceptor
 from coordinator._cluster import ClusterConfig
 from coordinator._probes import Probes
 from coordinator._service import CoordinatorService
 from coordinator._store import MEMORY, Store, default_state_dir
-from nodeagent._metrics import MetricsEndpoint
 
 if TYPE_CHECKING:
     from coordinator._metrics import CoordinatorMetrics

@@ -1,4 +1,4 @@
-"""The node agent's Prometheus metrics, and the HTTP endpoint both programs serve metrics on.
+"""The node agent's Prometheus metrics (served by `client.metrics_http.MetricsEndpoint`).
 
 The agent's numbers come from the health samples its heartbeat already takes (one psutil walk
 per heartbeat, nothing extra): how many workers run, and each worker's CPU and resident memory.
@@ -12,88 +12,19 @@ is imported only when metrics are served: an agent without `--metrics-port` does
 
 from __future__ import annotations
 
-import logging
-import socket
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from client.metrics_http import MetricsEndpoint
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import Metric
 
-__all__ = ["AgentMetrics", "MetricsEndpoint", "WorkerSample"]
-
-logger = logging.getLogger(__name__)
-
-STOP_JOIN_S = 5.0
-
-
-class MetricsEndpoint:
-    """`GET /metrics` for one registry: prometheus_client's WSGI app on one daemon thread.
-
-    One long-lived thread serves every scrape in turn. prometheus_client's `start_http_server`
-    starts a thread per request instead, and the agent forks workers: threads coming and going
-    in the parent at that moment are what fork-with-threads handles worst. A scrape takes
-    milliseconds, so serving them one at a time costs nothing. The HTTP modules are imported
-    only when metrics are on, to keep an idle agent small.
-
-    `start()` binds (an OSError names the address); `stop()` shuts the server down, closes its
-    socket and joins its thread. Both are idempotent.
-    """
-
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        self.registry = registry
-        self.host = host
-        self.port = port
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
-
-    def start(self) -> None:
-        if self._server is not None:
-            return
-        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
-
-        from prometheus_client import make_wsgi_app
-
-        class _QuietHandler(WSGIRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # a scrape every few seconds must not fill the agent's log
-
-        try:
-            family = socket.getaddrinfo(
-                self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-            )[0][0]
-            server_class = type("MetricsServer", (WSGIServer,), {"address_family": family})
-            server = server_class((self.host, self.port), _QuietHandler)
-        except OSError as exc:
-            raise OSError(
-                f"cannot serve metrics on {self.host}:{self.port}: {exc.strerror or exc}"
-            ) from exc
-        server.set_app(make_wsgi_app(self.registry))
-        thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
-        thread.start()
-        self._server, self._thread = server, thread
-        self.port = server.server_port
-        logger.info("metrics on %s", self.url)
-
-    def stop(self) -> None:
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join(STOP_JOIN_S)
+__all__ = ["AgentMetrics", "WorkerSample"]
 
 
 @dataclass(frozen=True)
