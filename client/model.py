@@ -1,7 +1,8 @@
 """The domain types every part of gelastic shares: job specs, states, failures and results.
 
-Pure data and validation only: nothing here imports grpc or the generated protos, so the
-coordinator's decision code, the node agent and the client all speak these types.
+Pure data, validation and the failure table's text only: nothing here imports grpc or the
+generated protos, so the coordinator's decision code, the node agent and the client all speak
+these types.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
+from client.errors import (
+    NOT_AVAILABLE,
+    format_failure_block,
+    format_failure_table,
+    indent_continuation,
+)
+
 __all__ = [
+    "MAX_RETURN_VALUE_BYTES",
     "AttemptSummary",
     "FailureCategory",
     "JobEvent",
@@ -29,7 +38,14 @@ __all__ = [
     "SpecError",
     "WorkerState",
     "WorkerStatus",
+    "first_failure",
+    "format_failures",
+    "is_function_reference",
+    "is_job_id",
+    "is_name",
+    "parse_std_mapping",
     "signal_message",
+    "signal_name",
 ]
 
 # Limits that keep one job from hurting the coordinator or another job.
@@ -419,8 +435,6 @@ class RunResult:
 
     def format_failures(self, name: str = "") -> str:
         """A report shaped like torchelastic's ChildFailedError table, root cause first."""
-        from client._report import format_failures
-
         return format_failures(self, name or self.name or self.job_id)
 
 
@@ -500,3 +514,83 @@ class JobEvent:
     round: int = 0
     node: str = ""
     rank: int = -1
+
+
+# --- the failure table ---------------------------------------------------------------------
+# The shape of torchelastic's ChildFailedError message (same frame, width rule, rows and
+# indentation) with the root cause first, plus where (node) and when (attempt, round) each
+# failure happened, and whether it was collateral damage of the root cause.
+
+_COLLATERAL_AFTER = "failed after the root cause"
+_COLLATERAL_SAME_TIME = "no (failed at the same time as the root cause)"
+_COLLATERAL_BEFORE = "no (its node's clock puts it before the root cause)"
+
+
+def format_failures(result: RunResult, name: str) -> str:
+    """The failure table of `result`: root cause first, then the other failures by time."""
+    title = f"{_one_line(name or result.name or result.job_id or 'job')} FAILED"
+    root = result.root_cause
+    # The same failure order as first_failure: time, then global rank.
+    ordered = sorted(result.failures.values(), key=lambda f: (_sort_time(f), f.global_rank))
+    others = [f for f in ordered if f is not root]
+    root_block = format_failure_block(0, _rows(root, None)) if root is not None else ""
+    other_blocks = [
+        format_failure_block(idx, _rows(f, root))
+        for idx, f in enumerate(others, start=1 if root is not None else 0)
+    ]
+    return format_failure_table(title, root_block, other_blocks)
+
+
+def _rows(failure: ProcessFailure, root: ProcessFailure | None) -> list[tuple[str, str]]:
+    rows = [("time", _time(failure.timestamp))]
+    if root is not None:
+        rows.append(("collateral", _collateral(failure, root)))
+    signame = _one_line(failure.signal) or (
+        signal_name(-failure.exitcode) if failure.exitcode < 0 else ""
+    )
+    signame_part = f" ({signame})" if signame and signame != NOT_AVAILABLE else ""
+    rows += [
+        ("node", _one_line(failure.node) or NOT_AVAILABLE),
+        ("attempt", f"{failure.attempt} (round: {failure.round})"),
+        ("rank", f"{failure.global_rank} (local_rank: {failure.local_rank})"),
+        # torchelastic's spacing, kept so the table reads the same: one space after the pid,
+        # then " (SIGNAME)" only for a death by signal.
+        ("exitcode", f"{failure.exitcode} (pid: {failure.pid}) {signame_part}"),
+        ("error_file", _one_line(failure.error_file) or NOT_AVAILABLE),
+        ("traceback", indent_continuation(failure.traceback or failure.message or NOT_AVAILABLE)),
+    ]
+    tail = failure.stderr_tail.rstrip("\n")
+    if tail.strip() and not failure.traceback:
+        count = tail.count("\n") + 1
+        noun = "line" if count == 1 else "lines"
+        rows.append(("stderr", f"last {count} {noun}" + indent_continuation("\n" + tail, "    ")))
+    return rows
+
+
+def _one_line(text: str) -> str:
+    # A newline in a one-line field would start a line that reads as a new row or entry.
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _collateral(failure: ProcessFailure, root: ProcessFailure) -> str:
+    t, root_t = _sort_time(failure), _sort_time(root)
+    if t > root_t:
+        return _COLLATERAL_AFTER
+    if t == root_t:
+        return _COLLATERAL_SAME_TIME
+    # Possible when the coordinator chose the root cause and nodes' clocks disagree.
+    return _COLLATERAL_BEFORE
+
+
+def _sort_time(failure: ProcessFailure) -> float:
+    # NaN would make every comparison false and the order depend on the input order.
+    t = failure.timestamp
+    return t if t == t else float("inf")
+
+
+def _time(timestamp: float) -> str:
+    # Milliseconds, because the root cause is decided below one second.
+    try:
+        return datetime.fromtimestamp(timestamp).isoformat(sep="_", timespec="milliseconds")
+    except (ValueError, OverflowError, OSError, TypeError):
+        return repr(timestamp)

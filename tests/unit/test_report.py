@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client._report import format_failures, format_result
+from client._report import format_result
 from client.model import (
     AttemptSummary,
     FailureCategory,
     ProcessFailure,
     RunResult,
     WorkerState,
+    format_failures,
 )
 
 T0 = 1800000000.0  # 2027-01-15_08:00:00 UTC
