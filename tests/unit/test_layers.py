@@ -1,0 +1,235 @@
+"""The layers stay as drawn: protos -> client's shared model -> coordinator | nodeagent | client.
+
+Parses the imports of every module of the three packages (ast only, nothing is imported) and
+fails on an arrow that points the wrong way. Imports under `if TYPE_CHECKING:` count too: a type
+that crosses a layer couples the layers just the same.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("client", "coordinator", "nodeagent")
+OURS = (*PACKAGES, "protos")
+PURE = ("coordinator._cluster", "coordinator._ranks")
+"""The coordinator's decision code: no transport, no event loop, no generated code."""
+IMPURE_ROOTS = ("grpc", "asyncio", "protos")
+WORKER_SIDE = ("nodeagent._bootstrap", "nodeagent._pdeathsig", "client.errors")
+"""Modules that run inside a user's worker process: the standard library only."""
+COMPOSER = "client._cli_run"
+"""`gelastic run`: the one place that embeds a coordinator and an agent together."""
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    target: str
+    """The module imported (for `from pkg import name`, `pkg.name` when that is a module)."""
+    names: tuple[str, ...]
+    """The names taken with `from target import ...`; empty for `import target`."""
+    line: int
+
+    def __str__(self) -> str:
+        what = f"from {self.target} import {', '.join(self.names)}" if self.names else self.target
+        return f"{self.importer}:{self.line}: {what}"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found[_module_name(path)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_module(name: str) -> bool:
+    if name in MODULES:
+        return True
+    return (ROOT / Path(*name.split("."))).with_suffix(".py").exists() or (
+        ROOT / Path(*name.split(".")) / "__init__.py"
+    ).exists()
+
+
+def _imports_of(module: str, path: Path) -> Iterator[Import]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(module, alias.name, (), node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            names = tuple(alias.name for alias in node.names)
+            submodules = [n for n in names if _is_module(f"{base}.{n}")]
+            for name in submodules:
+                yield Import(module, f"{base}.{name}", (), node.lineno)
+            rest = tuple(n for n in names if n not in submodules)
+            if rest or not submodules:
+                yield Import(module, base, rest, node.lineno)
+
+
+IMPORTS = [imp for module, path in MODULES.items() for imp in _imports_of(module, path)]
+
+
+def _root(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _has_private_part(name: str) -> bool:
+    return any(part.startswith("_") and part != "__init__" for part in name.split("."))
+
+
+def _ours(imp: Import) -> bool:
+    return _root(imp.target) in OURS
+
+
+def test_the_scan_sees_the_imports_it_checks() -> None:
+    # The rules below are only as good as the parse: it must find the arrows we know are there.
+    edges = {(i.importer, i.target) for i in IMPORTS}
+    assert ("coordinator._cluster", "coordinator._ranks") in edges
+    assert ("coordinator._service", "protos.gelastic.v1.gelastic_pb2") in edges
+    assert ("client._cli_run", "coordinator.server") in edges  # a lazy import, inside a function
+    assert ("nodeagent._workers", "client.model") in edges
+    assert len(MODULES) > 30
+
+
+def test_coordinator_and_node_agent_never_import_each_other() -> None:
+    crossing = [
+        str(i)
+        for i in IMPORTS
+        if {_root(i.importer), _root(i.target)} == {"coordinator", "nodeagent"}
+    ]
+    assert not crossing, "the coordinator and the node agent share only client's model:\n" + (
+        "\n".join(crossing)
+    )
+
+
+def test_only_gelastic_run_composes_a_coordinator_and_an_agent() -> None:
+    composers = [
+        str(i)
+        for i in IMPORTS
+        if _root(i.importer) == "client"
+        and _root(i.target) in ("coordinator", "nodeagent")
+        and i.importer != COMPOSER
+    ]
+    assert not composers, "\n".join(composers)
+
+
+def test_no_package_imports_another_packages_private_module() -> None:
+    private = [
+        str(i)
+        for i in IMPORTS
+        if _ours(i) and _root(i.target) != _root(i.importer) and _has_private_part(i.target)
+    ]
+    assert not private, "import the public module instead:\n" + "\n".join(private)
+
+
+def test_a_public_module_offers_in_its_all_what_others_take_from_it() -> None:
+    offered: dict[str, set[str] | None] = {}
+
+    def all_of(module: str) -> set[str] | None:
+        if module not in offered:
+            path = MODULES.get(module)
+            names: set[str] | None = None
+            if path is not None:
+                for node in ast.parse(path.read_text()).body:
+                    if isinstance(node, ast.Assign) and any(
+                        isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+                    ):
+                        names = set(ast.literal_eval(node.value))
+            offered[module] = names
+        return offered[module]
+
+    missing: list[str] = []
+    for i in IMPORTS:
+        if _root(i.target) not in PACKAGES or _has_private_part(i.target):
+            continue
+        if _root(i.importer) == _root(i.target) or i.target in PACKAGES:
+            continue  # inside its own package a module may share more than it offers
+        names = all_of(i.target)
+        if names is None:
+            missing.append(f"{i.target} has no __all__ (imported at {i})")
+        else:
+            missing += [f"{i}: {n!r} is not in its __all__" for n in i.names if n not in names]
+    # A public module says what it offers even while nobody imports it yet.
+    public = [m for m in MODULES if "." in m and not _has_private_part(m)]
+    missing += [f"{m} has no __all__" for m in public if all_of(m) is None]
+    assert not missing, "\n".join(missing)
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_the_decision_code_has_no_transport_no_loop_no_protos(module: str) -> None:
+    bad = [str(i) for i in IMPORTS if i.importer == module and _root(i.target) in IMPURE_ROOTS]
+    assert not bad, "\n".join(bad)
+    # ... and nothing it imports of ours drags them in.
+    seen, todo = {module}, [module]
+    while todo:
+        current = todo.pop()
+        for i in IMPORTS:
+            if i.importer != current or not _ours(i):
+                continue
+            assert _root(i.target) not in IMPURE_ROOTS, f"{module} reaches {i}"
+            if i.target in MODULES and i.target not in seen:
+                seen.add(i.target)
+                todo.append(i.target)
+
+
+@pytest.mark.parametrize("module", WORKER_SIDE)
+def test_worker_side_modules_use_the_standard_library_only(module: str) -> None:
+    assert module in MODULES
+    outside = [
+        str(i)
+        for i in IMPORTS
+        if i.importer == module
+        and i.target != "__future__"
+        and _root(i.target) not in sys.stdlib_module_names
+    ]
+    assert not outside, "\n".join(outside)
+
+
+def test_no_import_cycles() -> None:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for i in IMPORTS:
+        if i.target in MODULES and i.target != i.importer:
+            graph[i.importer].add(i.target)
+    # A package's __init__ runs before any of its modules; an arrow into it from inside is not a
+    # cycle of our making (Python resolves `from client.x import y` through client/__init__).
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append([*stack[stack.index(n) :], n])
+            elif n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
