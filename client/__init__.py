@@ -9,7 +9,8 @@ import os as _os
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 
-from client._client import Client, GelasticError, Job, submit
+from typing import TYPE_CHECKING, Any
+
 from client.model import (
     AttemptSummary,
     FailureCategory,
@@ -25,6 +26,24 @@ from client.model import (
     WorkerState,
     WorkerStatus,
 )
+
+if TYPE_CHECKING:
+    from client._client import Client, GelasticError, Job, submit
+
+# The gRPC client loads on first use: the coordinator's decision code and a worker importing
+# client.errors reach this package too, and they must not pay for (or depend on) grpc.
+_LAZY = frozenset({"Client", "GelasticError", "Job", "submit"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from client import _client
+
+        value = getattr(_client, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'client' has no attribute {name!r}")
+
 
 __all__ = [
     "AttemptSummary",

@@ -8,6 +8,8 @@ that crosses a layer couples the layers just the same.
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -181,17 +183,23 @@ def test_a_public_module_offers_in_its_all_what_others_take_from_it() -> None:
 def test_the_decision_code_has_no_transport_no_loop_no_protos(module: str) -> None:
     bad = [str(i) for i in IMPORTS if i.importer == module and _root(i.target) in IMPURE_ROOTS]
     assert not bad, "\n".join(bad)
-    # ... and nothing it imports of ours drags them in.
-    seen, todo = {module}, [module]
-    while todo:
-        current = todo.pop()
-        for i in IMPORTS:
-            if i.importer != current or not _ours(i):
-                continue
-            assert _root(i.target) not in IMPURE_ROOTS, f"{module} reaches {i}"
-            if i.target in MODULES and i.target not in seen:
-                seen.add(i.target)
-                todo.append(i.target)
+    # ... and nothing it imports of ours (package __init__ files included) drags them in.
+    loaded = _modules_loaded_by(module)
+    assert not {m for m in loaded if _root(m) in IMPURE_ROOTS}, sorted(loaded)
+
+
+def _modules_loaded_by(module: str) -> set[str]:
+    """The modules a fresh interpreter holds after importing `module`, less those it started with."""
+    probe = (
+        "import json, sys; before = set(sys.modules); "
+        f"import {module}; "
+        "print(json.dumps(sorted(set(sys.modules) - before)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return set(json.loads(out.stdout))
 
 
 @pytest.mark.parametrize("module", WORKER_SIDE)
@@ -205,6 +213,10 @@ def test_worker_side_modules_use_the_standard_library_only(module: str) -> None:
         and _root(i.target) not in sys.stdlib_module_names
     ]
     assert not outside, "\n".join(outside)
+    if module != "nodeagent._pdeathsig":  # run by path, never imported as a module
+        loaded = _modules_loaded_by(module)
+        third_party = {m for m in loaded if _root(m) not in (*sys.stdlib_module_names, *OURS)}
+        assert not third_party, sorted(third_party)
 
 
 def test_no_import_cycles() -> None:
