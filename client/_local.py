@@ -3,6 +3,11 @@
 Used by `make demo`, the end-to-end tests and the benchmarks. Every process it starts carries
 `GELASTIC_CLUSTER_ID` in its environment (workers inherit it from their agent), so `leftovers()`
 finds anything the cluster left behind, and `stop()` kills only what it started.
+
+Each agent gets a directory of its own (`node_dir(name)`: its worker logs, its state, its temp
+dir), as separate hosts would have: a request served by the wrong agent then finds nothing.
+`stop()` stops the agents, then the coordinator, with SIGTERM; whatever it still has to SIGKILL
+afterwards is returned (and kept in `killed`), so a caller can treat it as the bug it is.
 """
 
 from __future__ import annotations
@@ -26,9 +31,22 @@ import psutil
 
 from client._client import Client
 
-__all__ = ["LocalCluster", "StartedProcess", "marked_processes", "poll_until", "stop_processes"]
+__all__ = [
+    "AGENT_ENV",
+    "CLUSTER_ENV",
+    "KilledProcess",
+    "LocalCluster",
+    "StartedProcess",
+    "kill_marked",
+    "marked_processes",
+    "poll_until",
+    "stop_processes",
+]
 
 CLUSTER_ENV = "GELASTIC_CLUSTER_ID"
+AGENT_ENV = "GELASTIC_LOCAL_AGENT"
+"""Set to the agent's name in each agent's environment (its workers inherit it): where a worker
+really ran, told by the process tree rather than by what the coordinator believes."""
 
 
 def poll_until(
@@ -44,21 +62,72 @@ def poll_until(
         time.sleep(interval)
 
 
-def stop_processes(procs: Sequence[StartedProcess], timeout: float) -> None:
-    """SIGTERM each process (in the order given), then SIGKILL the group of any that hangs."""
+@dataclass(frozen=True)
+class KilledProcess:
+    """A process that a graceful stop did not end, so it had to be SIGKILLed."""
+
+    pid: int
+    name: str
+    cmdline: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.name} (pid {self.pid}, {self.why}): {self.cmdline}"
+
+
+def stop_processes(procs: Sequence[StartedProcess], timeout: float) -> list[KilledProcess]:
+    """SIGTERM each process (in the order given), then SIGKILL the group of any that hangs.
+
+    Returns the processes that had to be killed: a process that ignores SIGTERM for `timeout`
+    seconds is a bug of its own, which the caller should see rather than have hidden.
+    """
     for p in procs:
         if p.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.popen.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
+    killed = []
     for p in procs:
         try:
             p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            killed.append(
+                KilledProcess(
+                    p.popen.pid,
+                    p.name,
+                    " ".join(map(str, p.argv))[:200],
+                    f"still running {timeout:g} s after SIGTERM",
+                )
+            )
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.popen.pid, signal.SIGKILL)
             p.popen.wait(timeout=10)
         p.log.close()
+    return killed
+
+
+def kill_marked(cluster_id: str, grace: float) -> list[KilledProcess]:
+    """Wait up to `grace` s for the cluster's marked processes to exit; SIGKILL the rest.
+
+    Returns what had to be killed. Called once the cluster's own processes were stopped, so
+    anything still marked (a worker, a child of a worker) outlived the agent that owned it.
+    """
+    with contextlib.suppress(TimeoutError):
+        poll_until(lambda: not marked_processes(cluster_id), grace, interval=0.1, what="stragglers")
+    killed = []
+    for proc in marked_processes(cluster_id):
+        with contextlib.suppress(psutil.Error):
+            cmdline = " ".join(proc.cmdline())[:200]
+            killed.append(
+                KilledProcess(proc.pid, proc.name(), cmdline, "alive after its cluster stopped")
+            )
+            proc.kill()
+    with contextlib.suppress(TimeoutError):
+        # A SIGKILLed process is gone at once unless it sits in the kernel (D state).
+        poll_until(
+            lambda: not marked_processes(cluster_id), 10, interval=0.1, what="killed stragglers"
+        )
+    return killed
 
 
 def marked_processes(cluster_id: str) -> list[psutil.Process]:
@@ -87,6 +156,7 @@ class StartedProcess:
     popen: subprocess.Popen[bytes]
     log: IO[bytes]
     log_path: Path
+    argv: Sequence[str] = ()
 
 
 class LocalCluster:
@@ -122,6 +192,8 @@ class LocalCluster:
         self.coordinator: StartedProcess | None = None
         self.agents: dict[str, StartedProcess] = {}
         self.port = 0
+        self.killed: list[KilledProcess] = []
+        """Every process a `stop()` had to SIGKILL (empty when everything stopped on its own)."""
         self._client: Client | None = None
 
     @property
@@ -134,24 +206,30 @@ class LocalCluster:
             self._client = Client(self.address)
         return self._client
 
-    @property
-    def log_dir(self) -> Path:
-        return self.workdir / "logs"
+    def node_dir(self, name: str) -> Path:
+        """The directory of agent `name` alone, as if it ran on a host of its own."""
+        return self.workdir / "nodes" / name
+
+    def agent_log_dir(self, name: str) -> Path:
+        """Where agent `name` keeps its workers' logs (its `--log-dir`)."""
+        return self.node_dir(name) / "logs"
 
     # ---- processes -------------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str]) -> StartedProcess:
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> StartedProcess:
         log_path = self.workdir / f"{name}.out"
-        log = open(log_path, "ab")  # noqa: SIM115 - closed in _reap
+        log = open(log_path, "ab")  # noqa: SIM115 - closed by stop_processes or kill_*
         popen = subprocess.Popen(
             argv,
             stdout=None if not self.quiet else log,
             stderr=subprocess.STDOUT if self.quiet else None,
             stdin=subprocess.DEVNULL,
-            env=self.env,
+            env=self.env if env is None else env,
             start_new_session=True,
         )
-        return StartedProcess(name, popen, log, log_path)
+        return StartedProcess(name, popen, log, log_path, tuple(argv))
 
     def start_coordinator(self, port: int = 0) -> None:
         port_file = self.workdir / "coordinator.port"
@@ -189,6 +267,10 @@ class LocalCluster:
         self.port = int(port_file.read_text().strip())
 
     def start_agent(self, name: str, slots: int | None = None, wait: bool = True) -> None:
+        """Start agent `name` with its own directories; a restarted agent gets the same ones."""
+        home = self.node_dir(name)
+        tmp = home / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
         argv = [
             sys.executable,
             "-m",
@@ -200,17 +282,19 @@ class LocalCluster:
             "--slots",
             str(slots or self.slots),
             "--log-dir",
-            str(self.log_dir),
+            str(self.agent_log_dir(name)),
             "--state-dir",
-            str(self.workdir / "state" / name),
+            str(home / "state"),
             *self.agent_args,
         ]
+        # Workers inherit the agent's environment: their temp files stay on "their host" too.
+        env = {**self.env, AGENT_ENV: name, "TMPDIR": str(tmp)}
         old = self.agents.get(name)
         if old is not None:
             if old.popen.poll() is None:
                 raise RuntimeError(f"agent {name} is still running")
             old.log.close()
-        self.agents[name] = self._spawn(name, argv)
+        self.agents[name] = self._spawn(name, argv, env)
         if wait:
             self.wait_nodes(lambda live: name in live, f"node {name} to register")
 
@@ -246,19 +330,26 @@ class LocalCluster:
         self.coordinator.popen.wait(timeout=30)
         self.coordinator.log.close()
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM everything started here, then SIGKILL what is left; bounded."""
+    def stop(self, timeout: float = 20.0, grace: float = 5.0) -> list[KilledProcess]:
+        """Stop gracefully, then SIGKILL what is left; return (and keep in `killed`) the latter.
+
+        The agents go first, with SIGTERM, so that they stop their workers while the
+        coordinator still listens; then the coordinator. Each gets `timeout` seconds. What
+        still carries the cluster's marker `grace` seconds later outlived its agent. Bounded,
+        and safe to call twice.
+        """
         if self._client is not None:
             self._client.close()
             self._client = None
-        procs = [*self.agents.values(), *([self.coordinator] if self.coordinator else [])]
-        stop_processes(procs, timeout)
+        killed = stop_processes(list(self.agents.values()), timeout)
+        if self.coordinator is not None:
+            killed += stop_processes([self.coordinator], timeout)
         # Anything still carrying our marker was started by this cluster: it must not survive.
-        for proc in self.leftovers():
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
+        killed += kill_marked(self.cluster_id, grace)
+        self.killed.extend(killed)
         if self._own_tmp:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        return killed
 
     def leftovers(self) -> list[psutil.Process]:
         """Live processes started by this cluster (coordinator, agents, workers)."""

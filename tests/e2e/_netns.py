@@ -40,7 +40,9 @@ import psutil
 from client._client import Client
 from client._local import (
     CLUSTER_ENV,
+    KilledProcess,
     StartedProcess,
+    kill_marked,
     marked_processes,
     poll_until,
     stop_processes,
@@ -264,6 +266,8 @@ class NetnsCluster:
         self.env = dict(os.environ)
         self.env[CLUSTER_ENV] = self.cluster_id
         self.procs: dict[str, StartedProcess] = {}
+        self.killed: list[KilledProcess] = []
+        """What `stop()` had to SIGKILL because SIGTERM did not end it."""
         self.address = ""
         self._client: Client | None = None
 
@@ -276,8 +280,9 @@ class NetnsCluster:
     def _spawn(self, name: str, host: Host, argv: Sequence[str]) -> StartedProcess:
         log_path = self.workdir / f"{name}.out"
         log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        full = ["ip", "netns", "exec", host.netns, *argv]
         popen = subprocess.Popen(
-            ["ip", "netns", "exec", host.netns, *argv],
+            full,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -285,7 +290,7 @@ class NetnsCluster:
             cwd=REPO,
             start_new_session=True,
         )
-        proc = StartedProcess(name, popen, log, log_path)
+        proc = StartedProcess(name, popen, log, log_path, tuple(full))
         self.procs[name] = proc
         return proc
 
@@ -335,19 +340,14 @@ class NetnsCluster:
             self._client.close()
             self._client = None
         procs = sorted(self.procs.values(), key=lambda p: p.name == "coordinator")
-        stop_processes(procs, timeout)
+        self.killed += stop_processes(procs, timeout)
 
     def leftovers(self) -> list[psutil.Process]:
         """Live processes carrying this cluster's marker (coordinator, agents, workers)."""
         return marked_processes(self.cluster_id)
 
     def kill_leftovers(self) -> list[tuple[int, str]]:
-        """Wait a little for stragglers to exit, then SIGKILL them; return what had to be killed."""
-        with contextlib.suppress(TimeoutError):
-            poll_until(lambda: not self.leftovers(), 15, interval=0.2, what="every process to exit")
-        killed = []
-        for proc in self.leftovers():
-            with contextlib.suppress(psutil.Error):
-                killed.append((proc.pid, " ".join(proc.cmdline())[:200]))
-                proc.kill()
-        return killed
+        """Wait a little for stragglers to exit, then SIGKILL them; return what had to be killed
+        (by `stop()` too: a process that hung on SIGTERM)."""
+        self.killed += kill_marked(self.cluster_id, 15)
+        return [(k.pid, str(k)) for k in self.killed]
