@@ -5,6 +5,13 @@ with the agent (PR_SET_PDEATHSIG), and has its stdout/stderr on pipes the agent 
 detected through a pidfd on the event loop, never by polling. `ProcessHandle` is the small
 surface supervision needs, so it can be tested with fakes.
 
+What a worker starts dies with the agent too: `Sentinel` is the agent's end of the sentinel
+process (`nodeagent._sentinel`), which holds the read end of a pipe only the agent can write.
+`spawn` tells it of every worker (pid, start time, and the `GELASTIC_WORKER_MARK` it puts in the
+worker's env) and of every exit; the sentinel kills the worker's session and marked processes
+when the worker exits and, on EOF, when the agent dies, SIGKILL included. The worker's pid is
+still the worker's own: nothing is interposed between the agent and the worker.
+
 Spawn from the event-loop thread: PR_SET_PDEATHSIG fires when the *thread* that forked the
 child exits, so a short-lived executor thread would kill its workers.
 """
@@ -20,11 +27,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from typing import Protocol
 
 from nodeagent._launch import BOOTSTRAP_PATH, WorkerLaunch
+from nodeagent._sentinel import MARK_ENV, start_ticks
 
-__all__ = ["KILL_WAIT_S", "ProcessHandle", "RealProcess", "spawn"]
+__all__ = ["KILL_WAIT_S", "ProcessHandle", "RealProcess", "Sentinel", "current_sentinel", "spawn"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +45,9 @@ _PR_SET_PDEATHSIG = 1
 AGENT_PID_ENV = "GELASTIC_AGENT_PID"
 """Set for every worker: the pid the worker must die with."""
 PDEATHSIG_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_pdeathsig.py")
+SENTINEL_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sentinel.py")
+SENTINEL_RESTART_S = 1.0
+"""Pause before a sentinel that died is started again (so a broken one cannot spin)."""
 
 
 class ProcessHandle(Protocol):
@@ -70,9 +83,15 @@ class ProcessHandle(Protocol):
 class RealProcess:
     """A spawned worker process (a `ProcessHandle`)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        loop: asyncio.AbstractEventLoop,
+        sentinel: Sentinel | None = None,
+    ) -> None:
         self._popen = popen
         self._loop = loop
+        self._sentinel = sentinel
         self._exited: asyncio.Future[int] = loop.create_future()
         self._pidfd: int | None = None
         self._terminating: asyncio.Task[bool] | None = None
@@ -126,6 +145,10 @@ class RealProcess:
             self._loop.remove_reader(self._pidfd)
             os.close(self._pidfd)
             self._pidfd = None
+        if self._sentinel is not None:
+            # Whatever left the group (setsid, its own process groups) goes now, not with the
+            # agent.
+            self._sentinel.forget(self._popen.pid)
         self._exited.set_result(rc)
 
     async def wait(self) -> int:
@@ -189,19 +212,27 @@ class RealProcess:
             self._terminating.cancel()
 
 
-def spawn(launch: WorkerLaunch) -> RealProcess:
+def spawn(launch: WorkerLaunch, *, sentinel: Sentinel | None = None) -> RealProcess:
     """Start one worker; raises OSError when the program or cwd cannot be used.
 
     No Python runs in the child between fork and exec (a `preexec_fn` in a process with threads
     can deadlock or crash there). Python workers arm the parent-death signal in the bootstrap;
-    any other program is started through the small `_pdeathsig.py` exec stub.
+    any other program is started through the small `_pdeathsig.py` exec stub. The worker is
+    watched by `sentinel` (default: the agent's, `current_sentinel()`), so what it starts dies
+    with it and with the agent.
 
     Must be called from the event-loop thread (see the module docstring).
     """
     loop = asyncio.get_running_loop()
     parent = os.getpid()
+    guard = sentinel if sentinel is not None else current_sentinel()
     env = dict(launch.env)
     env[AGENT_PID_ENV] = str(parent)
+    mark = guard.next_mark() if guard is not None else None
+    if mark is not None:
+        env[MARK_ENV] = mark
+    else:
+        env.pop(MARK_ENV, None)  # never another agent's mark
     argv = list(launch.argv)
     if BOOTSTRAP_PATH not in argv:
         program = _resolve(argv[0], env, launch.cwd)
@@ -216,7 +247,10 @@ def spawn(launch: WorkerLaunch) -> RealProcess:
         close_fds=True,
         start_new_session=True,
     )
-    return RealProcess(popen, loop)
+    if guard is not None and mark is not None:
+        # The child is unreaped until RealProcess reaps it, so its /proc entry is there.
+        guard.watch(popen.pid, start_ticks(popen.pid) or 0, mark)
+    return RealProcess(popen, loop, guard)
 
 
 def _resolve(program: str, env: dict[str, str], cwd: str | None) -> str:
@@ -235,3 +269,198 @@ def _resolve(program: str, env: dict[str, str], cwd: str | None) -> str:
     if found is None:
         raise FileNotFoundError(2, "No such file or directory", program)
     return found
+
+
+_current: Sentinel | None = None
+
+
+def current_sentinel() -> Sentinel | None:
+    """The running sentinel of this process's agent, if one was started."""
+    return _current
+
+
+class Sentinel:
+    """The agent's end of its sentinel process: start at agent start, stop at agent stop.
+
+    Started, it becomes `current_sentinel()` (one agent per process), so every `spawn` is
+    watched. Lines go down a non-blocking pipe, buffered while the pipe is full, so the event
+    loop never blocks on the sentinel. A sentinel that dies is started again (after
+    `SENTINEL_RESTART_S`) and told every live worker. Call from the event-loop thread.
+    """
+
+    def __init__(self, *, python: str = sys.executable, token: str | None = None) -> None:
+        self.token = token or uuid.uuid4().hex
+        """New per agent incarnation: the prefix of every mark this agent hands out."""
+        self._python = python
+        self._seq = 0
+        self._watched: dict[int, tuple[int, str]] = {}
+        self._popen: subprocess.Popen[bytes] | None = None
+        self._wfd: int | None = None
+        self._pidfd: int | None = None
+        self._pending = bytearray()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._restart: asyncio.TimerHandle | None = None
+        self._started_at = 0.0
+        self._closing = False
+
+    @property
+    def pid(self) -> int | None:
+        """The sentinel process's pid while it runs."""
+        return self._popen.pid if self._popen is not None else None
+
+    @property
+    def watched(self) -> dict[int, int]:
+        """{pid: start ticks} of the workers the sentinel is told of and that have not exited."""
+        return {pid: ticks for pid, (ticks, _) in self._watched.items()}
+
+    def start(self) -> None:
+        """Start the sentinel process; raises OSError when it cannot be started."""
+        global _current
+        self._loop = asyncio.get_running_loop()
+        self._closing = False
+        self._launch()
+        _current = self
+
+    def _launch(self) -> None:
+        rfd, wfd = os.pipe()
+        try:
+            popen = subprocess.Popen(
+                [self._python, "-S", "-I", SENTINEL_PATH, str(rfd), self.token],
+                stdin=subprocess.DEVNULL,
+                cwd="/",
+                env={k: v for k, v in os.environ.items() if k != MARK_ENV},
+                # Only the agent may hold the write end: EOF must mean the agent is gone.
+                close_fds=True,
+                pass_fds=(rfd,),
+                # Out of the agent's group: a signal to the agent's group (a terminal's ^C, a
+                # supervisor's group kill) must leave it alive to clean up.
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(wfd)
+            raise
+        finally:
+            os.close(rfd)
+        os.set_blocking(wfd, False)
+        self._popen, self._wfd = popen, wfd
+        self._started_at = time.monotonic()
+        self._pending = bytearray()
+        for pid, (ticks, mark) in self._watched.items():
+            self._pending += f"+ {pid} {ticks} {mark}\n".encode()
+        self._flush()
+        assert self._loop is not None
+        try:
+            self._pidfd = os.pidfd_open(popen.pid)
+            self._loop.add_reader(self._pidfd, self._on_exit)
+        except (AttributeError, OSError):
+            self._pidfd = None  # its death is then noticed on the next write (EPIPE)
+        logger.debug("sentinel pid %d started (token %s)", popen.pid, self.token)
+
+    def next_mark(self) -> str:
+        """A new worker's `GELASTIC_WORKER_MARK` value."""
+        self._seq += 1
+        return f"{self.token}.{self._seq}"
+
+    def watch(self, pid: int, ticks: int, mark: str) -> None:
+        """A worker started: kill its session and mark with the agent."""
+        self._watched[pid] = (ticks, mark)
+        self._send(f"+ {pid} {ticks} {mark}\n")
+
+    def forget(self, pid: int) -> None:
+        """A worker exited (reaped or not): kill what it left behind now."""
+        if self._watched.pop(pid, None) is not None:
+            self._send(f"- {pid}\n")
+
+    def _send(self, line: str) -> None:
+        if self._wfd is None:
+            return  # stopped, or between a death and the restart: _launch replays the workers
+        self._pending += line.encode()
+        self._flush()
+
+    def _flush(self) -> None:
+        if self._wfd is None or self._loop is None:
+            return
+        try:
+            while self._pending:
+                n = os.write(self._wfd, self._pending)
+                del self._pending[:n]
+        except BlockingIOError:
+            self._loop.add_writer(self._wfd, self._on_writable)
+            return
+        except BrokenPipeError:
+            self._on_exit()
+            return
+        self._loop.remove_writer(self._wfd)
+
+    def _on_writable(self) -> None:
+        self._flush()
+
+    def _on_exit(self) -> None:
+        popen = self._popen
+        self._close_ends()
+        if popen is None or self._closing:
+            return
+        rc = popen.poll()
+        if rc is None:
+            # The pipe broke but the process is still there: it no longer reads; replace it.
+            with contextlib.suppress(ProcessLookupError):
+                popen.kill()
+            rc = popen.wait()
+        delay = max(0.0, SENTINEL_RESTART_S - (time.monotonic() - self._started_at))
+        logger.error(
+            "sentinel pid %d exited with %s; starting a new one in %.1f s",
+            popen.pid,
+            rc,
+            delay,
+        )
+        assert self._loop is not None
+        self._restart = self._loop.call_later(delay, self._relaunch)
+
+    def _relaunch(self) -> None:
+        self._restart = None
+        if self._closing:
+            return
+        try:
+            self._launch()
+        except OSError:
+            logger.exception("cannot start the sentinel again")
+            assert self._loop is not None
+            self._restart = self._loop.call_later(SENTINEL_RESTART_S, self._relaunch)
+
+    def _close_ends(self) -> None:
+        if self._pidfd is not None and self._loop is not None:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+        self._pidfd = None
+        if self._wfd is not None:
+            if self._loop is not None:
+                self._loop.remove_writer(self._wfd)
+            os.close(self._wfd)
+        self._wfd = None
+        self._popen = None
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Close the pipe (the sentinel sweeps once more and exits) and wait for it; idempotent.
+
+        Workers still watched are killed by that sweep: workers never outlive their agent.
+        """
+        global _current
+        self._closing = True
+        if _current is self:
+            _current = None
+        if self._restart is not None:
+            self._restart.cancel()
+            self._restart = None
+        popen = self._popen
+        if self._wfd is not None and self._pending:
+            # Last lines first, blocking: a worker's start must not be lost at shutdown.
+            with contextlib.suppress(OSError):
+                os.set_blocking(self._wfd, True)
+                os.write(self._wfd, self._pending)
+        self._close_ends()
+        if popen is None:
+            return
+        try:
+            await asyncio.to_thread(popen.wait, timeout)
+        except subprocess.TimeoutExpired:
+            logger.error("sentinel pid %d did not exit %.0f s after EOF", popen.pid, timeout)

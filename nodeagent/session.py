@@ -30,6 +30,7 @@ from client.security import Security
 from client.wire import failure_to_pb, spec_from_pb
 from nodeagent._launch import attempt_dirs
 from nodeagent._metrics import AgentMetrics
+from nodeagent._process import Sentinel
 from nodeagent._reaper import PidRegistry, reap_previous
 from nodeagent._workers import WorkerExit, WorkerGroup
 from protos.gelastic.v1 import gelastic_pb2 as pb
@@ -123,6 +124,7 @@ class NodeAgent:
         self._main: asyncio.Task[None] | None = None
         self._log_tasks: dict[int, asyncio.Task[None]] = {}
         self._registry = PidRegistry(self._pid_file())
+        self._sentinel = Sentinel(token=self.incarnation)
         self._heartbeat_interval = 1.0
         self._closing = False
         self.connected = asyncio.Event()
@@ -139,6 +141,8 @@ class NodeAgent:
         killed = await asyncio.to_thread(reap_previous, self._pid_file())
         if killed:
             logger.warning("killed %d workers left by a previous agent: %s", len(killed), killed)
+        # Before any worker: what a worker starts must die with this agent, however it dies.
+        self._sentinel.start()
         self._main = asyncio.get_running_loop().create_task(self._run(), name="agent-session")
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -155,6 +159,7 @@ class NodeAgent:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
         self._main = None
+        await self._sentinel.stop()
         await asyncio.to_thread(self.metrics.stop)
 
     async def __aenter__(self) -> NodeAgent:
