@@ -1,4 +1,5 @@
-# gelastic: `make demo` runs a real multi-node job on this host; `make test` runs every test.
+# gelastic: `make demo` runs a real multi-node job on this host; `make test` runs every test;
+# `make fuzz` hunts with the property tests for longer, at random.
 # Both create their own virtualenv in .venv and install what they need.
 
 PYTHON ?= python3
@@ -7,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PROTO  := protos/gelastic/v1/gelastic.proto
 
-.PHONY: setup protos check-protos fmt lint typecheck test test-fast demo bench clean
+.PHONY: setup protos check-protos fmt lint typecheck test test-fast fuzz demo bench clean
 
 setup: $(STAMP)
 
@@ -47,11 +48,20 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# -rsx: every skip and expected failure prints its reason. The ci hypothesis profile is derandomized (tests/conftest.py).
 test: $(STAMP) check-protos lint typecheck
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	GELASTIC_HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -rsx -p no:cacheprovider tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	$(PY) -m pytest -q -rsx -p no:cacheprovider tests/unit
+
+# Ten times the examples, random, failures kept in .hypothesis/ for the next run. A case may take
+# longer than the suite's per-test timeout; FUZZ_TIMEOUT bounds it instead.
+FUZZ_TESTS   ?= tests/unit/test_cluster_fuzz.py tests/service/test_fuzz_service.py
+FUZZ_TIMEOUT ?= 3600
+fuzz: $(STAMP)
+	GELASTIC_HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -rsx -p no:cacheprovider \
+		--timeout=$(FUZZ_TIMEOUT) $(FUZZ_TESTS)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
@@ -61,4 +71,4 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .protos-check .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .protos-check .pytest_cache .mypy_cache .ruff_cache .hypothesis

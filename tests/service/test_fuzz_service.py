@@ -21,13 +21,14 @@ from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
+# UNAVAILABLE is not here: nothing in these cases may find the coordinator unable to serve (its
+# store is in memory, no job has a node holding logs), so UNAVAILABLE means the server broke.
 ACCEPTABLE = {
     grpc.StatusCode.OK,
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.NOT_FOUND,
     grpc.StatusCode.ALREADY_EXISTS,
     grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
@@ -115,7 +116,11 @@ specs = st.builds(
 )
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=15 * settings.default.max_examples,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(spec=specs)
 def test_submit_of_any_spec_is_accepted_or_refused_naming_a_field(
     channel: grpc.Channel, spec: pb.JobSpec
@@ -130,7 +135,11 @@ def test_submit_of_any_spec_is_accepted_or_refused_naming_a_field(
     stub.CancelJob(pb.CancelJobRequest(job_id=resp.job_id), timeout=10)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=6 * settings.default.max_examples,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(job_id=texts, rank=i32, stream=texts, attempt=i32, after=big_ints)
 def test_reads_with_any_arguments_get_a_status(
     channel: grpc.Channel, job_id: str, rank: int, stream: str, attempt: int, after: int
@@ -230,7 +239,11 @@ node_messages = st.one_of(
 _counter = iter(range(10**9))
 
 
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=8 * settings.default.max_examples,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     first=st.builds(pb.Hello, name=texts, addr=texts, slots=i32, incarnation=texts) | st.just(None),
     messages=st.lists(node_messages, max_size=8),

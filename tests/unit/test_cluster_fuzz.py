@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client.model import JobSpec, JobState, ProcessFailure
+from client.model import JobSpec, JobState, ProcessFailure, WorkerState
 from coordinator._cluster import (
+    STOP_MARGIN_S,
     AssignRound,
     Cluster,
     ClusterConfig,
@@ -20,6 +22,7 @@ from coordinator._cluster import (
     NodeNameInUse,
     RequestPort,
     RunningGroupReport,
+    StopRound,
     WorkerExitReport,
     WorkerHealthSample,
 )
@@ -182,7 +185,11 @@ class _Driver:
                 assert st_.members
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=15 * settings.default.max_examples,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(st.lists(action, max_size=40))
 def test_random_message_sequences_never_break_the_cluster(actions: list[tuple[Any, ...]]) -> None:
     d = _Driver()
@@ -191,12 +198,28 @@ def test_random_message_sequences_never_break_the_cluster(actions: list[tuple[An
         d.check()
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(exit_report, min_size=1, max_size=6))
-def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(
-    reports: list[WorkerExitReport],
-) -> None:
-    d = _Driver()
+_RUNNING_WORKER = (WorkerState.INIT, WorkerState.HEALTHY, WorkerState.UNHEALTHY)
+
+
+def _assert_ends_or_waits(c: Cluster, job_id: str) -> None:
+    """The job has ended with a result, or names something outstanding that it waits for."""
+    status = c.job_status(job_id)
+    if status.state.is_terminal():
+        assert c.job_result(job_id) is not None, status
+        return
+    assert status.reason, status
+    if status.state == JobState.RUNNING:
+        # Waiting for a worker to exit, or in the exit barrier for a node that is not done yet.
+        running = [w for w in status.workers if w.state in _RUNNING_WORKER]
+        pending = [m for m in status.members if not m.done]
+        assert running or (pending and "exit barrier" in status.reason), status
+    else:
+        # Waiting for the nodes to confirm the stop (a deadline bounds it).
+        assert status.state == JobState.STOPPING, status
+
+
+def _start_round(d: _Driver) -> int:
+    """Job j0 on n0 and n1, two workers each (pids 10 and 11), all started; returns the round."""
     c = d.c
     c.submit("j0", JobSpec(entrypoint=["x"], nproc_per_node=2, min_nodes=2, max_nodes=2), d.now)
     effects = []
@@ -211,11 +234,80 @@ def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(
         if isinstance(e, AssignRound)
     ]
     assert len(assigns) == 2
+    rnd = assigns[0].assignment.round
     for e in assigns:
-        c.workers_started(e.node, "a", "j0", e.assignment.round, [(0, 10), (1, 11)], d.now)
-    for i, rep in enumerate(reports):
-        c.worker_exited(NODES[i % 2], "a", "j0", assigns[0].assignment.round, rep, d.now)
+        c.workers_started(e.node, "a", "j0", rnd, [(0, 10), (1, 11)], d.now)
+    return rnd
+
+
+def _run_out_the_deadlines(d: _Driver) -> None:
+    """Let the job's own deadlines pass (barrier, stop) while heartbeats keep both nodes live."""
+    spec = d.c.job_spec("j0")
+    for _ in range(2):
+        d.now += max(spec.exit_barrier_timeout, spec.stop_grace + STOP_MARGIN_S) + 1
+        for name in NODES[:2]:
+            d.c.heartbeat(name, "a", d.now, [])
+        d.c.tick(d.now)
         d.check()
+
+
+# An agent says "stopped by agent" only after the coordinator told it to stop; an unasked one
+# wedges the job today (see the xfail test below), so this property leaves it out until then.
+_unasked_exit = exit_report.filter(lambda r: not r.stopped_by_agent)
+
+
+@settings(max_examples=3 * settings.default.max_examples, deadline=None)
+@given(st.lists(_unasked_exit, min_size=1, max_size=6))
+def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(
+    reports: list[WorkerExitReport],
+) -> None:
+    d = _Driver()
+    c = d.c
+    rnd = _start_round(d)
+    stops: set[str] = set()
+    for i, rep in enumerate(reports):
+        out = c.worker_exited(NODES[i % 2], "a", "j0", rnd, rep, d.now)
+        stops |= {e.node for e in out if isinstance(e, StopRound)}
+        d.check()
+        _assert_ends_or_waits(c, "j0")
+    # Then the agents behave: every worker still running exits 0, and a node told to stop
+    # confirms it. Whatever the hostile reports were, the job must end (no restarts are allowed).
+    for w in c.job_status("j0").workers:
+        if w.state in _RUNNING_WORKER and not c.job_state("j0").is_terminal():
+            ok = WorkerExitReport(w.local_rank, w.global_rank, w.pid + 100, 0, timestamp=d.now)
+            out = c.worker_exited(w.node, "a", "j0", rnd, ok, d.now)
+            stops |= {e.node for e in out if isinstance(e, StopRound)}
+            d.check()
+            _assert_ends_or_waits(c, "j0")
+    for name in sorted(stops):
+        c.group_stopped(name, "a", "j0", rnd, [], d.now)
+        d.check()
+    # What may be left is a bounded wait: the exit barrier or the stop deadline.
+    _run_out_the_deadlines(d)
+    status = c.job_status("j0")
+    assert status.state.is_terminal(), status
+    result = c.job_result("j0")
+    assert result is not None
+    assert result.is_failed() == (status.state != JobState.SUCCEEDED), (status, result)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="the coordinator accepts a stopped_by_agent exit it never asked for and then waits "
+    "for that worker forever while the node heartbeats",
+)
+def test_an_unasked_stopped_by_agent_exit_does_not_wedge_the_job() -> None:
+    d = _Driver()
+    rnd = _start_round(d)
+    for i, name in enumerate(NODES[:2]):
+        for local_rank in (0, 1):
+            rep = WorkerExitReport(local_rank, 2 * i + local_rank, 10 + local_rank, 0, True)
+            d.c.worker_exited(name, "a", "j0", rnd, rep, d.now)
+            d.check()
+    _run_out_the_deadlines(d)
+    status = d.c.job_status("j0")
+    assert status.state.is_terminal(), status
 
 
 def test_an_oversized_return_value_is_a_failure_that_names_the_limit() -> None:

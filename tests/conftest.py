@@ -1,0 +1,63 @@
+"""Suite-wide test settings: the hypothesis profiles.
+
+GELASTIC_HYPOTHESIS_PROFILE picks one (`make test` sets ci, `make fuzz` sets fuzz); unset, it is
+ci when $CI is set and dev otherwise.
+
+- ci: derandomized, so a CI run is reproducible and a red build is red again on rerun; no example
+  database (a CI checkout is thrown away) and the failing example's blob is printed instead.
+- dev: random, remembering failures in .hypothesis/ so the next local run tries them first.
+- fuzz: random and ten times the examples, for a long hunt (`make fuzz`).
+
+Property tests that need more than the profile's budget ask for a multiple of it
+(`max_examples=15 * settings.default.max_examples`), so the profiles scale every test alike.
+GELASTIC_HYPOTHESIS_MAX_EXAMPLES overrides the base budget of any profile (a short fuzz pass).
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import settings
+
+PROFILE_ENV = "GELASTIC_HYPOTHESIS_PROFILE"
+MAX_EXAMPLES_ENV = "GELASTIC_HYPOTHESIS_MAX_EXAMPLES"
+
+# Timing is measured in bench/, not by tests: a loaded shared machine must not fail a property.
+settings.register_profile(
+    "ci", derandomize=True, database=None, print_blob=True, deadline=None, max_examples=100
+)
+settings.register_profile("dev", deadline=None, max_examples=100)
+settings.register_profile("fuzz", deadline=None, print_blob=True, max_examples=1000)
+
+
+def _profile_name() -> str:
+    name = os.environ.get(PROFILE_ENV) or ("ci" if os.environ.get("CI") else "dev")
+    if name not in ("ci", "dev", "fuzz"):
+        raise ValueError(f"{PROFILE_ENV}={name!r}: expected ci, dev or fuzz")
+    return name
+
+
+def _load_profile() -> None:
+    name = _profile_name()
+    override = os.environ.get(MAX_EXAMPLES_ENV)
+    if override:
+        try:
+            base = int(override)
+        except ValueError:
+            raise ValueError(f"{MAX_EXAMPLES_ENV}={override!r}: expected a whole number") from None
+        if base < 1:
+            raise ValueError(f"{MAX_EXAMPLES_ENV}={override!r}: expected at least 1")
+        settings.register_profile(f"{name}-{base}", settings.get_profile(name), max_examples=base)
+        name = f"{name}-{base}"
+    settings.load_profile(name)
+
+
+_load_profile()
+
+
+def pytest_report_header() -> str:
+    return (
+        f"hypothesis profile: {settings.get_current_profile_name()} "
+        f"(max_examples={settings.default.max_examples}, "
+        f"derandomize={settings.default.derandomize})"
+    )
