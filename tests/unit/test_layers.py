@@ -23,7 +23,12 @@ OURS = (*PACKAGES, "protos")
 PURE = ("coordinator._cluster", "coordinator._ranks")
 """The coordinator's decision code: no transport, no event loop, no generated code."""
 IMPURE_ROOTS = ("grpc", "asyncio", "protos")
-WORKER_SIDE = ("nodeagent._bootstrap", "nodeagent._pdeathsig", "client.errors")
+WORKER_SIDE = (
+    "nodeagent._bootstrap",
+    "nodeagent._pdeathsig",
+    "nodeagent._sentinel",
+    "client.errors",
+)
 """Modules that run inside a user's worker process: the standard library only."""
 COMPOSER = "client._cli_run"
 """`gelastic run`: the one place that embeds a coordinator and an agent together."""
