@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import ipaddress
 import os
 import random
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+import pytest
 
 from client._client import Client
 from client._local import (
@@ -48,7 +50,7 @@ from client._local import (
     stop_processes,
 )
 
-__all__ = ["Host", "Lab", "NetnsCluster", "skip_reason"]
+__all__ = ["Host", "Lab", "NetnsCluster", "in_ci", "require_netns", "skip_reason"]
 
 REPO = Path(__file__).resolve().parents[2]
 NS_PREFIX = "gelnt"
@@ -59,13 +61,59 @@ _LOCK = Path(tempfile.gettempdir()) / "gelastic-netns.lock"
 _NS_NAME = re.compile(rf"^{NS_PREFIX}-(\d+)-([0-9a-f]+)-")
 
 
+CI_ENV = "CI"
+
+
+def in_ci() -> bool:
+    """$CI is set (to anything but "", "0" or "false"): the run must not skip this test."""
+    return os.environ.get(CI_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
 def skip_reason() -> str | None:
     """Why network-namespace tests cannot run here, or None."""
     if os.geteuid() != 0:
         return "network namespace tests need root (ip netns add); run pytest as root"
     if shutil.which("ip") is None:
         return "the ip command is missing; install it with: apt-get install iproute2"
+    return _netns_add_refused()
+
+
+@functools.cache
+def _netns_add_refused() -> str | None:
+    """Root is not enough in a container without CAP_SYS_ADMIN: try one namespace and see."""
+    # Named like a run's namespaces, so that _sweep_stale removes it if this process dies here.
+    probe = f"{NS_PREFIX}-{os.getpid()}-{uuid.uuid4().hex[:6]}-probe"
+    try:
+        proc = subprocess.run(
+            ["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"ip netns add could not run: {exc}"
+    if proc.returncode != 0:
+        return (
+            f"ip netns add is refused here ({proc.stderr.strip() or f'exit {proc.returncode}'}); "
+            "a container needs CAP_SYS_ADMIN for network namespaces "
+            "(docker run --cap-add SYS_ADMIN, or --privileged)"
+        )
+    ip("netns", "del", probe, check=False)
     return None
+
+
+def require_netns() -> None:
+    """Skip the calling test with the reason it cannot run here; under CI, fail with it instead.
+
+    CI is where this test must run (root, iproute2 installed by `make setup`): a skip there would
+    pass a build that never checked the network faults.
+    """
+    reason = skip_reason()
+    if reason is None:
+        return
+    if in_ci():
+        pytest.fail(
+            f"the network-namespace test must run in CI (${CI_ENV} is set) but cannot: {reason}",
+            pytrace=False,
+        )
+    pytest.skip(reason)
 
 
 def ip(*args: str, check: bool = True) -> str:
