@@ -9,7 +9,7 @@ ci when $CI is set and dev otherwise.
 - fuzz: random and ten times the examples, for a long hunt (`make fuzz`).
 
 Property tests that need more than the profile's budget ask for a multiple of it
-(`max_examples=15 * settings.default.max_examples`), so the profiles scale every test alike.
+(`max_examples=15 * settings().max_examples`), so the profiles scale every test alike.
 GELASTIC_HYPOTHESIS_MAX_EXAMPLES overrides the base budget of any profile (a short fuzz pass).
 """
 
@@ -58,6 +58,6 @@ _load_profile()
 def pytest_report_header() -> str:
     return (
         f"hypothesis profile: {settings.get_current_profile_name()} "
-        f"(max_examples={settings.default.max_examples}, "
-        f"derandomize={settings.default.derandomize})"
+        f"(max_examples={settings().max_examples}, "
+        f"derandomize={settings().derandomize})"
     )

@@ -117,7 +117,7 @@ specs = st.builds(
 
 
 @settings(
-    max_examples=15 * settings.default.max_examples,
+    max_examples=15 * settings().max_examples,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -136,7 +136,7 @@ def test_submit_of_any_spec_is_accepted_or_refused_naming_a_field(
 
 
 @settings(
-    max_examples=6 * settings.default.max_examples,
+    max_examples=6 * settings().max_examples,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -240,7 +240,7 @@ _counter = iter(range(10**9))
 
 
 @settings(
-    max_examples=8 * settings.default.max_examples,
+    max_examples=8 * settings().max_examples,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -186,7 +186,7 @@ class _Driver:
 
 
 @settings(
-    max_examples=15 * settings.default.max_examples,
+    max_examples=15 * settings().max_examples,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -256,7 +256,7 @@ def _run_out_the_deadlines(d: _Driver) -> None:
 _unasked_exit = exit_report.filter(lambda r: not r.stopped_by_agent)
 
 
-@settings(max_examples=3 * settings.default.max_examples, deadline=None)
+@settings(max_examples=3 * settings().max_examples, deadline=None)
 @given(st.lists(_unasked_exit, min_size=1, max_size=6))
 def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(
     reports: list[WorkerExitReport],
