@@ -1354,6 +1354,7 @@ class Cluster:
             self._effects.append(ReleaseRound(node.name, job.job_id, job.round))
             return
         node.jobs[job.job_id] = job.spec.nproc_per_node
+        was_stopping = job.state == JobState.STOPPING
         if job.state == JobState.RENDEZVOUS and job.port_deadline is not None:
             # The round was assigned just before the coordinator went down: it runs.
             job.port_deadline = None
@@ -1387,6 +1388,12 @@ class Cluster:
             self._apply_exit(job, member, ex, now)
         if report.stopped:
             self._member_stopped(job, member, now)
+        elif was_stopping and not member.stopped:
+            # The stop may have gone down with the old stream: say it again (the agent treats
+            # a repeated stop of a stopping group as one).
+            self._effects.append(
+                StopRound(node.name, job.job_id, job.round, job.spec.stop_grace, job.stop_reason)
+            )
         self._event(
             job,
             now,

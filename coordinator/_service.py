@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ from client.wire import (
     spec_from_pb,
     spec_to_pb,
 )
+from coordinator import _faults as faults
 from coordinator._cluster import (
     AssignRound,
     CloseSession,
@@ -61,6 +62,8 @@ FLUSH_INTERVAL_S = 0.05
 RECONNECT_GRACE_S = 15.0
 HELLO_TIMEOUT_S = 10.0
 WATCH_KEEPALIVE_S = 5.0
+WRITE_WAIT_S = 30.0
+"""How long a reader waits for the state it would see to be on disk."""
 
 
 @dataclass
@@ -113,6 +116,13 @@ class CoordinatorService:
         self._flush_wanted = asyncio.Event()
         self._flush_task: asyncio.Task[None] | None = None
         self._restore_effects: list[Effect] = []
+        # Nothing an agent is told and nothing a client reads runs ahead of the disk: messages
+        # to agents wait here (in order) while a change they follow is not yet written, and
+        # readers of a job wait while that job has unwritten changes.
+        self._held: list[tuple[_Session, pb.CoordinatorMessage]] = []
+        self._unwritten_jobs: set[str] = set()
+        self._written = asyncio.Condition()
+        self._readers_waiting = 0
         if store is not None:
             state = store.load()
             self._restore_effects = self.cluster.restore(
@@ -153,15 +163,20 @@ class CoordinatorService:
     # ---- persistence -----------------------------------------------------------------------
 
     async def flush(self) -> None:
-        """Write every change made so far; returns once it is on disk."""
+        """Write every change made so far; returns once it is on disk.
+
+        The messages to agents decided up to now go out only after the write, and readers
+        waiting for these jobs are woken.
+        """
         store = self._store
         if store is None:
             return
         async with self._flush_lock:
             c = self.cluster
+            batch = sorted(self._dirty_jobs)
             jobs = [
                 (j, c.job_submitted_at(j), c.job_state(j).value, c.dump_job(j))
-                for j in sorted(self._dirty_jobs)
+                for j in batch
                 if c.has_job(j)
             ]
             events, nodes = self._pending_events, None
@@ -169,17 +184,54 @@ class CoordinatorService:
                 nodes = [
                     (n, d) for n in sorted(self._dirty_nodes) if (d := c.dump_node(n)) is not None
                 ]
+            held, self._held = self._held, []
             self._dirty_jobs, self._pending_events, self._dirty_nodes = set(), [], set()
-            if not jobs and not events and nodes is None:
-                return
-            try:
-                await asyncio.to_thread(store.save, jobs, events, nodes)
-            except Exception:
-                logger.exception("could not write the coordinator state; will retry")
-                self._dirty_jobs.update(j for j, _, _, _ in jobs)
-                self._pending_events = events + self._pending_events
-                self._dirty_nodes.update(n for n, _ in nodes or ())
-                raise
+            if jobs or events or nodes is not None:
+                try:
+                    await asyncio.to_thread(store.save, jobs, events, nodes)
+                except Exception:
+                    logger.exception("could not write the coordinator state; will retry")
+                    self._dirty_jobs.update(j for j, _, _, _ in jobs)
+                    self._pending_events = events + self._pending_events
+                    self._dirty_nodes.update(n for n, _ in nodes or ())
+                    self._held = held + self._held
+                    raise
+            written = set(batch) | {j for _, j, _ in events}
+            still = self._dirty_jobs | {j for _, j, _ in self._pending_events}
+            self._unwritten_jobs = (self._unwritten_jobs - written) | still
+            for session, msg in held:
+                session.send(msg)
+        async with self._written:
+            self._written.notify_all()
+
+    async def written(self, job_ids: Collection[str] | None = None) -> None:
+        """Return once the named jobs (every job: None) have no change that is not on disk.
+
+        A client must never see a state, a result or an event that a crash could take back.
+        """
+        if self._store is None:
+            return
+
+        def settled() -> bool:
+            if job_ids is None:
+                return not self._unwritten_jobs
+            return self._unwritten_jobs.isdisjoint(job_ids)
+
+        if settled():
+            return
+        self._readers_waiting += 1
+        try:
+            async with asyncio.timeout(WRITE_WAIT_S), self._written:
+                while not settled():
+                    self._flush_wanted.set()
+                    await self._written.wait()
+        except TimeoutError:
+            raise RequestError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the coordinator could not write its state for {WRITE_WAIT_S:.0f} s; try again",
+            ) from None
+        finally:
+            self._readers_waiting -= 1
 
     async def _flush_loop(self) -> None:
         # Batching: one transaction per burst of changes, however many node messages made them.
@@ -193,8 +245,11 @@ class CoordinatorService:
                 await asyncio.sleep(1.0)
                 self._flush_wanted.set()
             # A flush of a huge job costs O(ranks): pause in proportion so that a burst of
-            # worker messages never spends more than a fifth of the loop on writing state.
-            await asyncio.sleep(max(FLUSH_INTERVAL_S, 4 * (time.monotonic() - started)))
+            # worker messages never spends more than a fifth of the loop on writing state. While
+            # messages or readers wait on the write, the pause is only that proportion.
+            cost = 4 * (time.monotonic() - started)
+            urgent = bool(self._held) or self._readers_waiting > 0
+            await asyncio.sleep(cost if urgent else max(FLUSH_INTERVAL_S, cost))
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         pb_grpc.add_CoordinatorServicer_to_server(_CoordinatorServicer(self), server)
@@ -217,17 +272,23 @@ class CoordinatorService:
         for observe in self.effect_observers:
             observe(effects)
         changed = False
+        # The state first: a message below must see every change it follows as unwritten.
         for eff in effects:
             if isinstance(eff, JobChanged):
                 self._job_versions[eff.job_id] = self._job_versions.get(eff.job_id, 0) + 1
                 if eff.durable:
                     self._dirty_jobs.add(eff.job_id)
+                    self._unwritten_jobs.add(eff.job_id)
                 changed = True
             elif isinstance(eff, EventRecorded):
                 e = eff.event
                 self._pending_events.append((e.seq, e.job_id, encode(e)))
+                self._unwritten_jobs.add(e.job_id)
                 changed = True
-            elif isinstance(eff, CloseSession):
+        for eff in effects:
+            if isinstance(eff, JobChanged | EventRecorded):
+                continue
+            if isinstance(eff, CloseSession):
                 self._dirty_nodes.add(eff.node)
                 s = self._sessions.get(eff.node)
                 if s is not None and s.incarnation == eff.incarnation:
@@ -294,6 +355,11 @@ class CoordinatorService:
             )
         else:
             msg = pb.CoordinatorMessage(release=pb.Release(job_id=eff.job_id, round=eff.round))
+        if self._store is not None and (
+            self._held or self._dirty_jobs or self._pending_events or self._dirty_nodes
+        ):
+            self._held.append((s, msg))  # after the write that makes it safe (see flush)
+            return
         s.send(msg)
 
     async def wait_changed(self, job_id: str, seen_version: int, timeout: float) -> int:
@@ -540,6 +606,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.Job:
         try:
             _check_job_id(request.job_id)
+            await self._svc.written([request.job_id])
             return self._svc.job_message(request.job_id, with_spec=True)
         except Exception as exc:
             await _abort_for(context, exc)
@@ -554,6 +621,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
             version = svc.job_version(job_id)
             after = 0
             while True:
+                await svc.written([job_id])
                 events = svc.cluster.job_events(job_id, after)
                 if events:
                     after = events[-1].seq
@@ -577,7 +645,13 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         ids = [
             j for j in c.job_ids() if request.include_finished or not c.job_state(j).is_terminal()
         ]
-        return pb.ListJobsResponse(jobs=[self._svc.job_message(j) for j in ids])
+        try:
+            await self._svc.written(ids)
+        except Exception as exc:
+            await _abort_for(context, exc)
+            raise
+        # No await since the wait: what is read now of these jobs is on disk.
+        return pb.ListJobsResponse(jobs=[self._svc.job_message(j) for j in ids if c.has_job(j)])
 
     async def ListNodes(
         self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext
@@ -591,6 +665,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
             _check_job_id(request.job_id)
             self._svc.apply(self._svc.cluster.cancel(request.job_id, self._svc.now()))
             await self._svc.flush()
+            await self._svc.written([request.job_id])
             return self._svc.job_message(request.job_id)
         except Exception as exc:
             await _abort_for(context, exc)
@@ -601,6 +676,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
     ) -> pb.GetEventsResponse:
         try:
             _check_job_id(request.job_id)
+            await self._svc.written([request.job_id])
             events = self._svc.cluster.job_events(request.job_id, request.after_seq)
             return pb.GetEventsResponse(events=[event_to_pb(e) for e in events])
         except Exception as exc:
@@ -647,6 +723,7 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
                 if msg is None:
                     break
                 yield msg
+                faults.after_send(msg)
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -1302,3 +1302,30 @@ def test_a_node_back_with_a_stale_round_gets_no_new_work_until_it_stopped() -> N
     assert not [e for e in effects if isinstance(e, RequestPort)]
     effects = c.group_stopped("a", "ia", "old-job", 3, [], 3.0)
     assert [e.job_id for e in effects if isinstance(e, RequestPort)] == ["j"]
+
+
+def test_a_stop_lost_with_a_coordinator_crash_is_sent_again_on_reconnect() -> None:
+    import json
+
+    from coordinator._cluster import Cluster
+    from coordinator._codec import encode
+
+    d = running_job(nodes=2, nproc=1, max_restarts=1)
+    pids = {n: dict(d.nodes[n].running[("j", 1)]) for n in ("n0", "n1")}
+    d.exit("n0", 0, exitcode=1)
+    assert d.state("j") == JobState.STOPPING
+    # On disk: STOPPING, nobody confirmed. The Stop went out, then the coordinator died.
+    jobs = [json.loads(json.dumps(d.cluster.dump_job("j")))]
+    nodes = [json.loads(json.dumps(x)) for x in d.cluster.dump_nodes()]
+    events = [encode(e) for e in d.cluster.job_events("j")]
+    c = Cluster(d.cluster.config)
+    c.restore(jobs, events, nodes, d.now + 1, reconnect_grace=15.0)
+    inc = d.nodes["n1"].incarnation
+    report = RunningGroupReport(job_id="j", round=1, attempt=0, pids=tuple(pids["n1"].items()))
+    out = c.node_connected("n1", "10.0.0.2", 1, inc, d.now + 2, [report])
+    assert [(e.node, e.round) for e in of_type(out, StopRound)] == [("n1", 1)]
+    # A group that reports itself stopped is not told again.
+    stopped = RunningGroupReport(job_id="j", round=1, attempt=0, pids=(), stopped=True)
+    inc0 = d.nodes["n0"].incarnation
+    out = c.node_connected("n0", "10.0.0.1", 1, inc0, d.now + 2, [stopped])
+    assert not [e for e in of_type(out, StopRound) if e.node == "n0"]
