@@ -1,8 +1,11 @@
-"""Charts of the scale benchmarks: rendezvous time and heartbeat CPU against the number of nodes.
+"""Charts of the scale benchmarks: rendezvous time and heartbeat CPU against the number of nodes,
+and the soak's curves over time.
 
 `write_plots(measurements, out_dir)` draws whatever of `rendezvous_scale` and
 `heartbeat_capacity` the measurements hold into `out_dir/rendezvous_scale.png` and
-`out_dir/heartbeat_capacity.png`; `python -m bench._plots [results.json ...]` draws them again
+`out_dir/heartbeat_capacity.png`; `write_soak_plot(doc, out_dir)` draws a soak's rows (the
+results JSON's `meta.soak`) into `out_dir/soak.png`: coordinator RSS, state-dir size and Submit
+p99 against time, one panel each. `python -m bench._plots [results.json ...]` draws them again
 from results files. matplotlib is optional: without it this prints one line and draws nothing.
 """
 
@@ -12,12 +15,13 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from bench._common import Measurement, log
 
-__all__ = ["write_plots"]
+__all__ = ["write_plots", "write_soak_plot"]
 
 _SIZED = re.compile(r"^N=(\d+) (.+)$")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "results.json"
@@ -105,6 +109,61 @@ def write_plots(measurements: Sequence[Measurement], out_dir: Path) -> list[Path
     return written
 
 
+def write_soak_plot(doc: Mapping[str, Any], out_dir: Path) -> Path | None:
+    """Three panels against minutes since the first submit: RSS, state dir, Submit p99."""
+    rows = list(doc.get("rows", []))
+    if not rows:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("plots: skipped (matplotlib is not installed: pip install matplotlib)")
+        return None
+
+    opts = doc.get("options", {})
+    minutes = [r["t_s"] / 60 for r in rows]
+    fig, (rss, db, p99) = plt.subplots(3, 1, figsize=(7, 8.5), sharex=True)
+    rss.plot(minutes, [r["rss_mb"] for r in rows], marker="o", markersize=3, label="coordinator")
+    rss.set_ylabel("RSS (MB)")
+    rss.set_ylim(bottom=0)
+    db.plot(minutes, [r["state_mb"] for r in rows], marker="o", markersize=3, label="state dir")
+    db.plot(minutes, [r["db_mb"] for r in rows], linestyle="--", label="SQLite file")
+    db.plot(minutes, [r["wal_mb"] for r in rows], linestyle=":", label="WAL")
+    db.set_ylabel("size (MB)")
+    db.set_ylim(bottom=0)
+    timed = [(m, r) for m, r in zip(minutes, rows, strict=True) if r["submit_p99_ms"] is not None]
+    p99.plot(
+        [m for m, _ in timed],
+        [r["submit_p99_ms"] for _, r in timed],
+        marker="o",
+        markersize=3,
+        label="p99",
+    )
+    p99.plot([m for m, _ in timed], [r["submit_p50_ms"] for _, r in timed], "--", label="p50")
+    p99.set_ylabel("Submit latency (ms)")
+    p99.set_ylim(bottom=0)
+    p99.set_xlabel("minutes since the first submit")
+    for ax in (rss, db, p99):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    extra = " ".join(opts.get("coordinator_args", []))
+    fig.suptitle(
+        f"Soak: {opts.get('nodes', '?')} simulated nodes, {opts.get('rate', '?')} short jobs/s"
+        + (f"\ncoordinator serve {extra}" if extra else ""),
+        fontsize=10,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "soak.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    log(f"plots: wrote {path}")
+    return path
+
+
 def _errorbar(ax: object, points: list[tuple[int, float, float, float]], label: str) -> None:
     xs = [p[0] for p in points]
     med = [p[1] for p in points]
@@ -136,7 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="default: next to the first JSON")
     args = parser.parse_args(argv)
     measurements = [m for path in args.json for m in _load(path)]
-    written = write_plots(measurements, args.out or args.json[0].parent)
+    out = args.out or args.json[0].parent
+    written = write_plots(measurements, out)
+    for path in args.json:
+        soak = json.loads(path.read_text())["meta"].get("soak")
+        if soak:
+            drawn = write_soak_plot(soak, out)
+            written += [drawn] if drawn else []
     if not written:
         log(f"plots: nothing to draw from {', '.join(map(str, args.json))}")
     return 0
