@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from pathlib import Path
 
 from client import JobSpec, JobState, WorkerState
-from client._local import LocalCluster
+from client._local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, script
 
 TIMEOUT = 120
@@ -94,3 +96,22 @@ def test_two_jobs_on_a_cluster_that_fits_one_both_finish(cluster: LocalCluster) 
     assert s2.submitted_at >= s1.submitted_at
     ev2 = [e for e in second.events() if e.kind == "round_formed"]
     assert ev2 and ev2[0].timestamp >= s1.finished_at
+
+
+def test_a_cluster_stop_reports_the_process_it_had_to_kill(tmp_path: Path) -> None:
+    # The e2e fixtures fail a test on what `stop()` killed; this shows that list is not empty
+    # when something outlives its agent.
+    c = LocalCluster(nodes=1, slots=1, workdir=tmp_path / "cluster")
+    with c:
+        # Carries the cluster's marker and no agent owns it: a worker that escaped its agent.
+        stray = subprocess.Popen(
+            [PY, "-c", "import time; time.sleep(120)"], env=c.env, start_new_session=True
+        )
+        poll_until(
+            lambda: stray.pid in {p.pid for p in c.leftovers()}, 10, what="the stray to start"
+        )
+    assert [k.pid for k in c.killed] == [stray.pid], c.killed
+    assert "alive after its cluster stopped" in str(c.killed[0])
+    assert stray.wait(10) == -signal.SIGKILL
+    assert not c.leftovers()
+    assert all(p.popen.poll() is not None for p in c.agents.values())
