@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,59 @@ def out(tmp_path: Path) -> Path:
     d = tmp_path / "out"
     d.mkdir()
     return d
+
+
+class Gate:
+    """The test's end of crash_once.py's $GATE_DIR: open its gates, read its workers' events.
+
+    Workers wait on a gate instead of sleeping, so a test makes things happen in the order it
+    means to check (kill the coordinator, then let a rank crash) rather than hoping a sleep
+    was long enough, and the events' times let it assert that order afterwards.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"GATE_DIR": str(self.path)}
+
+    def open(self, gate: str) -> float:
+        """Let the workers waiting on `gate` go on; returns when it was opened (epoch s)."""
+        (self.path / gate).touch()
+        return time.time()
+
+    def events(self, event: str | None = None, **match: int | str) -> list[dict[str, Any]]:
+        """The events recorded so far (`event` and every `match`ed field equal)."""
+        path = self.path / "events.jsonl"
+        if not path.exists():
+            return []
+        found = []
+        for line in path.read_text().splitlines():
+            if not line.endswith("}"):
+                continue  # a line still being written
+            e = json.loads(line)
+            if (event is None or e["event"] == event) and all(e[k] == v for k, v in match.items()):
+                found.append(e)
+        return found
+
+    def wait(
+        self, event: str, n: int, timeout: float = 60, **match: int | str
+    ) -> list[dict[str, Any]]:
+        """Wait until `n` matching events were recorded; return them."""
+        poll_until(
+            lambda: len(self.events(event, **match)) >= n,
+            timeout,
+            what=f"{n} {event!r} events matching {match}",
+        )
+        return self.events(event, **match)
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Gate:
+    """Gates for crash_once.py workers ($GATE_DIR); see Gate."""
+    return Gate(tmp_path / "gate")
 
 
 def wait_started(job: Any, n: int, timeout: float = 60) -> None:
