@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 
 from client import JobSpec, JobState, WorkerState
 from client._local import LocalCluster, poll_until
-from tests.e2e.conftest import PY, gone, script, wait_started
+from tests.e2e.conftest import PY, Gate, gone, script, wait_started
 
 TIMEOUT = 120
 
@@ -110,7 +111,7 @@ def test_healthy_ranks_exiting_while_a_peer_crashes_restart_every_rank(
     assert all(f"attempt1_rank{r}" in seen for r in range(4)), sorted(seen)
 
 
-def test_agent_sigkill_reforms_on_the_survivors(make_cluster: Any, out: Path) -> None:
+def test_agent_sigkill_reforms_on_the_survivors(make_cluster: Any, out: Path, gate: Gate) -> None:
     c: LocalCluster = make_cluster(nodes=3)
     spec = JobSpec(
         entrypoint=[PY, script("crash_once.py")],
@@ -118,17 +119,26 @@ def test_agent_sigkill_reforms_on_the_survivors(make_cluster: Any, out: Path) ->
         min_nodes=2,
         max_nodes=3,
         last_call_timeout=1,
-        env={"OUT_DIR": str(out), "CRASH_UNTIL": "0", "SLEEP": "4"},
+        env={"OUT_DIR": str(out), "CRASH_UNTIL": "0", **gate.env},
         stop_grace=5,
     )
     job = c.client.submit(spec)
     wait_started(job, 6)
     status = job.status()
+    first = gate.wait("start", 6, round=status.round)
     victim = status.members[-1].node
     victim_pids = [w.pid for w in status.workers if w.node == victim]
+    killed_at = time.time()
     c.kill_agent(victim)
+    gate.wait("start", 4, round=status.round + 1)
+    gate.open("finish")
     result = job.wait(TIMEOUT)
     assert result.state == WorkerState.SUCCEEDED, result.format_failures()
+    # The kill came while every worker of the first round ran, and none of them finished.
+    assert all(e["time"] < killed_at for e in first)
+    assert not gate.events("finish", round=status.round)
+    assert sorted(e["rank"] for e in gate.events("finish")) == [0, 1, 2, 3]
+    assert f"node {victim} lost" in result.attempts[0].end_reason
     final = job.status()
     assert sorted(m.node for m in final.members) == sorted(
         m.node for m in status.members if m.node != victim
@@ -139,7 +149,7 @@ def test_agent_sigkill_reforms_on_the_survivors(make_cluster: Any, out: Path) ->
         assert gone(pid)
 
 
-def test_a_new_agent_grows_a_running_job(make_cluster: Any, out: Path) -> None:
+def test_a_new_agent_grows_a_running_job(make_cluster: Any, out: Path, gate: Gate) -> None:
     c: LocalCluster = make_cluster(nodes=2)
     spec = JobSpec(
         entrypoint=[PY, script("crash_once.py")],
@@ -147,17 +157,77 @@ def test_a_new_agent_grows_a_running_job(make_cluster: Any, out: Path) -> None:
         min_nodes=2,
         max_nodes=3,
         last_call_timeout=0.5,
-        env={"OUT_DIR": str(out), "CRASH_UNTIL": "0", "SLEEP": "3"},
+        env={"OUT_DIR": str(out), "CRASH_UNTIL": "0", **gate.env},
         stop_grace=5,
     )
     job = c.client.submit(spec)
     wait_started(job, 4)
+    first_round = job.status().round
+    first = gate.wait("start", 4, round=first_round)
+    joining_at = time.time()
     c.start_agent("node-2")
     poll_until(lambda: len(job.status().members) == 3, 60, what="the job to re-form with 3 nodes")
+    gate.wait("start", 6, round=first_round + 1)
+    gate.open("finish")
     result = job.wait(TIMEOUT)
     assert result.state == WorkerState.SUCCEEDED, result.format_failures()
     assert job.status().attempt == 0
-    assert any(p.stem.endswith("_rank5") for p in out.glob("*.json"))
+    # node-2 joined while the first round ran: after its workers started, before it ended,
+    # which it did because of the join (no worker of it finished).
+    ended = result.attempts[0]
+    assert ended.round == first_round and len(ended.nodes) == 2
+    assert "node node-2 joined" in ended.end_reason
+    assert all(e["time"] < joining_at for e in first)
+    assert joining_at < ended.ended_at
+    assert not gate.events("finish", round=first_round)
+    grown = gate.events("finish", round=first_round + 1)
+    assert sorted(e["rank"] for e in grown) == list(range(6))
+    assert {e["node"] for e in grown if e["rank"] in (4, 5)} == {"node-2"}
+
+
+def test_logs_of_each_attempt_come_from_the_node_the_rank_ran_on(
+    make_cluster: Any, out: Path, gate: Gate
+) -> None:
+    # Rounds place nodes in name order, so node-0, joining as a spare during attempt 0, takes
+    # group rank 0 of attempt 1: every rank runs on another node in each attempt.
+    c: LocalCluster = make_cluster(nodes=0)
+    c.start_agent("node-1")
+    c.start_agent("node-2")
+    spec = JobSpec(
+        entrypoint=[PY, script("crash_once.py")],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        max_restarts=1,
+        env={"OUT_DIR": str(out), "CRASH_RANK": "3", "CRASH_UNTIL": "1", **gate.env},
+        stop_grace=5,
+    )
+    job = c.client.submit(spec)
+    gate.wait("start", 4, attempt=0)
+    c.start_agent("node-0")
+    gate.open("crash")
+    gate.wait("start", 4, attempt=1)
+    gate.open("finish")
+    result = job.wait(TIMEOUT)
+    assert result.state == WorkerState.SUCCEEDED, result.format_failures()
+    assert [a.attempt for a in result.attempts] == [0, 1]
+    placed = {(a.attempt, r): a.nodes[r // 2] for a in result.attempts for r in range(4)}
+    # Where each worker really ran (its agent's environment) is where the coordinator says.
+    assert {(e["attempt"], e["rank"]): e["node"] for e in gate.events("start")} == placed
+    assert all(placed[(0, r)] != placed[(1, r)] for r in range(4)), placed
+    for (attempt, rank), node in placed.items():
+        fetched = b"".join(job.logs(rank=rank, attempt=attempt)).decode()
+        assert f"rank {rank} attempt {attempt} round " in fetched, fetched
+        assert f"agent {node} node {node}" in fetched, fetched
+        pattern = f"{job.job_id}/attempt_{attempt}*/{rank}/stdout.log"
+        (on_disk,) = c.agent_log_dir(node).glob(pattern)
+        assert on_disk.read_text() == fetched
+        for other in c.agents:
+            if other != node:
+                assert not list(c.agent_log_dir(other).glob(pattern)), (other, pattern)
+    latest = b"".join(job.logs(rank=0)).decode()
+    assert latest == b"".join(job.logs(rank=0, attempt=1)).decode()
+    assert f"agent {placed[(1, 0)]} " in latest
 
 
 def test_watchdog_kills_a_hung_worker_and_the_agent_lives_on(cluster: LocalCluster) -> None:
@@ -244,36 +314,51 @@ def _train(
     return c.client.submit(spec), out
 
 
-def test_checkpointed_training_survives_a_crash_and_an_agent_kill(
+def test_checkpointed_training_resumes_from_its_checkpoint_after_a_crash_and_an_agent_kill(
     make_cluster: Any, tmp_path: Path
 ) -> None:
     c: LocalCluster = make_cluster(nodes=3)
     ref_job, ref_out = _train(c, tmp_path, "ref", {}, min_nodes=3, max_nodes=3)
     assert ref_job.wait(TIMEOUT).state == WorkerState.SUCCEEDED
+    # Rank 1 crashes after step 5 (attempt 0); attempt 1 holds after step 12 while a node is
+    # killed; the survivors finish the 30 steps.
     job, out = _train(
         c,
         tmp_path,
         "chaos",
-        {"CRASH_AT_STEP": "5", "CRASH_RANK": "1", "STEP_SLEEP": "0.15"},
+        {"CRASH_AT_STEP": "5", "CRASH_RANK": "1", "HOLD_AT_STEP": "12"},
         min_nodes=2,
         max_nodes=3,
         max_restarts=2,
         last_call_timeout=1,
     )
-    progress = out / "progress"
-
-    def steps_in(attempt: int) -> int:
-        if not progress.exists():
-            return 0
-        return sum(1 for ln in progress.read_text().splitlines() if ln.split()[0] == str(attempt))
-
-    poll_until(lambda: steps_in(1) >= 5, 90, what="attempt 1 to make progress after the crash")
-    victim = job.status().members[-1].node
+    holding = out / "holding"
+    poll_until(
+        lambda: holding.exists() and holding.read_text().endswith("\n"),
+        90,
+        what="attempt 1 to hold after step 12",
+    )
+    status = job.status()
+    assert holding.read_text().split() == ["1", str(status.round), "12"]
+    victim = status.members[-1].node
     c.kill_agent(victim)
     result = job.wait(TIMEOUT)
     assert result.state == WorkerState.SUCCEEDED, result.format_failures()
-    worlds = {ln.split()[1] for ln in progress.read_text().splitlines()}
-    assert worlds == {"6", "4"}, worlds  # 3 nodes, then 2 after the kill
+    progress = [tuple(map(int, ln.split())) for ln in (out / "progress").read_text().splitlines()]
+    # (attempt, world) of each step: 6 ranks until the crash, 6 again after the restart
+    # until the kill, then 4; and every step ran exactly once, in order: each round resumed
+    # from the checkpoint of the step before, none from step 0.
+    assert [p[2] for p in progress] == list(range(30))
+    assert [(p[0], p[1]) for p in progress] == [(0, 6)] * 6 + [(1, 6)] * 7 + [(1, 4)] * 17
+    resumes: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for ln in (out / "resumes").read_text().splitlines():
+        attempt, round_, world, loaded = map(int, ln.split())
+        resumes.setdefault((attempt, round_), []).append((world, loaded))
+    rounds = sorted(resumes)
+    assert [r[0] for r in rounds] == [0, 1, 1], rounds
+    assert resumes[rounds[0]] == [(6, -1)] * 6  # a fresh start: no checkpoint yet
+    assert resumes[rounds[1]] == [(6, 5)] * 6  # the checkpoint of the crash's step
+    assert resumes[rounds[2]] == [(4, 12)] * 4  # the checkpoint of the step it held at
     ref = torch.load(ref_out / "final.pt")
     got = torch.load(out / "final.pt")
     for k in ref:
