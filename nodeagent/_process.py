@@ -356,10 +356,15 @@ class Sentinel:
             self._pidfd = None  # its death is then noticed on the next write (EPIPE)
         logger.debug("sentinel pid %d started (token %s)", popen.pid, self.token)
 
+    @property
+    def mark_prefix(self) -> str:
+        """What every mark of this agent's workers starts with."""
+        return f"{self.token}."
+
     def next_mark(self) -> str:
         """A new worker's `GELASTIC_WORKER_MARK` value."""
         self._seq += 1
-        return f"{self.token}.{self._seq}"
+        return f"{self.mark_prefix}{self._seq}"
 
     def watch(self, pid: int, ticks: int, mark: str) -> None:
         """A worker started: kill its session and mark with the agent."""

@@ -1,9 +1,12 @@
 """Workers must never outlive their agent: the record of live workers, and its cleanup.
 
-PR_SET_PDEATHSIG kills a worker when its agent dies, but not the processes the worker started.
-The agent therefore keeps a small JSON file of its live worker pids (with their psutil
-create_time, so a reused pid is never mistaken for a worker) under its state dir; on the next
-start `reap_previous` kills the process groups that are still there.
+PR_SET_PDEATHSIG kills a worker when its agent dies, and the sentinel (`nodeagent._sentinel`)
+kills what the worker started. In case the sentinel died too (the OOM killer, a `kill -9` of
+both), the agent also keeps a small JSON file of its live worker pids (with their psutil
+create_time and /proc start ticks, so a reused pid is never mistaken for a worker) and of the
+prefix of its workers' `GELASTIC_WORKER_MARK`, under its state dir; on the next start
+`reap_previous` kills the process groups and sessions that are still there, and every process
+carrying that mark.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from pathlib import Path
 
 import psutil
 
+from nodeagent._sentinel import Targets, start_ticks, sweep
+
 __all__ = ["PidRegistry", "RecordedWorker", "reap_previous", "record_workers"]
 
 logger = logging.getLogger(__name__)
@@ -30,13 +35,17 @@ class RecordedWorker:
     create_time: float
     job_id: str = ""
     global_rank: int = -1
+    start_ticks: int = 0
+    """Start time in clock ticks since boot (0 = not recorded): with the pid, its session."""
 
 
 class PidRegistry:
     """The agent's file of live worker pids; rewritten atomically on every change."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, mark_prefix: str = "") -> None:
         self.path = Path(path)
+        self.mark_prefix = mark_prefix
+        """Every worker of this agent carries a `GELASTIC_WORKER_MARK` starting with this."""
         self._workers: dict[int, RecordedWorker] = {}
 
     @property
@@ -48,7 +57,8 @@ class PidRegistry:
             create_time = psutil.Process(pid).create_time()
         except psutil.Error:
             return  # already gone: nothing to reap later
-        self._workers[pid] = RecordedWorker(pid, create_time, job_id, global_rank)
+        ticks = start_ticks(pid) or 0
+        self._workers[pid] = RecordedWorker(pid, create_time, job_id, global_rank, ticks)
         self._write()
 
     def remove(self, pid: int) -> None:
@@ -57,16 +67,23 @@ class PidRegistry:
 
     def _write(self) -> None:
         try:
-            _write(self.path, self._workers.values())
+            _write(self.path, self._workers.values(), self.mark_prefix)
         except OSError:
             logger.exception("cannot write the worker pid file %s", self.path)
 
 
-def _write(path: Path, workers: Iterable[RecordedWorker]) -> None:
+def _write(path: Path, workers: Iterable[RecordedWorker], mark_prefix: str = "") -> None:
     data = {
         "agent_pid": os.getpid(),
+        "mark_prefix": mark_prefix,
         "workers": [
-            {"pid": w.pid, "create_time": w.create_time, "job_id": w.job_id, "rank": w.global_rank}
+            {
+                "pid": w.pid,
+                "create_time": w.create_time,
+                "job_id": w.job_id,
+                "rank": w.global_rank,
+                "start_ticks": w.start_ticks,
+            }
             for w in workers
         ],
     }
@@ -90,7 +107,8 @@ def record_workers(path: str | os.PathLike[str], pids: Iterable[int]) -> None:
     _write(Path(path), workers)
 
 
-def _load(path: Path) -> list[RecordedWorker]:
+def _load(path: Path) -> tuple[list[RecordedWorker], str]:
+    """The recorded workers and the mark prefix of the agent that wrote `path`."""
     try:
         data = json.loads(path.read_text())
         out = []
@@ -101,14 +119,17 @@ def _load(path: Path) -> list[RecordedWorker]:
                     float(item["create_time"]),
                     str(item.get("job_id", "")),
                     int(item.get("rank", -1)),
+                    int(item.get("start_ticks", 0)),
                 )
             )
-        return out
+        prefix = data.get("mark_prefix", "")
+        # A bare prefix ("", ".") would match every marked process of every agent.
+        return out, prefix if isinstance(prefix, str) and len(prefix) > 8 else ""
     except FileNotFoundError:
-        return []
+        return [], ""
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
         logger.warning("ignoring unreadable worker pid file %s: %s", path, e)
-        return []
+        return [], ""
 
 
 def _group_members(pgid: int, not_before: float) -> list[psutil.Process]:
@@ -132,12 +153,15 @@ def reap_previous(path: str | os.PathLike[str]) -> list[int]:
     A worker whose pid is alive with the recorded create_time gets its process group killed.
     When the worker itself is gone, the members of its old process group are killed: a group id
     cannot be reused while any member lives, and members are checked to be younger than the
-    worker. The file is removed afterwards.
+    worker. Then every process left in a recorded worker's session, or carrying the previous
+    agent's worker mark (one that left the session with setsid), is killed the way the sentinel
+    does. The file is removed afterwards.
     """
     p = Path(path)
     killed: list[int] = []
     me = os.getpid()
-    for rec in _load(p):
+    recorded, mark_prefix = _load(p)
+    for rec in recorded:
         if rec.pid == me:
             continue
         try:
@@ -174,6 +198,15 @@ def reap_previous(path: str | os.PathLike[str]) -> list[int]:
             with contextlib.suppress(ProcessLookupError, psutil.Error):
                 proc.kill()
             killed.append(proc.pid)
+    targets = Targets(
+        {rec.pid: rec.start_ticks for rec in recorded if rec.start_ticks and rec.pid != me},
+        mark_prefix=mark_prefix,
+    )
+    if targets.sessions or targets.mark_prefix:
+        for pid in sweep(targets):
+            if pid not in killed:
+                logger.warning("killed pid %d, left behind by the workers of a previous agent", pid)
+                killed.append(pid)
     with contextlib.suppress(FileNotFoundError):
         p.unlink()
     return killed

@@ -123,8 +123,8 @@ class NodeAgent:
         self._tasks: set[asyncio.Task[None]] = set()
         self._main: asyncio.Task[None] | None = None
         self._log_tasks: dict[int, asyncio.Task[None]] = {}
-        self._registry = PidRegistry(self._pid_file())
         self._sentinel = Sentinel(token=self.incarnation)
+        self._registry = PidRegistry(self._pid_file(), mark_prefix=self._sentinel.mark_prefix)
         self._heartbeat_interval = 1.0
         self._closing = False
         self.connected = asyncio.Event()

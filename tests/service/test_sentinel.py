@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from nodeagent._process import Sentinel
+from nodeagent._reaper import PidRegistry, reap_previous
 from nodeagent._sentinel import MARK_ENV, start_ticks
 
 PY = sys.executable
@@ -197,3 +198,21 @@ async def test_a_sigkilled_agent_takes_every_process_of_its_workers(
     await asyncio.to_thread(agent.wait, 10)
     agent.stdout.close()
     await wait_for(lambda: all(gone(p) for p in started), BOUND, "every process to die")
+
+
+async def test_a_restarted_agent_reaps_what_a_dead_sentinel_left(
+    tmp_path: Path, started: list[int]
+) -> None:
+    # Agent and sentinel both gone (say, the OOM killer): the next agent's reaper finds the
+    # worker's session, and the child that left it by the previous agent's mark.
+    prefix = "c" * 32 + "."
+    registry = PidRegistry(tmp_path / "agent.pids.json", mark_prefix=prefix)
+    worker, children = start_tree(tmp_path, f"{prefix}1")
+    started.extend([worker.pid, *children])
+    registry.add(worker.pid, job_id="job1", global_rank=0)
+    killed = await asyncio.to_thread(reap_previous, registry.path)
+    await asyncio.to_thread(worker.wait, BOUND)
+    await wait_for(lambda: all(gone(p) for p in started), BOUND, "every process to die")
+    # The leader's group went with the leader; only the mark finds the setsid child.
+    assert worker.pid in killed and children[1] in killed
+    assert not registry.path.exists()
