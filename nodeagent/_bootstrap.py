@@ -242,6 +242,8 @@ def _run(opts: _Options) -> None:
 def _die_with_agent() -> None:
     # The agent spawns without running Python between fork and exec, so the worker arms the
     # parent-death signal itself, first thing, with the exec stub's own code beside this file.
+    # (Without GELASTIC_AGENT_PID no agent started us; under one, the agent's sentinel kills
+    # this session too, so a worker whose signal could not be armed still dies with its agent.)
     parent = os.environ.get("GELASTIC_AGENT_PID", "")
     if not parent.isdigit():
         return

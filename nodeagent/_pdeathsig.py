@@ -3,7 +3,8 @@
 Sets PR_SET_PDEATHSIG (SIGKILL), checks the agent is still its parent (the agent may have died
 before that took effect), then execs the program in place, so the pid stays the worker's. Doing
 this here rather than in a `preexec_fn` keeps Python code out of the window between fork and exec
-in the multi-threaded agent. Standalone: standard library only.
+in the multi-threaded agent. The signal reaches only the worker itself; what the worker starts
+is killed by the agent's sentinel (`_sentinel.py`). Standalone: standard library only.
 """
 
 import ctypes

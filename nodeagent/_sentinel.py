@@ -290,7 +290,14 @@ def run(fd: int, token: str, proc: str = PROC) -> None:
         buf = rest
         batch = [t for t in (watch.feed(ln.decode("ascii", "replace")) for ln in lines) if t]
         if batch:
-            sweep(_merge(batch), proc=proc)
+            targets = _merge(batch)
+            # The exited leaders are zombies or gone, so only what they left is found.
+            killed = sweep(targets, proc=proc)
+            if killed:
+                _say(
+                    f"killed {len(killed)} process(es) left behind by worker(s) "
+                    f"{sorted(targets.sessions)[:20]}: {killed[:20]}"
+                )
     killed = sweep(watch.final(), proc=proc)
     if killed:
         _say(f"the agent is gone; killed {len(killed)} process(es) of its workers: {killed[:20]}")
