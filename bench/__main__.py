@@ -126,7 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     for name in chosen:
         module = importlib.import_module(f"bench.{name}")
-        log(f"{name}: {runs} run(s){' (quick)' if args.quick else ''} ...")
+        if name == "soak":
+            log(
+                f"soak: one run of {soak_options.minutes:g} min{' (quick)' if args.quick else ''} ..."
+            )
+        else:
+            log(f"{name}: {runs} run(s){' (quick)' if args.quick else ''} ...")
         t = time.monotonic()
         try:
             if name == "soak":  # one long run with options of its own, not `runs` short ones

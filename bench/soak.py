@@ -18,7 +18,8 @@ that grows without end).
 
 Every `--interval` seconds (and once before the first submit) one row: the coordinator's RSS,
 the size of its state directory (the SQLite file and its WAL), the p50/p99/max latency of the
-Submit calls of that interval, the jobs the coordinator still lists, and the outcomes so far.
+Submit calls of that interval, the coordinator's CPU and the host's load meanwhile, the jobs the
+coordinator still lists, and the outcomes so far.
 The rows go to stderr as they come, into the results JSON (`meta.soak`), and into
 `soak.png` (bench/_plots.py) next to it.
 
@@ -31,9 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import shutil
 import statistics
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -45,7 +48,7 @@ import grpc
 import psutil
 
 from bench._common import GELASTIC, Measurement, log
-from bench._simnodes import SimFleet, sim_job_spec, wait_round_started
+from bench._simnodes import SimFleet, cpu_seconds, sim_job_spec, wait_round_started
 from client import Client, GelasticError, Job, JobSpec, JobState
 from client._local import LocalCluster, poll_until
 
@@ -108,6 +111,10 @@ class Row:
     submit_p50_ms: float | None
     submit_p99_ms: float | None
     submit_max_ms: float | None
+    coordinator_cpu: float
+    """The coordinator's CPU (user + system) over the interval, in cores."""
+    load1: float
+    """The host's 1-minute load average: on a shared machine, what latency is up against."""
     jobs_listed: int
     """Jobs the coordinator lists (finished ones included): what retention keeps."""
     in_flight: int
@@ -126,6 +133,8 @@ class SoakReport:
     before the soak saw it end."""
     skipped: int = 0
     """Submits skipped because MAX_IN_FLIGHT jobs were unfinished."""
+    poll_errors: int = 0
+    """GetJob calls of the follower that failed (other than NOT_FOUND); asked again."""
     submit_errors: list[str] = field(default_factory=list)
     sim_live: int = 0
     sim_sessions_ended: int = 0
@@ -165,7 +174,8 @@ class SoakReport:
         return (
             f"{finished} jobs finished ({', '.join(f'{k} {v}' for k, v in sorted(self.outcomes.items()))}); "
             f"{last.unexpected if last else 0} unexpected, {last.stuck if last else 0} stuck, "
-            f"{self.skipped} submits skipped (in flight >= {MAX_IN_FLIGHT}); simulated nodes "
+            f"{self.skipped} submits skipped (in flight >= {MAX_IN_FLIGHT}), {self.poll_errors} "
+            f"polls failed; simulated nodes "
             f"{self.sim_live}/{self.options.nodes} live, {self.sim_sessions_ended} sessions "
             f"dropped; background job {self.background_state}"
         )
@@ -176,6 +186,7 @@ class SoakReport:
             "rows": [asdict(r) for r in self.rows],
             "outcomes": dict(self.outcomes),
             "skipped": self.skipped,
+            "poll_errors": self.poll_errors,
             "submit_errors": self.submit_errors[:20],
             "sim_live": self.sim_live,
             "sim_sessions_ended": self.sim_sessions_ended,
@@ -186,8 +197,8 @@ class SoakReport:
 
 
 _HEADER = (
-    "  t (min)  RSS MB  state MB   (db + wal)  submits  p50 ms  p99 ms  max ms  listed  "
-    "in flight  finished  unexpected  stuck"
+    "  t (min)  RSS MB  state MB   (db + wal)  submits  p50 ms  p99 ms  max ms  CPU  load  "
+    "listed  in flight  finished  unexpected  stuck"
 )
 
 
@@ -199,7 +210,8 @@ def render_row(r: Row) -> str:
     return (
         f"  {r.t_s / 60:7.2f}  {r.rss_mb:6.1f}  {r.state_mb:8.2f}  ({r.db_mb:5.2f} + "
         f"{r.wal_mb:5.2f})  {r.submits:7d}  {_ms(r.submit_p50_ms):>6}  {_ms(r.submit_p99_ms):>6}"
-        f"  {_ms(r.submit_max_ms):>6}  {r.jobs_listed:6d}  {r.in_flight:9d}  {r.finished:8d}  "
+        f"  {_ms(r.submit_max_ms):>6}  {r.coordinator_cpu:3.2f}  {r.load1:4.1f}  "
+        f"{r.jobs_listed:6d}  {r.in_flight:9d}  {r.finished:8d}  "
         f"{r.unexpected:10d}  {r.stuck:5d}"
     )
 
@@ -266,7 +278,12 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
 
 
 class _Stream:
-    """Submits the short jobs, follows them to their end and samples the coordinator."""
+    """Submits the short jobs, follows them to their end and samples the coordinator.
+
+    Three threads, so that a slow call of one kind does not delay the others: the submitter
+    keeps the rate (its latencies are what a row reports), the follower polls the unfinished
+    jobs, and the caller's thread takes a row every interval.
+    """
 
     def __init__(
         self, opts: SoakOptions, client: Client, coord: psutil.Process, state_dir: Path
@@ -276,13 +293,18 @@ class _Stream:
         self.coord = coord
         self.state_dir = state_dir
         self.rng = random.Random(opts.seed)
+        self.lock = threading.Lock()
         self.pending: list[_Pending] = []
         self.latencies: list[float] = []
         self.report = SoakReport(opts)
         self.unexpected = 0
         self.stuck = 0
         self.submitted = 0
+        self.errors: list[BaseException] = []
+        self.submitting = threading.Event()
+        self.following = threading.Event()
         self.t0 = time.monotonic()
+        self._cpu_at = (self.t0, cpu_seconds(coord))
 
     def _kind(self) -> str:
         x, acc = self.rng.random(), 0.0
@@ -292,10 +314,11 @@ class _Stream:
                 return kind
         return MIX[-1][0]
 
-    def submit(self, now: float) -> None:
-        if len(self.pending) >= MAX_IN_FLIGHT:
-            self.report.skipped += 1
-            return
+    def submit(self) -> None:
+        with self.lock:
+            if len(self.pending) >= MAX_IN_FLIGHT:
+                self.report.skipped += 1
+                return
         kind = self._kind()
         spec = _short_job(kind, self.rng, self.submitted)
         self.submitted += 1
@@ -303,31 +326,44 @@ class _Stream:
         try:
             job = self.client.submit(spec)
         except GelasticError as exc:
-            self.report.submit_errors.append(str(exc))
+            with self.lock:
+                self.report.submit_errors.append(str(exc))
             log(f"  {SCENARIO}: submit failed: {exc}")
             return
-        self.latencies.append(time.perf_counter() - t)
+        latency = time.perf_counter() - t
+        now = time.monotonic()
         cancel_at = now + self.rng.uniform(0.0, 1.5) if kind == "cancel" else None
-        self.pending.append(_Pending(job, kind, now, cancel_at))
+        with self.lock:
+            self.latencies.append(latency)
+            self.pending.append(_Pending(job, kind, now, cancel_at))
 
-    def follow(self, now: float) -> None:
-        still: list[_Pending] = []
-        for p in self.pending:
+    def follow(self, *, draining: bool = False) -> None:
+        """Ask every unfinished job for its state once; cancel what is due."""
+        with self.lock:
+            pending = list(self.pending)
+        done: set[int] = set()
+        ended: list[str] = []
+        for p in pending:
+            now = time.monotonic()
             try:
                 state = p.job.status().state
             except GelasticError as exc:
-                if exc.code != grpc.StatusCode.NOT_FOUND:
-                    raise
-                # Finished and already dropped by retention between two polls.
-                self.report.outcomes[f"{p.kind}->gone"] += 1
+                if exc.code == grpc.StatusCode.NOT_FOUND:
+                    # Finished and already dropped by retention between two polls.
+                    ended.append(f"{p.kind}->gone")
+                    done.add(id(p))
+                else:  # a coordinator too busy to answer in time: ask again next round
+                    self.report.poll_errors += 1
                 continue
             if state.is_terminal():
-                self.report.outcomes[f"{p.kind}->{state.value}"] += 1
+                ended.append(f"{p.kind}->{state.value}")
                 if state != EXPECTED[p.kind] and not (p.kind != "cancel" and p.cancelled):
                     self.unexpected += 1
                     log(f"  {SCENARIO}: job {p.job.job_id} ({p.kind}) ended {state.value}")
+                done.add(id(p))
                 continue
-            if p.cancel_at is not None and now >= p.cancel_at and not p.cancelled:
+            due = p.cancel_at is not None and (now >= p.cancel_at or draining)
+            if due and not p.cancelled:
                 self._cancel(p)
             elif now - p.submitted > JOB_DEADLINE_S and not p.cancelled:
                 self.stuck += 1
@@ -336,23 +372,49 @@ class _Stream:
                     f"{JOB_DEADLINE_S:g} s; cancelling it"
                 )
                 self._cancel(p)
-            still.append(p)
-        self.pending = still
+        with self.lock:
+            self.report.outcomes.update(ended)
+            self.pending = [p for p in self.pending if id(p) not in done]
 
     def _cancel(self, p: _Pending) -> None:
         p.cancelled = True
         with contextlib.suppress(GelasticError):  # it may have ended meanwhile
             p.job.cancel()
 
+    def _submitter(self) -> None:
+        try:
+            next_at = time.monotonic()
+            while self.submitting.is_set():
+                self.submit()
+                # Behind schedule (a slow call): catch up by at most a second, never in a burst.
+                next_at = max(next_at + 1 / self.opts.rate, time.monotonic() - 1.0)
+                time.sleep(max(0.0, next_at - time.monotonic()))
+        except BaseException as exc:  # handed to the caller's thread, which raises it
+            self.errors.append(exc)
+
+    def _follower(self) -> None:
+        try:
+            while self.following.is_set():
+                t = time.monotonic()
+                self.follow(draining=not self.submitting.is_set())
+                time.sleep(max(0.0, t + POLL_S - time.monotonic()))
+        except BaseException as exc:
+            self.errors.append(exc)
+
     def sample(self, now: float) -> Row:
-        lat_ms = [v * 1000 for v in self.latencies]
-        self.latencies = []
+        with self.lock:
+            lat_ms = [v * 1000 for v in self.latencies]
+            self.latencies = []
+            in_flight = len(self.pending)
+            finished = sum(self.report.outcomes.values())
         state, db, wal = _dir_mb(self.state_dir)
         try:
             listed = len(self.client.list_jobs(include_finished=True))
         except GelasticError as exc:
             log(f"  {SCENARIO}: ListJobs failed: {exc}")
             listed = -1
+        cpu = cpu_seconds(self.coord)
+        (t_prev, cpu_prev), self._cpu_at = self._cpu_at, (now, cpu)
         row = Row(
             t_s=round(now - self.t0, 1),
             rss_mb=round(self.coord.memory_info().rss / 2**20, 2),
@@ -363,9 +425,11 @@ class _Stream:
             submit_p50_ms=_round(_percentile(lat_ms, 50)),
             submit_p99_ms=_round(_percentile(lat_ms, 99)),
             submit_max_ms=_round(max(lat_ms) if lat_ms else None),
+            coordinator_cpu=round((cpu - cpu_prev) / max(now - t_prev, 1e-6), 3),
+            load1=round(os.getloadavg()[0], 2),
             jobs_listed=listed,
-            in_flight=len(self.pending),
-            finished=sum(self.report.outcomes.values()),
+            in_flight=in_flight,
+            finished=finished,
             unexpected=self.unexpected,
             stuck=self.stuck,
         )
@@ -373,38 +437,54 @@ class _Stream:
         log(render_row(row))
         return row
 
+    def _check(self) -> None:
+        if self.errors:
+            raise RuntimeError(f"the soak's job stream failed: {self.errors[0]!r}") from (
+                self.errors[0]
+            )
+
     def run(self) -> SoakReport:
         opts = self.opts
         log(_HEADER)
         self.t0 = time.monotonic()
+        self._cpu_at = (self.t0, cpu_seconds(self.coord))
         end = self.t0 + opts.minutes * 60
         self.sample(self.t0)
-        next_submit, next_poll, next_row = self.t0, self.t0 + POLL_S, self.t0 + opts.interval
-        while True:
-            now = time.monotonic()
-            if now >= end:
-                break
-            if now >= next_submit:
-                self.submit(now)
-                # Behind schedule (a slow call): catch up by at most a second, never in a burst.
-                next_submit = max(next_submit + 1 / opts.rate, now - 1.0)
-            if now >= next_poll:
-                self.follow(now)
-                next_poll = now + POLL_S
-            if now >= next_row:
-                self.sample(now)
-                next_row += opts.interval
-            time.sleep(max(0.0, min(next_submit, next_poll, next_row, end) - time.monotonic()))
-        # Let what is still running end: cancel the sleepers now; the rest get their deadline
-        # (and are counted stuck past it, as above). Bounded: what is left then is stuck too.
-        drain_until = time.monotonic() + JOB_DEADLINE_S + 15
-        while self.pending and time.monotonic() < drain_until:
-            for p in self.pending:
-                if p.kind == "cancel" and not p.cancelled:
-                    self._cancel(p)
-            self.follow(time.monotonic())
-            time.sleep(0.2)
-        self.stuck += len(self.pending)
+        self.submitting.set()
+        self.following.set()
+        threads = [
+            threading.Thread(target=self._submitter, name="soak-submit", daemon=True),
+            threading.Thread(target=self._follower, name="soak-follow", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        try:
+            next_row = self.t0 + opts.interval
+            while (now := time.monotonic()) < end:
+                self._check()
+                if now >= next_row:
+                    self.sample(now)
+                    next_row += opts.interval
+                time.sleep(max(0.0, min(next_row, end) - time.monotonic()))
+            self.submitting.clear()
+            threads[0].join(30)
+            # Let what is still running end: the follower cancels the sleepers now and gives
+            # the rest their deadline (stuck past it). Bounded: what is left then is stuck too.
+            drain_until = time.monotonic() + JOB_DEADLINE_S + 15
+            while time.monotonic() < drain_until:
+                self._check()
+                with self.lock:
+                    if not self.pending:
+                        break
+                time.sleep(0.2)
+        finally:
+            self.submitting.clear()
+            self.following.clear()
+            for t in threads:
+                t.join(30)
+        self._check()
+        with self.lock:
+            self.stuck += len(self.pending)
         self.sample(time.monotonic())
         return self.report
 

@@ -1,7 +1,8 @@
 """The benchmark suite runs: `python -m bench --quick` exits 0 with a number for every scenario.
 
 Keeps `bench/` from rotting; the numbers themselves are not checked (speed targets live in the
-benchmarks, not in tests). Nothing the benchmark started may outlive it.
+benchmarks, not in tests). Nothing the benchmark started may outlive it. The soak, which runs
+only when named, has a test of its own: `python -m bench soak --quick` (about 30 s).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench.__main__ import SCENARIOS
+from bench.__main__ import DEFAULT_SCENARIOS
 from bench._common import TORCHRUN
 from client._local import poll_until
 
@@ -51,33 +52,51 @@ def _marked(mark: str) -> list[psutil.Process]:
     return found
 
 
-@pytest.mark.timeout(TIMEOUT + 60)
-@pytest.mark.skipif(not Path(TORCHRUN).exists(), reason="torchrun (gelastic[torch]) not installed")
-def test_quick_bench_reports_every_scenario(tmp_path: Path) -> None:
-    out = tmp_path / "results.json"
-    mark = uuid.uuid4().hex  # inherited by everything the benchmark starts
+def _run_bench(args: list[str], mark: str, timeout: float) -> tuple[int, str]:
+    """`python -m bench ARGS` with `mark` in its environment; its exit code and output."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "bench", *args],
         cwd=ROOT,
-        env={**os.environ, MARK: mark},
+        env={**os.environ, MARK: mark},  # inherited by everything the benchmark starts
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     try:
-        output, _ = proc.communicate(timeout=TIMEOUT)
+        output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         for p in _marked(mark):
             p.kill()
         output, _ = proc.communicate(timeout=30)
-        pytest.fail(f"python -m bench --quick ran over {TIMEOUT} s:\n{output.decode()[-4000:]}")
-    text = output.decode(errors="replace")
-    assert proc.returncode == 0, text[-4000:]
+        pytest.fail(
+            f"python -m bench {' '.join(args)} ran over {timeout:g} s:\n{output.decode()[-4000:]}"
+        )
+    return proc.returncode, output.decode(errors="replace")
+
+
+def _assert_nothing_left(mark: str) -> None:
+    try:
+        poll_until(lambda: not _marked(mark), 15, what="the benchmark's processes to exit")
+    except TimeoutError:
+        left = [(p.pid, p.name()) for p in _marked(mark)]
+        for p in _marked(mark):
+            p.kill()
+        raise AssertionError(f"the benchmark left processes behind: {left}") from None
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+@pytest.mark.skipif(not Path(TORCHRUN).exists(), reason="torchrun (gelastic[torch]) not installed")
+def test_quick_bench_reports_every_scenario(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    mark = uuid.uuid4().hex
+    code, text = _run_bench(["--quick", "--json", str(out)], mark, TIMEOUT)
+    assert code == 0, text[-4000:]
 
     doc = json.loads(out.read_text())
     assert doc["meta"]["quick"] is True
     assert doc["meta"]["failed"] == []
-    for scenario in SCENARIOS:
+    assert doc["meta"]["scenarios"] == list(DEFAULT_SCENARIOS)
+    for scenario in DEFAULT_SCENARIOS:
         medians = [
             m["median"]
             for m in doc["measurements"]
@@ -93,11 +112,42 @@ def test_quick_bench_reports_every_scenario(tmp_path: Path) -> None:
         assert key in metrics, f"{key} missing from {out}"
         assert metrics[key]["n"] >= 1 and metrics[key]["timeouts"] == 0, metrics[key]
     assert "scenario" in text and "median" in text  # the table was printed
+    _assert_nothing_left(mark)
 
+
+SOAK_TIMEOUT = 120
+
+
+@pytest.mark.timeout(SOAK_TIMEOUT + 60)
+def test_quick_soak_writes_rows_and_passes_coordinator_args_on(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    mark = uuid.uuid4().hex
+    # A flag `coordinator serve` has today: the soak must hand it over word for word.
+    args = ["soak", "--quick", "--json", str(out), "--coordinator-arg=--log-level=INFO"]
+    code, text = _run_bench(args, mark, SOAK_TIMEOUT)
+    assert code == 0, text[-4000:]
+
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["scenarios"] == ["soak"] and doc["meta"]["failed"] == []
+    soak = doc["meta"]["soak"]
+    assert soak["options"]["coordinator_args"] == ["--log-level=INFO"]
+    rows = soak["rows"]
+    assert len(rows) >= 3, rows  # the start, at least one interval, the end
+    assert [r["t_s"] for r in rows] == sorted(r["t_s"] for r in rows)
+    assert all(r["rss_mb"] > 0 and r["state_mb"] > 0 for r in rows), rows
+    assert any(r["submit_p99_ms"] is not None for r in rows), rows
+    # Every short job ended the way its kind says, and none was left running.
+    assert rows[-1]["unexpected"] == 0 and rows[-1]["stuck"] == 0, soak
+    assert rows[-1]["finished"] > 0 and rows[-1]["in_flight"] == 0, soak
+    assert soak["background_state"] == "RUNNING", soak
+    assert soak["sim_live"] == soak["options"]["nodes"], soak
+    metrics = {m["metric"]: m for m in doc["measurements"] if m["scenario"] == "soak"}
+    assert len(metrics) == 3 and all(m["median"] > 0 for m in metrics.values()), metrics
+    assert "one row per interval" in text
     try:
-        poll_until(lambda: not _marked(mark), 15, what="the benchmark's processes to exit")
-    except TimeoutError:
-        left = [(p.pid, p.name()) for p in _marked(mark)]
-        for p in _marked(mark):
-            p.kill()
-        raise AssertionError(f"the benchmark left processes behind: {left}") from None
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pass  # drawing is optional, as in every scenario
+    else:
+        assert (tmp_path / "soak.png").stat().st_size > 0
+    _assert_nothing_left(mark)
