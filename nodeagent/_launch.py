@@ -13,6 +13,13 @@ The first round of an attempt owns ``attempt_<attempt>``. A membership change re
 without a new attempt; such a later round of the same attempt gets ``attempt_<attempt>.<round>``
 so the logs of the earlier round are never overwritten. Which of the two names a round gets is
 recorded in a ``round`` marker file inside the directory (see `resolve_attempt_dir`).
+
+The workers' c10d store: for a python job (a function, or a command run by a python interpreter)
+the workers get ``TORCHELASTIC_USE_AGENT_STORE=True`` and every rank is a TCPStore client of
+MASTER_ADDR:MASTER_PORT, where group rank 0's agent runs a store host (`StoreHostLaunch`, the
+script ``_c10d_store.py``) that outlives the round's workers. The choice is made from the spec
+alone, so every node of a round makes the same one. Other commands keep ``False``: worker RANK 0
+hosts the store, as before.
 """
 
 from __future__ import annotations
@@ -26,20 +33,24 @@ from pathlib import Path
 from string import Template
 
 from client.assignment import RoundAssignment, WorkerRanks
-from client.model import parse_std_mapping
+from client.model import JobSpec, parse_std_mapping
 
 __all__ = [
     "BOOTSTRAP_PATH",
     "STDERR",
     "STDOUT",
+    "STORE_HOST_PATH",
+    "StoreHostLaunch",
     "WorkerLaunch",
     "attempt_dir",
     "attempt_dir_name",
     "build_launch_plan",
+    "build_store_host_launch",
     "find_attempt_dir",
     "parse_python_command",
     "resolve_attempt_dir",
     "tee_prefix",
+    "uses_agent_store",
 ]
 
 STDOUT = 1
@@ -49,6 +60,14 @@ STDERR = 2
 
 BOOTSTRAP_PATH = str(Path(__file__).with_name("_bootstrap.py").resolve())
 """The standalone script every python worker runs under (executed by path)."""
+
+STORE_HOST_PATH = str(Path(__file__).with_name("_c10d_store.py").resolve())
+"""The standalone script that serves a round's c10d store (executed by path, imports torch)."""
+
+STORE_HOST_LOG = "c10d_store.log"
+"""The store host's stderr, in the round's attempt directory."""
+
+USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 ROUND_MARKER = "round"
 """File inside an attempt directory holding the round number that owns it."""
@@ -103,6 +122,21 @@ class WorkerLaunch:
     program: str
     """The program the user asked for (argv[0] of the command, or the function), for messages."""
     is_function: bool = False
+
+
+@dataclass(frozen=True)
+class StoreHostLaunch:
+    """How group rank 0's agent starts the process that serves one round's c10d store."""
+
+    argv: tuple[str, ...]
+    """The job's interpreter and the store script; the agent appends its pid and the socket."""
+    env: dict[str, str]
+    """The workers' environment without their identity: the same torch is found."""
+    cwd: str
+    log_path: Path
+    """Where the store host's stderr goes."""
+    addr: str
+    port: int
 
 
 def attempt_dir_name(attempt: int, round_: int, *, first_round_of_attempt: bool) -> str:
@@ -231,6 +265,22 @@ def parse_python_command(
     return PythonCommand(argv[0], tuple(flags), "script", argv[i], tuple(argv[i + 1 :]))
 
 
+def uses_agent_store(spec: JobSpec) -> bool:
+    """Whether the workers of `spec` use a store hosted outside them (USE_AGENT_STORE=True).
+
+    Decided from the spec alone, never from this node's interpreter, so that every node of a
+    round gives its workers the same value: with the agent store every rank is a TCPStore
+    client, without it rank 0 is the server, and a mix has two servers or none. A function, or a
+    command whose program is named like a python interpreter, gets the agent store; a user who
+    sets TORCHELASTIC_USE_AGENT_STORE to anything but "True" in the spec's env opts out.
+    """
+    if spec.env.get(USE_AGENT_STORE, "True") != "True":
+        return False
+    if spec.is_function:
+        return True
+    return bool(spec.argv) and bool(_PYTHON_NAME.match(os.path.basename(spec.argv[0])))
+
+
 def _substitute(args: Sequence[str], local_rank: int) -> list[str]:
     # torchrun's macros.substitute: string.Template over each argument (not the program).
     return [Template(a).safe_substitute(local_rank=str(local_rank)) for a in args]
@@ -278,6 +328,18 @@ def _worker_argv(
     return argv, None, None, program
 
 
+def _job_env(spec: JobSpec, agent_env: Mapping[str, str]) -> dict[str, str]:
+    """What every process of a job on this node starts from: the agent's env, the spec's."""
+    env = dict(agent_env)
+    # Defaults the user may override through spec.env (torchrun sets them the same way).
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if spec.nproc_per_node > 1 and "OMP_NUM_THREADS" not in spec.env:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(spec.env)
+    return env
+
+
 def _worker_env(
     assignment: RoundAssignment,
     ranks: WorkerRanks,
@@ -288,13 +350,7 @@ def _worker_env(
     timer_file: str | None,
 ) -> dict[str, str]:
     spec = assignment.spec
-    env = dict(agent_env)
-    # Defaults the user may override through spec.env (torchrun sets them the same way).
-    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    if spec.nproc_per_node > 1 and "OMP_NUM_THREADS" not in spec.env:
-        env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(spec.env)
+    env = _job_env(spec, agent_env)
     # The identity of the worker and the agent's wiring always win over the user's env:
     # a wrong RANK or error-file path breaks the whole job, not just this worker.
     env.update(
@@ -313,8 +369,9 @@ def _worker_env(
             "TORCHELASTIC_RESTART_COUNT": str(assignment.attempt),
             "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
             "TORCHELASTIC_RUN_ID": assignment.run_id,
-            # No agent-hosted store: worker RANK 0 hosts the c10d store at MASTER_ADDR:PORT.
-            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            # True: group rank 0's store host serves MASTER_ADDR:PORT and outlives the workers;
+            # False: worker RANK 0 hosts the store and takes it down when it exits.
+            USE_AGENT_STORE: str(uses_agent_store(spec)),
             "TORCHELASTIC_ERROR_FILE": str(error_file),
             "GELASTIC_JOB_ID": assignment.job_id,
             "GELASTIC_ROUND": str(assignment.round),
@@ -324,6 +381,54 @@ def _worker_env(
     if timer_file is not None:
         env["TORCHELASTIC_TIMER_FILE"] = timer_file
     return env
+
+
+def _cwd(spec: JobSpec, agent_cwd: str | None) -> str:
+    here = agent_cwd if agent_cwd is not None else os.getcwd()
+    return os.path.join(here, spec.cwd) if spec.cwd else here
+
+
+def build_store_host_launch(
+    assignment: RoundAssignment,
+    *,
+    log_dir: Path,
+    node_name: str,
+    agent_env: Mapping[str, str],
+    python: str = sys.executable,
+    agent_cwd: str | None = None,
+) -> StoreHostLaunch | None:
+    """The round's c10d store host on this node, or None when this node serves no store.
+
+    Only group rank 0 serves one, and only when `uses_agent_store`. It runs under the workers'
+    interpreter (with their interpreter flags), env and cwd, so it imports the torch they import.
+    `log_dir` is the round's attempt directory.
+    """
+    spec = assignment.spec
+    if assignment.group_rank != 0 or not uses_agent_store(spec):
+        return None
+    interpreter: tuple[str, ...] = (python,)
+    if not spec.is_function:
+        parsed = parse_python_command(spec.argv, python=python)
+        interpreter = (parsed.interpreter, *parsed.flags) if parsed is not None else (spec.argv[0],)
+    env = _job_env(spec, agent_env)
+    env.update(
+        {
+            "MASTER_ADDR": assignment.master_addr,
+            "MASTER_PORT": str(assignment.master_port),
+            "TORCHELASTIC_RUN_ID": assignment.run_id,
+            "GELASTIC_JOB_ID": assignment.job_id,
+            "GELASTIC_ROUND": str(assignment.round),
+            "GELASTIC_NODE": node_name,
+        }
+    )
+    return StoreHostLaunch(
+        argv=(*interpreter, STORE_HOST_PATH),
+        env=env,
+        cwd=_cwd(spec, agent_cwd),
+        log_path=Path(log_dir) / STORE_HOST_LOG,
+        addr=assignment.master_addr,
+        port=assignment.master_port,
+    )
 
 
 def build_launch_plan(
@@ -351,8 +456,7 @@ def build_launch_plan(
         assignment.round,
         first_round_of_attempt=True,
     )
-    here = agent_cwd if agent_cwd is not None else os.getcwd()
-    cwd = os.path.join(here, spec.cwd) if spec.cwd else here
+    cwd = _cwd(spec, agent_cwd)
     redirects = parse_std_mapping("redirects", spec.redirects, spec.nproc_per_node)
     tees = parse_std_mapping("tee", spec.tee, spec.nproc_per_node)
     template = agent_env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")

@@ -45,12 +45,15 @@ from nodeagent._launch import (
     ROUND_MARKER,
     STDERR,
     STDOUT,
+    StoreHostLaunch,
     WorkerLaunch,
     build_launch_plan,
+    build_store_host_launch,
     resolve_attempt_dir,
 )
 from nodeagent._process import ProcessHandle, spawn
 from nodeagent._reaper import PidRegistry
+from nodeagent._store_host import StoreHost, StoreHostError
 from nodeagent._watchdog import FileTimerServer
 
 __all__ = ["ConsoleWriter", "WorkerExit", "WorkerGroup", "WorkerHealth", "agent_console"]
@@ -65,6 +68,7 @@ _MAX_PARTIAL_LINE = 64 * 1024
 _EXIT_NOT_FOUND = 127
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGKILL})
 _EXIT_CANNOT_EXECUTE = 126
+_STORE_STOP_GRACE = 2.0
 # errnos that mean the agent's host, not the worker's program, is at fault.
 _PLATFORM_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.ENOSPC})
 
@@ -284,6 +288,8 @@ class WorkerGroup:
         self._by_pid: dict[int, _Worker] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._watchdog: FileTimerServer | None = None
+        self._store_launch: StoreHostLaunch | None = None
+        self._store: StoreHost | None = None
         self._phase = _Phase.NEW
         self._stop_task: asyncio.Task[list[int]] | None = None
         self._setup_failed = False
@@ -403,6 +409,14 @@ class WorkerGroup:
                 log_dir=self.log_dir,
                 agent_cwd=self._agent_cwd,
             )
+            self._store_launch = build_store_host_launch(
+                self.assignment,
+                log_dir=self.log_dir,
+                node_name=self.node_name,
+                agent_env=self._agent_env,
+                python=self._python,
+                agent_cwd=self._agent_cwd,
+            )
             await asyncio.to_thread(self._prepare_workers, self.plan)
         except OSError as e:
             setup_error = f"cannot prepare the log directory under {self.log_root}: {e}"
@@ -435,7 +449,11 @@ class WorkerGroup:
             return {}
         loop = asyncio.get_running_loop()
         not_started: list[tuple[_Worker, int, str, FailureCategory]] = []
+        store_error = self._start_store_host()
         for w in self._workers:
+            if store_error is not None:
+                not_started.append((w, *store_error))
+                continue
             try:
                 handle = self._spawner(w.launch)
             except OSError as e:
@@ -469,6 +487,30 @@ class WorkerGroup:
         if any(w.handle is not None for w in self._workers):
             self._own(self._health_loop(), "health")
         return self.pids
+
+    def _start_store_host(self) -> tuple[int, str, FailureCategory] | None:
+        """Start the round's c10d store host, before the workers; why not, if it cannot start.
+
+        Workers told to use the agent's store would wait for one that never comes, so a host
+        that cannot start fails the round's workers before they start.
+        """
+        if self._store_launch is None or not self.plan:
+            return None
+        try:
+            self._store = StoreHost.start(
+                self._store_launch, ctx=self._ctx(), registry=self._registry
+            )
+        except StoreHostError as e:
+            logger.error("%s %s", self._ctx(), e)
+            return _EXIT_CANNOT_EXECUTE, f"cannot start worker: {e}", FailureCategory.PLATFORM
+        except OSError as e:
+            # The host runs the workers' interpreter in their cwd: say it as for a worker.
+            return self._describe_spawn_error(self.plan[0], e)
+        except Exception as e:
+            message = f"cannot start the c10d store host: {type(e).__name__}: {e}"
+            return _EXIT_CANNOT_EXECUTE, message, FailureCategory.PLATFORM
+        self._own(self._store.watch(), f"store-host-{self._store.pid}")
+        return None
 
     def _make_pump(
         self,
@@ -848,6 +890,9 @@ class WorkerGroup:
         ]
         if reporting:
             await asyncio.wait(reporting, timeout=self._drain_timeout + 5.0)
+        if self._store is not None:
+            # Only after the workers: none of them may lose the store while it still runs.
+            await self._store.stop(_STORE_STOP_GRACE)
         if self._watchdog is not None:
             self._watchdog.close()
         return unkillable
@@ -869,6 +914,8 @@ class WorkerGroup:
             close = getattr(w.handle, "close", None)
             if close is not None:
                 close()
+        if self._store is not None:
+            self._store.close()
         if self._watchdog is not None:
             self._watchdog.close()
 

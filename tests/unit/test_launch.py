@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import sys
 from pathlib import Path
@@ -12,8 +13,10 @@ from client.assignment import RoundAssignment, WorkerRanks
 from client.model import JobSpec
 from nodeagent._launch import (
     BOOTSTRAP_PATH,
+    STORE_HOST_PATH,
     attempt_dir,
     build_launch_plan,
+    build_store_host_launch,
     find_attempt_dir,
     parse_python_command,
     resolve_attempt_dir,
@@ -273,3 +276,120 @@ def test_attempt_dir_never_reuses_an_earlier_rounds_directory(tmp_path: Path) ->
     assert find_attempt_dir(tmp_path, "j", 0, 0) == first
     assert find_attempt_dir(tmp_path, "j", 0, 3) == later
     assert find_attempt_dir(tmp_path, "j", 0, 9) is None
+
+
+# ---- the workers' c10d store ----------------------------------------------------------------
+
+
+def store_mode_on_every_node(spec: JobSpec, python: str = PY) -> set[str]:
+    modes = set()
+    for group_rank in range(3):
+        a = dataclasses.replace(assignment(spec), group_rank=group_rank)
+        launches = build_launch_plan(
+            a, log_root=Path("/logs"), node_name=f"n{group_rank}", agent_env={}, python=python
+        )
+        modes |= {w.env["TORCHELASTIC_USE_AGENT_STORE"] for w in launches}
+    return modes
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "mode"),
+    [
+        (["python", "train.py"], "True"),
+        (["/venv/bin/python3.11", "-u", "-m", "pkg.train"], "True"),
+        (["python3", "-c", "pass"], "True"),
+        (["python", "-i", "train.py"], "True"),  # not hosted by the bootstrap, still python
+        ("pkg.mod:fn", "True"),
+        (["/bin/trainer", "--x"], "False"),
+        (["bash", "-c", "python train.py"], "False"),
+        (["torchrun", "train.py"], "False"),
+    ],
+)
+def test_python_jobs_use_the_agent_store_on_every_node_others_let_rank_0_host_it(
+    entrypoint: list[str] | str, mode: str
+) -> None:
+    assert store_mode_on_every_node(JobSpec(entrypoint=entrypoint, nproc_per_node=2)) == {mode}
+
+
+def test_store_mode_depends_on_the_spec_not_on_this_nodes_interpreter() -> None:
+    # A node whose own interpreter is /opt/py/bin/py runs the command through the bootstrap, but
+    # nodes with another interpreter would not know it is python: all of them say False.
+    spec = JobSpec(entrypoint=["/opt/py/bin/py", "train.py"])
+    assert plan(spec, python="/opt/py/bin/py")[0].argv[1] == BOOTSTRAP_PATH
+    assert store_mode_on_every_node(spec, python="/opt/py/bin/py") == {"False"}
+    assert store_mode_on_every_node(spec) == {"False"}
+
+
+def test_the_spec_env_can_opt_out_of_the_agent_store() -> None:
+    spec = JobSpec(entrypoint=["python", "train.py"], env={"TORCHELASTIC_USE_AGENT_STORE": "False"})
+    assert store_mode_on_every_node(spec) == {"False"}
+    a = dataclasses.replace(assignment(spec), group_rank=0)
+    assert build_store_host_launch(a, log_dir=Path("/l"), node_name="n", agent_env={}) is None
+
+
+def test_only_group_rank_0_of_a_python_job_hosts_the_store() -> None:
+    python_job = JobSpec(entrypoint=["python", "train.py"])
+    kw: dict[str, object] = {"log_dir": Path("/l"), "node_name": "n", "agent_env": {}}
+    leader = dataclasses.replace(assignment(python_job), group_rank=0)
+    assert build_store_host_launch(leader, **kw) is not None  # type: ignore[arg-type]
+    follower = dataclasses.replace(assignment(python_job), group_rank=1)
+    assert build_store_host_launch(follower, **kw) is None  # type: ignore[arg-type]
+    binary = dataclasses.replace(assignment(JobSpec(entrypoint=["/bin/x"])), group_rank=0)
+    assert build_store_host_launch(binary, **kw) is None  # type: ignore[arg-type]
+
+
+def test_store_host_runs_like_the_workers_without_their_identity() -> None:
+    spec = JobSpec(
+        entrypoint=["python3", "-X", "dev", "-u", "train.py", "--lr", "1"],
+        env={"PYTHONPATH": "/src", "FOO": "spec"},
+        cwd="sub",
+        nproc_per_node=2,
+    )
+    a = dataclasses.replace(assignment(spec), group_rank=0)
+    agent_env = {"PATH": "/bin", "FOO": "agent", "VIRTUAL_ENV": "/venv"}
+    host = build_store_host_launch(
+        a,
+        log_dir=Path("/logs/job-7/attempt_2"),
+        node_name="nodeA",
+        agent_env=agent_env,
+        python=PY,
+        agent_cwd="/work",
+    )
+    assert host is not None
+    (w0, _) = build_launch_plan(
+        a,
+        log_root=Path("/logs"),
+        node_name="nodeA",
+        agent_env=agent_env,
+        python=PY,
+        agent_cwd="/work",
+    )
+    # The workers' interpreter and its flags: the same torch, found the same way.
+    assert host.argv == ("python3", "-X", "dev", "-u", STORE_HOST_PATH)
+    assert Path(STORE_HOST_PATH).is_file()
+    assert host.cwd == w0.cwd == "/work/sub"
+    assert (host.addr, host.port) == ("10.0.0.1", 29511)
+    assert host.log_path == Path("/logs/job-7/attempt_2/c10d_store.log")
+    assert host.env == {
+        "PATH": "/bin",
+        "VIRTUAL_ENV": "/venv",
+        "PYTHONPATH": "/src",
+        "FOO": "spec",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29511",
+        "TORCHELASTIC_RUN_ID": "run-abc",
+        "GELASTIC_JOB_ID": "job-7",
+        "GELASTIC_ROUND": "5",
+        "GELASTIC_NODE": "nodeA",
+    }
+    shared = {k: v for k, v in w0.env.items() if k in host.env}
+    assert shared == host.env
+
+
+def test_function_store_host_uses_the_agents_python() -> None:
+    a = dataclasses.replace(assignment(JobSpec(entrypoint="pkg.mod:fn")), group_rank=0)
+    host = build_store_host_launch(a, log_dir=Path("/l"), node_name="n", agent_env={}, python=PY)
+    assert host is not None and host.argv == (PY, STORE_HOST_PATH)
