@@ -294,6 +294,8 @@ class Sentinel:
         self._python = python
         self._seq = 0
         self._watched: dict[int, tuple[int, str]] = {}
+        # Workers that exited while no sentinel ran: the next one still sweeps what they left.
+        self._unswept: dict[int, tuple[int, str]] = {}
         self._popen: subprocess.Popen[bytes] | None = None
         self._wfd: int | None = None
         self._pidfd: int | None = None
@@ -347,6 +349,9 @@ class Sentinel:
         self._pending = bytearray()
         for pid, (ticks, mark) in self._watched.items():
             self._pending += f"+ {pid} {ticks} {mark}\n".encode()
+        for pid, (ticks, mark) in self._unswept.items():
+            self._pending += f"+ {pid} {ticks} {mark}\n- {pid}\n".encode()
+        self._unswept.clear()
         self._flush()
         assert self._loop is not None
         try:
@@ -373,8 +378,13 @@ class Sentinel:
 
     def forget(self, pid: int) -> None:
         """A worker exited (reaped or not): kill what it left behind now."""
-        if self._watched.pop(pid, None) is not None:
-            self._send(f"- {pid}\n")
+        entry = self._watched.pop(pid, None)
+        if entry is None:
+            return
+        if self._wfd is None and not self._closing:
+            self._unswept[pid] = entry
+            return
+        self._send(f"- {pid}\n")
 
     def _send(self, line: str) -> None:
         if self._wfd is None:

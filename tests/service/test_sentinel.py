@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
+from nodeagent import _process as process_module
 from nodeagent._process import Sentinel
 from nodeagent._reaper import PidRegistry, reap_previous
 from nodeagent._sentinel import MARK_ENV, start_ticks
@@ -216,3 +217,31 @@ async def test_a_restarted_agent_reaps_what_a_dead_sentinel_left(
     # The leader's group went with the leader; only the mark finds the setsid child.
     assert worker.pid in killed and children[1] in killed
     assert not registry.path.exists()
+
+
+async def test_a_worker_that_exits_while_no_sentinel_runs_is_swept_by_the_next(
+    tmp_path: Path, started: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(process_module, "SENTINEL_RESTART_S", 2.0)
+    sentinel = Sentinel()
+    sentinel.start()
+    try:
+        first = sentinel.pid
+        assert first is not None
+        started.append(first)
+        mark = sentinel.next_mark()
+        worker, children = start_tree(tmp_path, mark)
+        started.extend([worker.pid, *children])
+        sentinel.watch(worker.pid, start_ticks(worker.pid) or 0, mark)
+        os.kill(first, signal.SIGKILL)
+        await wait_for(lambda: sentinel.pid is None, BOUND, "the agent to see the sentinel die")
+        worker.kill()
+        await asyncio.to_thread(worker.wait, BOUND)
+        sentinel.forget(worker.pid)
+        assert not any(gone(c) for c in children)  # nobody swept them yet
+        await wait_for(lambda: sentinel.pid is not None, 10, "a new sentinel")
+        assert sentinel.pid is not None
+        started.append(sentinel.pid)
+        await wait_for(lambda: all(gone(c) for c in children), BOUND, "the children to die")
+    finally:
+        await sentinel.stop()
