@@ -11,6 +11,7 @@ import os
 import pickle
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from types import TracebackType
@@ -34,6 +35,12 @@ __all__ = ["Client", "GelasticError", "Job", "submit"]
 
 DEFAULT_COORDINATOR = "127.0.0.1:29400"
 CALL_TIMEOUT_S = 30.0
+SUBMIT_RETRY_CODES = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.INTERNAL,
+)
+"""What a submit retries on, with the same request id."""
 RETRIES = 5
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
@@ -101,13 +108,19 @@ class Client:
     ) -> None:
         self.close()
 
-    def _call(self, fn: Callable[[], T], *, idempotent: bool) -> T:
+    def _call(
+        self,
+        fn: Callable[[], T],
+        *,
+        idempotent: bool,
+        retry_on: tuple[grpc.StatusCode, ...] = (grpc.StatusCode.UNAVAILABLE,),
+    ) -> T:
         delay = 0.1
         for attempt in range(RETRIES if idempotent else 1):
             try:
                 return fn()
             except grpc.RpcError as exc:
-                retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE,)
+                retryable = exc.code() in retry_on
                 if not (idempotent and retryable) or attempt == RETRIES - 1:
                     raise _wrap(exc) from None
                 time.sleep(delay)
@@ -121,10 +134,13 @@ class Client:
             payload = pickle.dumps((tuple(spec.args), dict(spec.kwargs)), protocol=4)
             spec = replace(spec, function_args=payload)
         spec.validate()
-        msg = pb.SubmitRequest(spec=spec_to_pb(spec))
+        # One id for every try: a retry after a timeout or an internal error returns the job the
+        # first try made, so a submit never makes two jobs.
+        msg = pb.SubmitRequest(spec=spec_to_pb(spec), request_id=uuid.uuid4().hex)
         resp = self._call(
             lambda: self._stub.Submit(msg, timeout=self.timeout, metadata=self._md),
-            idempotent=False,
+            idempotent=True,
+            retry_on=SUBMIT_RETRY_CODES,
         )
         return Job(self, resp.job_id)
 

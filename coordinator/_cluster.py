@@ -274,6 +274,10 @@ class _Job:
     finished_at: float = 0.0
     result: RunResult | None = None
     events: list[JobEvent] = field(default_factory=list)
+    request_id: str = ""
+    """The client's id for the submit that made this job (a retry returns this job)."""
+    awaiting_write: bool = False
+    """Submitted, not yet on disk: not scheduled until `confirm_written`, dropped by `withdraw`."""
 
     def member(self, node: str) -> _Member | None:
         # Indexed: every node message looks its member up, and a round may have 10,000 of them.
@@ -333,6 +337,7 @@ class Cluster:
         self._nodes: dict[str, _Node] = {}
         self._jobs: dict[str, _Job] = {}
         self._event_seq = 0
+        self._by_request: dict[str, str] = {}
         self._effects: list[Effect] = []
         self._reschedule = True
         self._changed_keys: set[tuple[str, bool]] = set()
@@ -477,8 +482,12 @@ class Cluster:
         nodes: Sequence[dict[str, Any]],
         now: float,
         reconnect_grace: float,
+        event_seq_floor: int = 0,
     ) -> list[Effect]:
         """Load state written by an earlier coordinator process.
+
+        Event numbers go on after `event_seq_floor` (the reservation the service kept on disk)
+        or the last stored event, whichever is higher: a number is never given out twice.
 
         Nodes come back as live but without a session: each has `reconnect_grace` seconds to
         reconnect and report what it runs before it counts as lost. Running jobs wait for that;
@@ -487,6 +496,7 @@ class Cluster:
         self._reschedule = True
         if self._jobs or self._nodes:
             raise RuntimeError("restore() needs an empty cluster")
+        self._event_seq = max(self._event_seq, event_seq_floor)
         for d in nodes:
             n = decode(_Node, d)
             n.jobs = {}
@@ -496,7 +506,10 @@ class Cluster:
             self._n_live += 1 if n.live else 0
         for d in jobs:
             job = decode(_Job, d)
+            job.awaiting_write = False  # it is on disk: the write it waited for happened
             self._jobs[job.job_id] = job
+            if job.request_id:
+                self._by_request[job.request_id] = job.job_id
         for d in events:
             e = decode(JobEvent, d)
             job = self._jobs.get(e.job_id)
@@ -527,11 +540,27 @@ class Cluster:
 
     # ---- inputs -----------------------------------------------------------------------------
 
-    def submit(self, job_id: str, spec: JobSpec, now: float) -> list[Effect]:
-        """A validated spec enters the queue."""
+    def submit(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        now: float,
+        *,
+        request_id: str = "",
+        awaiting_write: bool = False,
+    ) -> list[Effect]:
+        """A validated spec enters the queue.
+
+        With `awaiting_write` the job waits, unscheduled, until `confirm_written` (its write is on
+        disk) or `withdraw` (the write failed): a job the client was not told of never runs.
+        """
         self._reschedule = True
         if job_id in self._jobs:
             raise ValueError(f"job id {job_id} already exists")
+        if request_id and request_id in self._by_request:
+            raise ValueError(
+                f"request id {request_id} already made job {self._by_request[request_id]}"
+            )
         job = _Job(
             job_id=job_id,
             spec=spec,
@@ -539,11 +568,42 @@ class Cluster:
             reason="queued",
             submitted_at=now,
             join_deadline=now + spec.join_timeout,
+            request_id=request_id,
+            awaiting_write=awaiting_write,
         )
         self._jobs[job_id] = job
+        if request_id:
+            self._by_request[request_id] = job_id
         self._event(job, now, "submitted", _describe_spec(spec))
         self._changed(job)
         return self._finish(now)
+
+    @property
+    def event_seq(self) -> int:
+        """The number of the latest event (0 before the first)."""
+        return self._event_seq
+
+    def job_for_request(self, request_id: str) -> str | None:
+        """The job an earlier submit with this request id made, if it is still kept."""
+        return self._by_request.get(request_id)
+
+    def confirm_written(self, job_id: str, now: float) -> list[Effect]:
+        """The submitted job is on disk: it may be scheduled."""
+        job = self._job(job_id)
+        if job.awaiting_write:
+            job.awaiting_write = False
+            job.join_deadline = now + job.spec.join_timeout
+            self._reschedule = True
+        return self._finish(now)
+
+    def withdraw(self, job_id: str) -> None:
+        """Forget a job whose submit could not be written (it was never scheduled)."""
+        job = self._jobs.get(job_id)
+        if job is None or not job.awaiting_write:
+            raise ValueError(f"job {job_id} is not awaiting its write")
+        del self._jobs[job_id]
+        if job.request_id:
+            self._by_request.pop(job.request_id, None)
 
     def cancel(self, job_id: str, now: float) -> list[Effect]:
         self._reschedule = True
@@ -837,7 +897,9 @@ class Cluster:
     def _schedule(self, now: float, *, tick: bool = False) -> None:
         claimed: set[str] = set()
         waiting = [
-            j for j in self._jobs.values() if j.state in (JobState.QUEUED, JobState.RENDEZVOUS)
+            j
+            for j in self._jobs.values()
+            if j.state in (JobState.QUEUED, JobState.RENDEZVOUS) and not j.awaiting_write
         ]
         for job in sorted(waiting, key=lambda j: j.submitted_at):
             if len(waiting) == 1 and self._cannot_change_yet(job, now, tick):

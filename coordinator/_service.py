@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection
@@ -19,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from client.model import SpecError, is_job_id, is_name
+from client.model import JobSpec, SpecError, is_job_id, is_name
 from client.wire import (
     event_to_pb,
     failure_from_pb,
@@ -62,6 +63,9 @@ FLUSH_INTERVAL_S = 0.05
 RECONNECT_GRACE_S = 15.0
 HELLO_TIMEOUT_S = 10.0
 WATCH_KEEPALIVE_S = 5.0
+EVENT_SEQ_KEY = "event_seq_reserved"
+EVENT_SEQ_BLOCK = 10_000
+REQUEST_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 WRITE_WAIT_S = 30.0
 """How long a reader waits for the state it would see to be on disk."""
 
@@ -123,11 +127,20 @@ class CoordinatorService:
         self._unwritten_jobs: set[str] = set()
         self._written = asyncio.Condition()
         self._readers_waiting = 0
+        self._seq_reserved = 0
+        self._seq_reservation_dirty = False
         if store is not None:
             state = store.load()
+            self._seq_reserved = _int(state.meta.get(EVENT_SEQ_KEY, "0"))
             self._restore_effects = self.cluster.restore(
-                state.jobs, state.events, state.nodes, clock(), reconnect_grace
+                state.jobs,
+                state.events,
+                state.nodes,
+                clock(),
+                reconnect_grace,
+                event_seq_floor=self._seq_reserved,
             )
+            self._reserve_event_numbers()
             for job_id in self.cluster.job_ids():
                 self._job_versions[job_id] = 0
         self._sessions: dict[str, _Session] = {}
@@ -186,15 +199,20 @@ class CoordinatorService:
                 ]
             held, self._held = self._held, []
             self._dirty_jobs, self._pending_events, self._dirty_nodes = set(), [], set()
-            if jobs or events or nodes is not None:
+            meta = None
+            if self._seq_reservation_dirty:
+                meta = {EVENT_SEQ_KEY: str(self._seq_reserved)}
+                self._seq_reservation_dirty = False
+            if jobs or events or nodes is not None or meta:
                 try:
-                    await asyncio.to_thread(store.save, jobs, events, nodes)
+                    await asyncio.to_thread(store.save, jobs, events, nodes, meta)
                 except Exception:
                     logger.exception("could not write the coordinator state; will retry")
                     self._dirty_jobs.update(j for j, _, _, _ in jobs)
                     self._pending_events = events + self._pending_events
                     self._dirty_nodes.update(n for n, _ in nodes or ())
                     self._held = held + self._held
+                    self._seq_reservation_dirty |= meta is not None
                     raise
             written = set(batch) | {j for _, j, _ in events}
             still = self._dirty_jobs | {j for _, j, _ in self._pending_events}
@@ -285,6 +303,7 @@ class CoordinatorService:
                 self._pending_events.append((e.seq, e.job_id, encode(e)))
                 self._unwritten_jobs.add(e.job_id)
                 changed = True
+        self._reserve_event_numbers()
         for eff in effects:
             if isinstance(eff, JobChanged | EventRecorded):
                 continue
@@ -304,6 +323,16 @@ class CoordinatorService:
             self._dirty_jobs or self._pending_events or self._dirty_nodes
         ):
             self._flush_wanted.set()
+
+    def _reserve_event_numbers(self) -> None:
+        # Event numbers are reserved on disk a block ahead, written with the events that use
+        # them: after a crash numbering resumes past the block, so no number is given twice.
+        if (
+            self._store is not None
+            and self.cluster.event_seq + EVENT_SEQ_BLOCK // 2 > self._seq_reserved
+        ):
+            self._seq_reserved = self.cluster.event_seq + EVENT_SEQ_BLOCK
+            self._seq_reservation_dirty = True
 
     async def _notify(self) -> None:
         self._notify_pending = False
@@ -387,6 +416,55 @@ class CoordinatorService:
         return job_to_pb(
             c.job_status(job_id), c.job_result(job_id), c.job_spec(job_id) if with_spec else None
         )
+
+    # ---- submit ----------------------------------------------------------------------------
+
+    async def submit(self, spec: JobSpec, request_id: str = "") -> str:
+        """Queue a validated spec; return its job id once the job is on disk.
+
+        A repeated `request_id` (a client retrying after a timeout) returns the job the first
+        try made. When the write fails the job is withdrawn before anything of it ran, and the
+        client hears UNAVAILABLE: a retry with the same id submits it again.
+        """
+        if request_id and not REQUEST_ID.fullmatch(request_id):
+            raise SpecError(
+                "request_id", f"must be 1-128 of [A-Za-z0-9_.-], got {request_id[:80]!r}"
+            )
+        c = self.cluster
+        earlier = c.job_for_request(request_id) if request_id else None
+        if earlier is not None:
+            if c.job_spec(earlier) != spec:
+                raise SpecError(
+                    "request_id", f"already used to submit a different spec ({earlier})"
+                )
+            await self.written([earlier])
+            return earlier
+        job_id = _new_job_id(spec.name)
+        store = self._store
+        self.apply(
+            c.submit(
+                job_id, spec, self.now(), request_id=request_id, awaiting_write=store is not None
+            )
+        )
+        if store is None:
+            return job_id
+        try:
+            await self.flush()
+            await self.written([job_id])
+        except Exception as exc:
+            if c.has_job(job_id) and job_id in self._unwritten_jobs:
+                c.withdraw(job_id)
+                self._dirty_jobs.discard(job_id)
+                self._pending_events = [e for e in self._pending_events if e[1] != job_id]
+                self._unwritten_jobs.discard(job_id)
+                self._job_versions.pop(job_id, None)
+                raise RequestError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "the coordinator could not write the job to disk; it was not queued",
+                ) from exc
+            raise
+        self.apply(c.confirm_written(job_id, self.now()))
+        return job_id
 
     # ---- node sessions ---------------------------------------------------------------------
 
@@ -595,9 +673,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 raise SpecError("spec", "missing")
             spec = spec_from_pb(request.spec)
             spec.validate()
-            job_id = _new_job_id(spec.name)
-            self._svc.apply(self._svc.cluster.submit(job_id, spec, self._svc.now()))
-            await self._svc.flush()  # the client hears of the job only once it is on disk
+            job_id = await self._svc.submit(spec, request.request_id)
             return pb.SubmitResponse(job_id=job_id)
         except Exception as exc:
             await _abort_for(context, exc)
@@ -747,6 +823,16 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
             logger.exception("node %s session reader failed", session.name)
         finally:
             session.close()
+
+
+def _int(text: str) -> int:
+    try:
+        return max(0, int(text))
+    except ValueError:
+        logger.error(
+            "ignoring a stored event-number reservation that is not a number: %r", text[:40]
+        )
+        return 0
 
 
 def _new_job_id(name: str) -> str:

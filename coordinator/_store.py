@@ -38,6 +38,8 @@ class StoredState:
     jobs: list[dict[str, Any]]
     events: list[dict[str, Any]]
     nodes: list[dict[str, Any]]
+    meta: dict[str, str]
+    """Small named values of the coordinator's own (e.g. how far event numbers are reserved)."""
 
 
 class Store:
@@ -96,15 +98,18 @@ class Store:
             ]
             events = [json.loads(r[0]) for r in db.execute("SELECT data FROM events ORDER BY seq")]
             nodes = [json.loads(r[0]) for r in db.execute("SELECT data FROM nodes ORDER BY name")]
-        return StoredState(jobs, events, nodes)
+            meta = {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}
+        return StoredState(jobs, events, nodes, meta)
 
     def save(
         self,
         jobs: Iterable[tuple[str, float, str, dict[str, Any]]],
         events: Iterable[tuple[int, str, dict[str, Any]]],
         nodes: Iterable[tuple[str, dict[str, Any]]] | None = None,
+        meta: dict[str, str] | None = None,
     ) -> None:
-        """Write jobs (id, submitted_at, state, doc), events (seq, job id, doc) and changed nodes."""
+        """Write jobs (id, submitted_at, state, doc), events (seq, job id, doc), changed nodes
+        and meta values, in one transaction."""
         job_rows = [
             (jid, ts, st, json.dumps(doc, separators=(",", ":"))) for jid, ts, st, doc in jobs
         ]
@@ -130,6 +135,10 @@ class Store:
                 if node_rows:
                     db.executemany(
                         "INSERT OR REPLACE INTO nodes (name, data) VALUES (?,?)", node_rows
+                    )
+                if meta:
+                    db.executemany(
+                        "INSERT OR REPLACE INTO meta (key, value) VALUES (?,?)", meta.items()
                     )
                 db.execute("COMMIT")
             except BaseException:

@@ -1,0 +1,153 @@
+"""Submit is idempotent and durable: a retry never makes a second job, a failed write runs none."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from client import Client, JobSpec
+from client.wire import spec_to_pb
+from coordinator.server import Coordinator, CoordinatorConfig
+from protos.gelastic.v1 import gelastic_pb2 as pb
+from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+from tests.service._fakes import FakeNode
+
+SPEC = JobSpec(entrypoint=["python", "train.py"], nproc_per_node=1, min_nodes=1, max_nodes=1)
+
+
+def _config(state_dir: Path) -> CoordinatorConfig:
+    return CoordinatorConfig(state_dir=str(state_dir), port=0, lease=30.0, heartbeat_interval=1.0)
+
+
+@pytest.fixture
+async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
+    async with Coordinator(_config(tmp_path / "state")) as c:
+        yield c
+
+
+async def _submit(c: Coordinator, request_id: str, spec: JobSpec = SPEC) -> pb.SubmitResponse:
+    async with grpc.aio.insecure_channel(c.address) as ch:
+        stub = pb_grpc.CoordinatorStub(ch)
+        return await stub.Submit(pb.SubmitRequest(spec=spec_to_pb(spec), request_id=request_id))
+
+
+async def _job_ids(c: Coordinator) -> list[str]:
+    async with grpc.aio.insecure_channel(c.address) as ch:
+        resp = await pb_grpc.CoordinatorStub(ch).ListJobs(pb.ListJobsRequest(include_finished=True))
+        return [j.job_id for j in resp.jobs]
+
+
+async def test_a_repeated_request_id_returns_the_first_job(coordinator: Coordinator) -> None:
+    first = await _submit(coordinator, "req-1")
+    again = await _submit(coordinator, "req-1")
+    other = await _submit(coordinator, "req-2")
+    assert again.job_id == first.job_id != other.job_id
+    assert sorted(await _job_ids(coordinator)) == sorted({first.job_id, other.job_id})
+
+
+async def test_a_request_id_cannot_submit_another_spec(coordinator: Coordinator) -> None:
+    await _submit(coordinator, "req-1")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _submit(coordinator, "req-1", JobSpec(entrypoint=["other"]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "request_id" in (err.value.details() or "")
+
+
+@pytest.mark.parametrize("bad", ["x" * 129, "a b", "../x", "é"])
+async def test_a_malformed_request_id_is_refused(coordinator: Coordinator, bad: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _submit(coordinator, bad)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_request_id_survives_a_restart(tmp_path: Path) -> None:
+    async with Coordinator(_config(tmp_path / "state")) as c:
+        first = await _submit(c, "req-1")
+    async with Coordinator(_config(tmp_path / "state")) as c:
+        assert (await _submit(c, "req-1")).job_id == first.job_id
+        assert await _job_ids(c) == [first.job_id]
+
+
+async def test_a_submit_whose_write_fails_runs_nothing_and_a_retry_runs_it_once(
+    coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = FakeNode(coordinator.address, "node-a", "127.0.0.1", slots=1)
+    await node.connect()
+    save = coordinator.store.save
+    failures = [OSError("disk full")]
+
+    def failing_save(*args: Any, **kw: Any) -> None:
+        if failures:
+            raise failures.pop()
+        save(*args, **kw)
+
+    monkeypatch.setattr(coordinator.store, "save", failing_save)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _submit(coordinator, "req-1")
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert await _job_ids(coordinator) == []
+    # Nothing of the job reached the node: the next message it gets is for the retried job.
+    retried = await _submit(coordinator, "req-1")
+    reserve = await node.expect("reserve_port")
+    assert reserve.reserve_port.job_id == retried.job_id
+    assert await _job_ids(coordinator) == [retried.job_id]
+    await node.close()
+
+
+async def test_the_client_retries_a_submit_with_one_request_id(
+    coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first try's write fails after the job was made; the client's retry must not make two.
+    save = coordinator.store.save
+    failures = [OSError("disk full")]
+
+    def failing_save(*args: Any, **kw: Any) -> None:
+        if failures:
+            raise failures.pop()
+        save(*args, **kw)
+
+    monkeypatch.setattr(coordinator.store, "save", failing_save)
+    client = Client(coordinator.address, timeout=10)
+    try:
+        job = await asyncio.to_thread(client.submit, SPEC)
+    finally:
+        client.close()
+    assert await _job_ids(coordinator) == [job.job_id]
+
+
+async def test_event_numbers_are_never_given_twice_across_a_crash(tmp_path: Path) -> None:
+    from coordinator._service import CoordinatorService
+    from coordinator._store import Store
+
+    store = Store(str(tmp_path / "state"))
+    svc = CoordinatorService(store=store)
+    svc.start()
+    job_id = await svc.submit(SPEC, "req-1")
+    written = max(e.seq for e in svc.cluster.job_events(job_id))
+    # More events are numbered, then the process dies before they are written.
+    svc.apply(svc.cluster.cancel(job_id, svc.now()))
+    unwritten = max(e.seq for e in svc.cluster.job_events(job_id))
+    assert unwritten > written
+    assert svc._tick_task is not None and svc._flush_task is not None
+    for task in (svc._tick_task, svc._flush_task):
+        task.cancel()
+    await asyncio.gather(svc._tick_task, svc._flush_task, return_exceptions=True)
+    store.close()
+
+    store = Store(str(tmp_path / "state"))
+    again = CoordinatorService(store=store)
+    again.start()
+    try:
+        seqs = [e.seq for e in again.cluster.job_events(job_id)]
+        # What was written is back; the "recovered" event restore adds is numbered past it all.
+        assert seqs[-2] == written and seqs[-1] > unwritten
+        other = await again.submit(SPEC, "req-2")
+        assert min(e.seq for e in again.cluster.job_events(other)) > unwritten
+    finally:
+        await again.stop()
+        store.close()
