@@ -166,7 +166,8 @@ class StoreHost:
             )
         elif word == "no-torch":
             self.state, self.reason = "no-torch", rest
-            logger.warning(
+            # Not a problem by itself: a job that cannot import torch has no use for a store.
+            logger.info(
                 "%s the job's python cannot import torch (%s): no c10d store at %s:%d",
                 self._ctx,
                 rest,
