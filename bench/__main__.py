@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             if name == "soak":  # one long run with options of its own, not `runs` short ones
                 soak_report = soak.run_soak(soak_options)
                 measurements += soak_report.measurements()
+                if soak_report.problems():  # the rows are still written, and drawn
+                    log(f"soak FAILED: {'; '.join(soak_report.problems())}")
+                    failed.append(name)
             else:
                 measurements += module.run(runs, args.quick)
         except Exception as exc:  # one broken scenario must not hide the others' numbers

@@ -131,6 +131,7 @@ def test_quick_soak_writes_rows_and_passes_coordinator_args_on(tmp_path: Path) -
     assert doc["meta"]["scenarios"] == ["soak"] and doc["meta"]["failed"] == []
     soak = doc["meta"]["soak"]
     assert soak["options"]["coordinator_args"] == ["--log-level=INFO"]
+    assert soak["problems"] == [], soak
     rows = soak["rows"]
     assert len(rows) >= 3, rows  # the start, at least one interval, the end
     assert [r["t_s"] for r in rows] == sorted(r["t_s"] for r in rows)
