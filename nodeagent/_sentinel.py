@@ -29,13 +29,11 @@ Standalone and worker-side: standard library only, nothing of gelastic.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
 
 MARK_ENV = "GELASTIC_WORKER_MARK"
 """Set in every worker's environment: ``<agent token>.<worker number>``."""
@@ -43,29 +41,66 @@ SWEEP_BUDGET_S = 5.0
 """How long one sweep keeps killing and rescanning before it gives up (D-state processes)."""
 PROC = "/proc"
 
+# Plain classes rather than dataclasses: the sentinel lives as long as its agent on every host,
+# and dataclasses (with inspect and re) would add a third to its memory.
 
-@dataclass(frozen=True)
+
 class ProcInfo:
     """What a sweep needs to know about one process, from ``/proc/<pid>``."""
 
-    pid: int
-    sid: int
-    start_ticks: int
-    """Start time in clock ticks since boot (field 22 of stat); with the pid, an identity."""
-    state: str
-    mark: str | None
-    """The value of `MARK_ENV` in its environment; None when absent or unreadable."""
+    __slots__ = ("mark", "pid", "sid", "start_ticks", "state")
+
+    def __init__(self, pid: int, sid: int, start_ticks: int, state: str, mark: str | None) -> None:
+        self.pid = pid
+        self.sid = sid
+        self.start_ticks = start_ticks
+        """Start time in clock ticks since boot (field 22 of stat); with the pid, an identity."""
+        self.state = state
+        self.mark = mark
+        """The value of `MARK_ENV` in its environment; None when absent or unreadable."""
+
+    def _key(self) -> tuple[int, int, int, str, str | None]:
+        return (self.pid, self.sid, self.start_ticks, self.state, self.mark)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProcInfo) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"ProcInfo(pid={self.pid}, sid={self.sid}, start_ticks={self.start_ticks}, "
+            f"state={self.state!r}, mark={self.mark!r})"
+        )
 
 
-@dataclass(frozen=True)
 class Targets:
     """What to kill: members of these sessions, and processes carrying these marks."""
 
-    sessions: Mapping[int, int]
-    """{session id (= the worker's pid): the worker's start ticks}."""
-    marks: Collection[str] = ()
-    mark_prefix: str = ""
-    """Also every mark that starts with this ("" = none): all of one agent's workers."""
+    __slots__ = ("mark_prefix", "marks", "sessions")
+
+    def __init__(
+        self, sessions: Mapping[int, int], *, marks: Collection[str] = (), mark_prefix: str = ""
+    ) -> None:
+        self.sessions = sessions
+        """{session id (= the worker's pid): the worker's start ticks}."""
+        self.marks = marks
+        self.mark_prefix = mark_prefix
+        """Also every mark that starts with this ("" = none): all of one agent's workers."""
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Targets)
+            and dict(self.sessions) == dict(other.sessions)
+            and sorted(self.marks) == sorted(other.marks)
+            and self.mark_prefix == other.mark_prefix
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Targets({dict(self.sessions)!r}, marks={list(self.marks)!r}, mark_prefix={self.mark_prefix!r})"
 
 
 def read_stat(pid: int, proc: str = PROC) -> tuple[int, int, str] | None:
@@ -250,9 +285,11 @@ def _merge(batch: list[Targets]) -> Targets:
 
 
 def _say(message: str) -> None:
-    with contextlib.suppress(OSError, ValueError):
+    try:
         sys.stderr.write(f"gelastic sentinel {os.getpid()}: {message}\n")
         sys.stderr.flush()
+    except (OSError, ValueError):  # the agent's stderr may be gone with it
+        pass
 
 
 def _drain(fd: int) -> bytes:
