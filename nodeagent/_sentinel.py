@@ -24,6 +24,7 @@ session it knows and every mark of TOKEN, then exits. A sweep scans ``/proc``, S
 matches (through a pidfd, so a reused pid is never hit) and scans again until nothing matches,
 for at most `SWEEP_BUDGET_S`.
 
+It ignores SIGTERM, SIGINT and SIGHUP and exits on its own once the agent is gone.
 Standalone and worker-side: standard library only, nothing of gelastic.
 """
 
@@ -344,8 +345,10 @@ def main() -> None:
     if len(sys.argv) != 3 or not sys.argv[1].isdigit() or not sys.argv[2]:
         sys.stderr.write("usage: _sentinel.py FD TOKEN\n")
         os._exit(2)
-    # In a session of its own already; terminal signals meant for the agent are not ours.
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+    # In a session of its own already, so terminal signals meant for the agent are not ours; and
+    # a SIGTERM sent to "everything of the agent" (pkill -f nodeagent) must not take the sentinel
+    # first: the agent's exit is what ends it.
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     run(int(sys.argv[1]), sys.argv[2])
 
