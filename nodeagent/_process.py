@@ -362,6 +362,11 @@ class Sentinel:
         logger.debug("sentinel pid %d started (token %s)", popen.pid, self.token)
 
     @property
+    def backlog(self) -> int:
+        """Bytes written to the sentinel's pipe but not yet taken by it (the pipe is full)."""
+        return len(self._pending)
+
+    @property
     def mark_prefix(self) -> str:
         """What every mark of this agent's workers starts with."""
         return f"{self.token}."

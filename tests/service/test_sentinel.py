@@ -245,3 +245,33 @@ async def test_a_worker_that_exits_while_no_sentinel_runs_is_swept_by_the_next(
         await wait_for(lambda: all(gone(c) for c in children), BOUND, "the children to die")
     finally:
         await sentinel.stop()
+
+
+async def test_a_full_pipe_never_blocks_the_agent_and_nothing_is_lost(
+    tmp_path: Path, started: list[int]
+) -> None:
+    sentinel = Sentinel()
+    sentinel.start()
+    try:
+        assert sentinel.pid is not None
+        started.append(sentinel.pid)
+        mark = sentinel.next_mark()
+        worker, children = start_tree(tmp_path, mark)
+        started.extend([worker.pid, *children])
+        os.kill(sentinel.pid, signal.SIGSTOP)  # it reads nothing until SIGCONT
+        sentinel.watch(worker.pid, start_ticks(worker.pid) or 0, mark)
+        # Far more than a pipe holds (64 KiB). Start ticks no process can have: these sessions
+        # can never match a real process.
+        for i in range(5000):
+            sentinel.watch(4_000_000 + i, 2**62, f"{sentinel.token}.fake{i}")
+            sentinel.forget(4_000_000 + i)
+        assert sentinel.backlog > 0  # the pipe is full: the rest waits in the agent
+        worker.kill()
+        await asyncio.to_thread(worker.wait, BOUND)
+        sentinel.forget(worker.pid)  # queued behind the rest
+        assert not any(gone(c) for c in children)
+        os.kill(sentinel.pid, signal.SIGCONT)
+        await wait_for(lambda: all(gone(c) for c in children), 15, "the children to die")
+        assert sentinel.backlog == 0
+    finally:
+        await sentinel.stop()
