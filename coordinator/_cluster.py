@@ -12,6 +12,7 @@ the job's current one is refused. Restart accounting is one budget per job; a ch
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import math
@@ -60,6 +61,7 @@ MAX_FAILURE_TEXT = 64 * 1024
 PORT_RETRY_MAX_S = 10.0
 STALE_HOLD_S = 60.0
 STOP_MARGIN_S = 15.0
+NODE_RETENTION_EVERY_S = 60.0
 MAX_EVENTS_PER_JOB = 10_000
 
 
@@ -170,8 +172,23 @@ class EventRecorded:
     event: JobEvent
 
 
+@dataclass(frozen=True)
+class Forgotten:
+    """A finished job (with its events and result) or a lost node is past retention: delete it."""
+
+    job_id: str = ""
+    node: str = ""
+
+
 Effect = (
-    RequestPort | AssignRound | StopRound | ReleaseRound | CloseSession | JobChanged | EventRecorded
+    RequestPort
+    | AssignRound
+    | StopRound
+    | ReleaseRound
+    | CloseSession
+    | JobChanged
+    | EventRecorded
+    | Forgotten
 )
 
 
@@ -188,6 +205,16 @@ class ClusterConfig:
     """Seconds between agent heartbeats."""
     lease: float = 5.0
     """Seconds without any message after which a node is lost."""
+    retain_jobs: int = 10_000
+    """Finished jobs kept (with their events and results); the oldest beyond are deleted."""
+    retain_seconds: float = 7 * 24 * 3600.0
+    """How long a finished job, and a node that is gone, is kept."""
+
+    def __post_init__(self) -> None:
+        if self.retain_jobs < 0:
+            raise ValueError(f"retain_jobs: must be >= 0, got {self.retain_jobs}")
+        if not self.retain_seconds >= 0:
+            raise ValueError(f"retain_seconds: must be >= 0, got {self.retain_seconds}")
 
 
 @dataclass
@@ -338,6 +365,9 @@ class Cluster:
         self._jobs: dict[str, _Job] = {}
         self._event_seq = 0
         self._by_request: dict[str, str] = {}
+        self._next_node_retention = 0.0
+        self._finished: collections.deque[str] = collections.deque()
+        """Finished jobs, oldest first: what retention deletes first."""
         self._effects: list[Effect] = []
         self._reschedule = True
         self._changed_keys: set[tuple[str, bool]] = set()
@@ -516,6 +546,10 @@ class Cluster:
             if job is not None:
                 job.events.append(e)
             self._event_seq = max(self._event_seq, e.seq)
+        finished = sorted(
+            (j for j in self._jobs.values() if j.state.is_terminal()), key=lambda j: j.finished_at
+        )
+        self._finished.extend(j.job_id for j in finished)
         for job in self._jobs.values():
             if job.state.is_terminal():
                 continue
@@ -536,6 +570,7 @@ class Cluster:
                 f"coordinator restarted; {job.state.value.lower()} job recovered",
             )
         logger.info("restored %d jobs and %d nodes", len(self._jobs), len(self._nodes))
+        self._retain(now)
         return self._finish(now)
 
     # ---- inputs -----------------------------------------------------------------------------
@@ -832,7 +867,12 @@ class Cluster:
         return self._finish(now)
 
     def tick(self, now: float) -> list[Effect]:
-        """Time passed: leases, last calls, join timeouts, barrier and stop deadlines."""
+        """Time passed: leases, last calls, join timeouts, barrier and stop deadlines, retention."""
+        self._retain(now)
+        if now >= self._next_node_retention:
+            # O(nodes): once a minute is plenty for a bound measured in days.
+            self._next_node_retention = now + NODE_RETENTION_EVERY_S
+            self._retain_nodes(now)
         for node in list(self._nodes.values()):
             if node.fenced:
                 for key, (_, until) in list(node.fenced.items()):
@@ -1339,6 +1379,34 @@ class Cluster:
         self._set_reason(job, reason, now)
         self._event(job, now, "finished", f"{state.value}: {reason}")
         self._changed(job)
+        self._finished.append(job.job_id)
+        self._retain(now)
+
+    def _retain(self, now: float) -> None:
+        """Delete finished jobs past retention (count, then age), oldest first."""
+        cfg = self.config
+        while self._finished:
+            job = self._jobs.get(self._finished[0])
+            if job is None or not job.state.is_terminal():
+                self._finished.popleft()  # withdrawn, or a stale entry
+                continue
+            too_many = len(self._finished) > cfg.retain_jobs
+            if not too_many and now - job.finished_at <= cfg.retain_seconds:
+                break
+            self._finished.popleft()
+            del self._jobs[job.job_id]
+            if job.request_id:
+                self._by_request.pop(job.request_id, None)
+            self._effects.append(Forgotten(job_id=job.job_id))
+
+    def _retain_nodes(self, now: float) -> None:
+        for node in list(self._nodes.values()):
+            if node.live or node.jobs or now - node.last_seen <= self.config.retain_seconds:
+                continue
+            if any(job.member(node.name) is not None for job in self._active_jobs()):
+                continue  # an active job's history still names it
+            del self._nodes[node.name]
+            self._effects.append(Forgotten(node=node.name))
 
     def _release_all(self, job: _Job) -> None:
         for m in job.members:

@@ -29,7 +29,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from client.model import FailureCategory, JobEvent, JobState
-from coordinator._cluster import CloseSession, Cluster, Effect, EventRecorded, JobChanged
+from coordinator._cluster import CloseSession, Cluster, Effect, EventRecorded, Forgotten, JobChanged
 
 __all__ = ["CoordinatorMetrics"]
 
@@ -121,6 +121,12 @@ class CoordinatorMetrics:
                 self._on_job_changed(eff.job_id, now)
             elif isinstance(eff, CloseSession):
                 lost_session = True
+            elif isinstance(eff, Forgotten) and eff.job_id:
+                gone = self._job_states.pop(eff.job_id, None)
+                if gone is not None:
+                    self._job_counts[gone.value] -= 1
+                self._waiting_since.pop(eff.job_id, None)
+                self._failed_at.pop(eff.job_id, None)
         for job_id in started:
             self._on_workers_started(job_id, now)
         if lost_session or time.monotonic() - self._nodes_refreshed >= NODE_REFRESH_S:
@@ -140,6 +146,8 @@ class CoordinatorMetrics:
                 self._failed_at.setdefault(event.job_id, (now, event.round))
 
     def _on_job_changed(self, job_id: str, now: float) -> None:
+        if not self._cluster.has_job(job_id):
+            return  # already past retention
         state = self._cluster.job_state(job_id)
         before = self._job_states.get(job_id)
         if state == before:
@@ -160,6 +168,8 @@ class CoordinatorMetrics:
             self._failed_at.pop(job_id, None)
 
     def _on_workers_started(self, job_id: str, now: float) -> None:
+        if not self._cluster.has_job(job_id):
+            return
         failed = self._failed_at.get(job_id)
         if failed is None:
             return

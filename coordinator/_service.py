@@ -37,6 +37,7 @@ from coordinator._cluster import (
     ClusterConfig,
     Effect,
     EventRecorded,
+    Forgotten,
     JobChanged,
     JobNotFound,
     ReleaseRound,
@@ -114,6 +115,8 @@ class CoordinatorService:
         self._dirty_jobs: set[str] = set()
         self._pending_events: list[tuple[int, str, dict[str, Any]]] = []
         self._dirty_nodes: set[str] = set()
+        self._forget_jobs: set[str] = set()
+        self._forget_nodes: set[str] = set()
         self._flush_lock = asyncio.Lock()
         self._notify_pending = False
         self._notify_task: asyncio.Task[None] | None = None
@@ -199,13 +202,17 @@ class CoordinatorService:
                 ]
             held, self._held = self._held, []
             self._dirty_jobs, self._pending_events, self._dirty_nodes = set(), [], set()
+            forget_jobs, forget_nodes = self._forget_jobs, self._forget_nodes
+            self._forget_jobs, self._forget_nodes = set(), set()
             meta = None
             if self._seq_reservation_dirty:
                 meta = {EVENT_SEQ_KEY: str(self._seq_reserved)}
                 self._seq_reservation_dirty = False
-            if jobs or events or nodes is not None or meta:
+            if jobs or events or nodes is not None or meta or forget_jobs or forget_nodes:
                 try:
-                    await asyncio.to_thread(store.save, jobs, events, nodes, meta)
+                    await asyncio.to_thread(
+                        store.save, jobs, events, nodes, meta, forget_jobs, forget_nodes
+                    )
                 except Exception:
                     logger.exception("could not write the coordinator state; will retry")
                     self._dirty_jobs.update(j for j, _, _, _ in jobs)
@@ -213,6 +220,8 @@ class CoordinatorService:
                     self._dirty_nodes.update(n for n, _ in nodes or ())
                     self._held = held + self._held
                     self._seq_reservation_dirty |= meta is not None
+                    self._forget_jobs |= forget_jobs
+                    self._forget_nodes |= forget_nodes
                     raise
             written = set(batch) | {j for _, j, _ in events}
             still = self._dirty_jobs | {j for _, j, _ in self._pending_events}
@@ -303,9 +312,19 @@ class CoordinatorService:
                 self._pending_events.append((e.seq, e.job_id, encode(e)))
                 self._unwritten_jobs.add(e.job_id)
                 changed = True
+            elif isinstance(eff, Forgotten):
+                if eff.job_id:
+                    self._forget_jobs.add(eff.job_id)
+                    self._dirty_jobs.discard(eff.job_id)
+                    self._unwritten_jobs.discard(eff.job_id)
+                    self._job_versions.pop(eff.job_id, None)
+                    self._pending_events = [e for e in self._pending_events if e[1] != eff.job_id]
+                if eff.node:
+                    self._forget_nodes.add(eff.node)
+                    self._dirty_nodes.discard(eff.node)
         self._reserve_event_numbers()
         for eff in effects:
-            if isinstance(eff, JobChanged | EventRecorded):
+            if isinstance(eff, JobChanged | EventRecorded | Forgotten):
                 continue
             if isinstance(eff, CloseSession):
                 self._dirty_nodes.add(eff.node)
@@ -320,7 +339,11 @@ class CoordinatorService:
             self._notify_pending = True
             self._notify_task = asyncio.get_running_loop().create_task(self._notify())
         if self._store is not None and (
-            self._dirty_jobs or self._pending_events or self._dirty_nodes
+            self._dirty_jobs
+            or self._pending_events
+            or self._dirty_nodes
+            or self._forget_jobs
+            or self._forget_nodes
         ):
             self._flush_wanted.set()
 

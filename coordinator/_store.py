@@ -23,6 +23,10 @@ logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 MEMORY = ":memory:"
+WAL_LIMIT_BYTES = 8 * 1024 * 1024
+VACUUM_PAGES = 2048
+KEEP_FREE_PAGES = 64
+"""Free pages left in the file for the next writes to reuse."""
 
 
 def default_state_dir() -> str:
@@ -57,11 +61,19 @@ class Store:
         # FULL: a write the client was told about survives a power cut, not only a crash.
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
+        # The log file shrinks back after each checkpoint instead of staying at its peak.
+        self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
         self._migrate()
 
     def _migrate(self) -> None:
         with self._lock:
             db = self._db
+            if db.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
+                # Incremental: pages freed by retention go back to the file system (in steps,
+                # see `delete`), so the file levels off. Switching an existing file needs a
+                # VACUUM, once.
+                db.execute("PRAGMA auto_vacuum=INCREMENTAL")
+                db.execute("VACUUM")
             db.execute(
                 "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
             )
@@ -107,9 +119,14 @@ class Store:
         events: Iterable[tuple[int, str, dict[str, Any]]],
         nodes: Iterable[tuple[str, dict[str, Any]]] | None = None,
         meta: dict[str, str] | None = None,
+        forget_jobs: Iterable[str] = (),
+        forget_nodes: Iterable[str] = (),
     ) -> None:
         """Write jobs (id, submitted_at, state, doc), events (seq, job id, doc), changed nodes
-        and meta values, in one transaction."""
+        and meta values, and delete forgotten jobs (with their events) and nodes, in one
+        transaction."""
+        gone_jobs = [(j,) for j in forget_jobs]
+        gone_nodes = [(n,) for n in forget_nodes]
         job_rows = [
             (jid, ts, st, json.dumps(doc, separators=(",", ":"))) for jid, ts, st, doc in jobs
         ]
@@ -140,10 +157,22 @@ class Store:
                     db.executemany(
                         "INSERT OR REPLACE INTO meta (key, value) VALUES (?,?)", meta.items()
                     )
+                if gone_jobs:
+                    db.executemany("DELETE FROM events WHERE job_id=?", gone_jobs)
+                    db.executemany("DELETE FROM jobs WHERE job_id=?", gone_jobs)
+                if gone_nodes:
+                    db.executemany("DELETE FROM nodes WHERE name=?", gone_nodes)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+            free = db.execute("PRAGMA freelist_count").fetchone()[0]
+            if free > KEEP_FREE_PAGES:
+                # Deleted jobs and rewritten documents free pages: give them back to the file
+                # system a bounded step at a time, so a write never stalls long. Each step of
+                # the statement frees one page, and executescript is what steps it to the end
+                # (execute stops after the first step).
+                db.executescript(f"PRAGMA incremental_vacuum({VACUUM_PAGES});")
 
     def close(self) -> None:
         with self._lock:

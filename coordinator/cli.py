@@ -46,6 +46,18 @@ def _parser() -> argparse.ArgumentParser:
         help="durable state directory, or :memory: (default %(default)s)",
     )
     s.add_argument(
+        "--retain-jobs",
+        type=int,
+        default=d.retain_jobs,
+        help="finished jobs kept with their events and results (default %(default)s)",
+    )
+    s.add_argument(
+        "--retain-seconds",
+        type=float,
+        default=d.retain_seconds,
+        help="how long finished jobs and gone nodes are kept (default %(default)s = 7 days)",
+    )
+    s.add_argument(
         "--reconnect-grace",
         type=float,
         default=d.reconnect_grace,
@@ -113,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         insecure=args.insecure,
         state_dir=args.state_dir,
         reconnect_grace=args.reconnect_grace,
+        retain_jobs=args.retain_jobs,
+        retain_seconds=args.retain_seconds,
         token_file=args.token_file,
         agent_token_file=args.agent_token_file,
         client_token_file=args.client_token_file,

@@ -50,6 +50,10 @@ class CoordinatorConfig:
     """Where the durable state lives (SQLite); ":memory:" keeps nothing across restarts."""
     reconnect_grace: float = 15.0
     """After a restart, seconds a known node has to reconnect before it counts as lost."""
+    retain_jobs: int = 10_000
+    """Finished jobs kept, with their events and results; the oldest beyond are deleted."""
+    retain_seconds: float = 7 * 24 * 3600.0
+    """How long a finished job, and a node that is gone, is kept before it is deleted."""
     token_file: str = ""
     """File holding the shared token agents and clients must present ("" = no token)."""
     agent_token_file: str = ""
@@ -91,6 +95,10 @@ class CoordinatorConfig:
             raise ValueError(
                 f"lease: must be longer than heartbeat_interval and at most 3600 s, got {self.lease}"
             )
+        if not 0 <= self.retain_jobs <= 10_000_000:
+            raise ValueError(f"retain_jobs: must be 0-10000000, got {self.retain_jobs}")
+        if not 0 <= self.retain_seconds <= 10 * 365 * 86400:
+            raise ValueError(f"retain_seconds: must be 0 to 10 years, got {self.retain_seconds}")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
         if self.tls_client_ca and not self.tls_cert:
@@ -148,7 +156,10 @@ class Coordinator:
         self.store = Store(self.config.state_dir)
         self.service = CoordinatorService(
             ClusterConfig(
-                heartbeat_interval=self.config.heartbeat_interval, lease=self.config.lease
+                heartbeat_interval=self.config.heartbeat_interval,
+                lease=self.config.lease,
+                retain_jobs=self.config.retain_jobs,
+                retain_seconds=self.config.retain_seconds,
             ),
             store=self.store,
             reconnect_grace=self.config.reconnect_grace,

@@ -151,3 +151,40 @@ async def test_event_numbers_are_never_given_twice_across_a_crash(tmp_path: Path
     finally:
         await again.stop()
         store.close()
+
+
+async def test_retention_deletes_rows_and_gives_the_space_back(tmp_path: Path) -> None:
+    import sqlite3
+
+    from coordinator._cluster import ClusterConfig
+    from coordinator._service import CoordinatorService
+    from coordinator._store import Store
+
+    store = Store(str(tmp_path / "state"))
+    svc = CoordinatorService(ClusterConfig(retain_jobs=2), store=store)
+    svc.start()
+    big = JobSpec(entrypoint=["x"], env={f"V{i}": "v" * 60_000 for i in range(8)})
+    try:
+        ids = []
+        for i in range(12):
+            job_id = await svc.submit(big, f"req-{i}")
+            svc.apply(svc.cluster.cancel(job_id, svc.now()))
+            await svc.flush()
+            ids.append(job_id)
+        assert svc.cluster.job_ids() == ids[-2:]
+    finally:
+        await svc.stop()
+        store.close()
+    db = sqlite3.connect(tmp_path / "state" / "coordinator.sqlite3")
+    try:
+        assert {r[0] for r in db.execute("SELECT job_id FROM jobs")} == set(ids[-2:])
+        assert {r[0] for r in db.execute("SELECT DISTINCT job_id FROM events")} == set(ids[-2:])
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        free = db.execute("PRAGMA freelist_count").fetchone()[0]
+        size = pages * db.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        db.close()
+    # Two jobs of ~0.5 MB each are kept; ten were deleted and their pages given back.
+    assert free < pages // 4, (free, pages)
+    assert size < 4 * 1024 * 1024, size
