@@ -365,6 +365,8 @@ class Cluster:
         self._jobs: dict[str, _Job] = {}
         self._event_seq = 0
         self._by_request: dict[str, str] = {}
+        self.bad_records: list[tuple[str, int, str]] = []
+        """What the last `restore` could not read: (kind, index in its input, why)."""
         self._next_node_retention = 0.0
         self._finished: collections.deque[str] = collections.deque()
         """Finished jobs, oldest first: what retention deletes first."""
@@ -527,21 +529,34 @@ class Cluster:
         if self._jobs or self._nodes:
             raise RuntimeError("restore() needs an empty cluster")
         self._event_seq = max(self._event_seq, event_seq_floor)
-        for d in nodes:
-            n = decode(_Node, d)
+        self.bad_records = []
+        for i, d in enumerate(nodes):
+            try:
+                n = decode(_Node, d)
+            except Exception as exc:
+                self.bad_records.append(("nodes", i, f"{type(exc).__name__}: {exc}"))
+                continue
             n.jobs = {}
             n.attached = False
             n.last_seen = now + max(0.0, reconnect_grace - self.config.lease)
             self._nodes[n.name] = n
             self._n_live += 1 if n.live else 0
-        for d in jobs:
-            job = decode(_Job, d)
+        for i, d in enumerate(jobs):
+            try:
+                job = decode(_Job, d)
+            except Exception as exc:
+                self.bad_records.append(("jobs", i, f"{type(exc).__name__}: {exc}"))
+                continue
             job.awaiting_write = False  # it is on disk: the write it waited for happened
             self._jobs[job.job_id] = job
             if job.request_id:
                 self._by_request[job.request_id] = job.job_id
-        for d in events:
-            e = decode(JobEvent, d)
+        for i, d in enumerate(events):
+            try:
+                e = decode(JobEvent, d)
+            except Exception as exc:
+                self.bad_records.append(("events", i, f"{type(exc).__name__}: {exc}"))
+                continue
             job = self._jobs.get(e.job_id)
             if job is not None:
                 job.events.append(e)

@@ -14,7 +14,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,6 +143,15 @@ class CoordinatorService:
                 reconnect_grace,
                 event_seq_floor=self._seq_reserved,
             )
+            if self.cluster.bad_records:
+                keys: dict[str, Sequence[object]] = {
+                    "jobs": state.job_keys,
+                    "events": state.event_keys,
+                    "nodes": state.node_keys,
+                }
+                store.quarantine(
+                    (kind, keys[kind][i], why) for kind, i, why in self.cluster.bad_records
+                )
             self._reserve_event_numbers()
             for job_id in self.cluster.job_ids():
                 self._job_versions[job_id] = 0

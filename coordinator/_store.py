@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,14 @@ WAL_LIMIT_BYTES = 8 * 1024 * 1024
 VACUUM_PAGES = 2048
 KEEP_FREE_PAGES = 64
 """Free pages left in the file for the next writes to reuse."""
+
+
+_TABLES = (
+    ("jobs", "job_id", "submitted_at"),
+    ("events", "seq", "seq"),
+    ("nodes", "name", "name"),
+)
+"""(table, key column, load order) of the rows `load` reads."""
 
 
 def default_state_dir() -> str:
@@ -44,6 +52,10 @@ class StoredState:
     nodes: list[dict[str, Any]]
     meta: dict[str, str]
     """Small named values of the coordinator's own (e.g. how far event numbers are reserved)."""
+    job_keys: list[str] = field(default_factory=list)
+    event_keys: list[int] = field(default_factory=list)
+    node_keys: list[str] = field(default_factory=list)
+    """The row keys of `jobs`, `events` and `nodes`, in the same order (for `quarantine`)."""
 
 
 class Store:
@@ -97,21 +109,75 @@ class Store:
                 "CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, data TEXT NOT NULL)"
             )
             db.execute(
+                "CREATE TABLE IF NOT EXISTS quarantine (id INTEGER PRIMARY KEY, source TEXT NOT NULL,"
+                " key TEXT NOT NULL, data TEXT NOT NULL, error TEXT NOT NULL, at REAL NOT NULL)"
+            )
+            db.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
                 (str(SCHEMA_VERSION),),
             )
             db.execute("COMMIT")
 
     def load(self) -> StoredState:
+        """Everything stored. A row that is not a JSON object is moved to `quarantine` (and
+        logged) instead of stopping the coordinator from starting."""
         with self._lock:
             db = self._db
-            jobs = [
-                json.loads(r[0]) for r in db.execute("SELECT data FROM jobs ORDER BY submitted_at")
-            ]
-            events = [json.loads(r[0]) for r in db.execute("SELECT data FROM events ORDER BY seq")]
-            nodes = [json.loads(r[0]) for r in db.execute("SELECT data FROM nodes ORDER BY name")]
+            tables: dict[str, tuple[list[Any], list[dict[str, Any]]]] = {}
+            bad: list[tuple[str, Any, str]] = []
+            for table, key, order in _TABLES:
+                keys: list[Any] = []
+                docs: list[dict[str, Any]] = []
+                for k, data in db.execute(f"SELECT {key}, data FROM {table} ORDER BY {order}"):
+                    try:
+                        doc = json.loads(data)
+                        if not isinstance(doc, dict):
+                            raise ValueError(f"a JSON {type(doc).__name__}, not an object")
+                    except ValueError as exc:
+                        bad.append((table, k, f"not readable: {exc}"))
+                        continue
+                    keys.append(k)
+                    docs.append(doc)
+                tables[table] = (keys, docs)
             meta = {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}
-        return StoredState(jobs, events, nodes, meta)
+        if bad:
+            self.quarantine(bad)
+        return StoredState(
+            jobs=tables["jobs"][1],
+            events=tables["events"][1],
+            nodes=tables["nodes"][1],
+            meta=meta,
+            job_keys=tables["jobs"][0],
+            event_keys=tables["events"][0],
+            node_keys=tables["nodes"][0],
+        )
+
+    def quarantine(self, rows: Iterable[tuple[str, Any, str]]) -> None:
+        """Move rows (table, key, why) aside into `quarantine`, where an operator can read them."""
+        columns = {table: key for table, key, _ in _TABLES}
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN")
+            try:
+                for table, key, why in rows:
+                    column = columns[table]
+                    logger.error(
+                        "moving a bad %s row (%s=%s) aside to the quarantine table: %s",
+                        table,
+                        column,
+                        str(key)[:200],
+                        why[:500],
+                    )
+                    db.execute(
+                        f"INSERT INTO quarantine (source, key, data, error, at) SELECT ?, ?, data, ?,"
+                        f" strftime('%s','now') FROM {table} WHERE {column}=?",
+                        (table, str(key), why[:4000], key),
+                    )
+                    db.execute(f"DELETE FROM {table} WHERE {column}=?", (key,))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
 
     def save(
         self,

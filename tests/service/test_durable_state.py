@@ -188,3 +188,41 @@ async def test_retention_deletes_rows_and_gives_the_space_back(tmp_path: Path) -
     # Two jobs of ~0.5 MB each are kept; ten were deleted and their pages given back.
     assert free < pages // 4, (free, pages)
     assert size < 4 * 1024 * 1024, size
+
+
+async def test_bad_rows_are_moved_aside_and_the_rest_loads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+    import sqlite3
+
+    async with Coordinator(_config(tmp_path / "state")) as c:
+        good = (await _submit(c, "req-good")).job_id
+    db = sqlite3.connect(tmp_path / "state" / "coordinator.sqlite3")
+    with db:
+        db.execute("INSERT INTO jobs VALUES ('broken-json', 1.0, 'QUEUED', '{not json')")
+        db.execute("INSERT INTO jobs VALUES ('wrong-shape', 2.0, 'QUEUED', ?)", ('{"x": 1}',))
+        db.execute("INSERT INTO jobs VALUES ('a-list', 3.0, 'QUEUED', '[1, 2]')")
+        db.execute("INSERT INTO events VALUES (99999, 'nobody', 'garbage')")
+        db.execute("INSERT INTO nodes VALUES ('n-bad', ?)", (json.dumps({"name": 5}),))
+    db.close()
+    async with Coordinator(_config(tmp_path / "state")) as c:
+        assert await _job_ids(c) == [good]
+        # The bad rows are gone from their tables for good: a second start reads none of them.
+    db = sqlite3.connect(tmp_path / "state" / "coordinator.sqlite3")
+    try:
+        moved = sorted(db.execute("SELECT source, key FROM quarantine"))
+        left = [r[0] for r in db.execute("SELECT job_id FROM jobs")]
+        nodes = [r[0] for r in db.execute("SELECT name FROM nodes")]
+    finally:
+        db.close()
+    assert moved == [
+        ("events", "99999"),
+        ("jobs", "a-list"),
+        ("jobs", "broken-json"),
+        ("jobs", "wrong-shape"),
+        ("nodes", "n-bad"),
+    ]
+    assert left == [good] and "n-bad" not in nodes
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert sum("quarantine" in m for m in logged) == 5, logged
