@@ -63,6 +63,16 @@ STALE_HOLD_S = 60.0
 STOP_MARGIN_S = 15.0
 NODE_RETENTION_EVERY_S = 60.0
 MAX_EVENTS_PER_JOB = 10_000
+"""Events kept per job: the first EVENTS_HEAD, a note of how many were cut, then the latest."""
+EVENTS_HEAD = 100
+MAX_ATTEMPTS_KEPT = 100
+"""Attempt summaries kept per job: the first, a note of how many were cut, then the latest."""
+MAX_FAILURES_PER_ATTEMPT = 32
+"""Failures an attempt's summary keeps (root cause first); the count of the rest is said."""
+MAX_NODES_NAMED = 8
+MAX_NODES_KEPT = 1_000
+"""Nodes an attempt's summary lists."""
+"""Nodes a round's text names; the rest are counted ("... and 9,992 more")."""
 
 
 class JobNotFound(KeyError):
@@ -173,6 +183,15 @@ class EventRecorded:
 
 
 @dataclass(frozen=True)
+class EventsCut:
+    """Events of a job between two numbers (exclusive) are no longer kept: delete them."""
+
+    job_id: str
+    after_seq: int
+    before_seq: int
+
+
+@dataclass(frozen=True)
 class Forgotten:
     """A finished job (with its events and result) or a lost node is past retention: delete it."""
 
@@ -188,6 +207,7 @@ Effect = (
     | CloseSession
     | JobChanged
     | EventRecorded
+    | EventsCut
     | Forgotten
 )
 
@@ -1105,8 +1125,8 @@ class Cluster:
             now,
             "round_formed",
             f"round {job.round} formed with {len(ordered)} nodes "
-            f"({', '.join(f'{m.node}=group {m.group_rank}' for m in job.members)}); "
-            f"world size {ranks[0].world_size}",
+            f"({_named(f'{m.node}=group {m.group_rank}' for m in job.members[: MAX_NODES_NAMED + 1])}"
+            f"{_more(len(job.members))}); world size {ranks[0].world_size}",
         )
         self._changed(job)
 
@@ -1353,17 +1373,51 @@ class Cluster:
     def _close_attempt(self, job: _Job, reason: str, now: float) -> None:
         if not job.members:
             return
+        failures = sorted(
+            _label_failures(job.failures).values(),
+            key=lambda f: (not f.root_cause, f.timestamp, f.global_rank),
+        )
+        if len(failures) > MAX_FAILURES_PER_ATTEMPT:
+            reason += f" ({len(failures) - MAX_FAILURES_PER_ATTEMPT:,} more failures not kept)"
+            failures = failures[:MAX_FAILURES_PER_ATTEMPT]
+        nodes = [m.node for m in job.members]
         job.attempts.append(
             AttemptSummary(
                 attempt=job.attempt,
                 round=job.round,
-                nodes=tuple(m.node for m in job.members),
-                end_reason=reason,
-                failures=tuple(_label_failures(job.failures).values()),
+                nodes=tuple(nodes[:MAX_NODES_KEPT]),
+                end_reason=reason
+                + (
+                    f" ({len(nodes) - MAX_NODES_KEPT:,} more nodes not listed)"
+                    if len(nodes) > MAX_NODES_KEPT
+                    else ""
+                ),
+                failures=tuple(failures),
                 started_at=job.round_started_at,
                 ended_at=now,
             )
         )
+        if len(job.attempts) > MAX_ATTEMPTS_KEPT:
+            self._cut_attempts(job)
+
+    def _cut_attempts(self, job: _Job) -> None:
+        # The first attempt, a note for the cut ones, then the latest.
+        first, rest = job.attempts[0], job.attempts[1:]
+        note = rest[0] if rest and rest[0].round == 0 and rest[0].ended_at == 0.0 else None
+        tail = rest[1:] if note is not None else rest
+        keep = MAX_ATTEMPTS_KEPT - 2
+        cut = tail[: len(tail) - keep]
+        if not cut:
+            return
+        start = note.attempt if note is not None else cut[0].attempt
+        end = cut[-1].attempt
+        marker = AttemptSummary(
+            attempt=start,
+            round=0,
+            nodes=(),
+            end_reason=f"attempts {start:,}-{end:,} not kept (a job keeps at most {MAX_ATTEMPTS_KEPT})",
+        )
+        job.attempts = [first, marker, *tail[len(cut) :]]
 
     def _end(
         self,
@@ -1623,10 +1677,37 @@ class Cluster:
             rank=rank,
         )
         job.events.append(event)
-        if len(job.events) > MAX_EVENTS_PER_JOB:
-            del job.events[: len(job.events) - MAX_EVENTS_PER_JOB]
         logger.info("job %s attempt %d round %d: %s", job.job_id, job.attempt, job.round, reason)
         self._effects.append(EventRecorded(event))
+        if len(job.events) > MAX_EVENTS_PER_JOB:
+            self._cut_events(job)
+
+    def _cut_events(self, job: _Job) -> None:
+        # Keep the head (how the job started) and the latest; in between one note says how
+        # many were cut. The note takes the number of the last event it replaces.
+        head = job.events[:EVENTS_HEAD]
+        note = job.events[EVENTS_HEAD] if job.events[EVENTS_HEAD].kind == "events_cut" else None
+        cut_before = len(job.events) - (MAX_EVENTS_PER_JOB - EVENTS_HEAD - 1)
+        dropped = job.events[EVENTS_HEAD + (1 if note else 0) : cut_before]
+        if not dropped:
+            return
+        earlier = int(note.node) if note is not None and note.node.isdigit() else 0
+        total = earlier + len(dropped)
+        last = dropped[-1]
+        marker = JobEvent(
+            seq=last.seq,
+            job_id=job.job_id,
+            timestamp=last.timestamp,
+            kind="events_cut",
+            reason=f"... {total:,} events not kept here (a job keeps at most {MAX_EVENTS_PER_JOB:,})",
+            attempt=last.attempt,
+            round=last.round,
+            node=str(total),
+        )
+        first_cut = (note.seq if note is not None else dropped[0].seq) - 1
+        job.events = [*head, marker, *job.events[cut_before:]]
+        self._effects.append(EventsCut(job.job_id, first_cut, last.seq))
+        self._effects.append(EventRecorded(marker))
 
     def _rank_node_in_summary(self, job: _Job, summary: AttemptSummary, rank: int) -> str:
         nproc = job.spec.nproc_per_node
@@ -1652,6 +1733,14 @@ def _worker_state(phase: _WorkerPhase, proc_state: str) -> WorkerState:
         _WorkerPhase.FAILED: WorkerState.FAILED,
         _WorkerPhase.STOPPED: WorkerState.STOPPED,
     }[phase]
+
+
+def _named(items: Iterable[str]) -> str:
+    return ", ".join(list(items)[:MAX_NODES_NAMED])
+
+
+def _more(count: int) -> str:
+    return f" ... and {count - MAX_NODES_NAMED:,} more nodes" if count > MAX_NODES_NAMED else ""
 
 
 def _clip(text: str, limit: int = MAX_FAILURE_TEXT) -> str:

@@ -37,6 +37,7 @@ from coordinator._cluster import (
     ClusterConfig,
     Effect,
     EventRecorded,
+    EventsCut,
     Forgotten,
     JobChanged,
     JobNotFound,
@@ -117,6 +118,7 @@ class CoordinatorService:
         self._dirty_nodes: set[str] = set()
         self._forget_jobs: set[str] = set()
         self._forget_nodes: set[str] = set()
+        self._cut_events: list[tuple[str, int, int]] = []
         self._flush_lock = asyncio.Lock()
         self._notify_pending = False
         self._notify_task: asyncio.Task[None] | None = None
@@ -213,14 +215,15 @@ class CoordinatorService:
             self._dirty_jobs, self._pending_events, self._dirty_nodes = set(), [], set()
             forget_jobs, forget_nodes = self._forget_jobs, self._forget_nodes
             self._forget_jobs, self._forget_nodes = set(), set()
+            cuts, self._cut_events = self._cut_events, []
             meta = None
             if self._seq_reservation_dirty:
                 meta = {EVENT_SEQ_KEY: str(self._seq_reserved)}
                 self._seq_reservation_dirty = False
-            if jobs or events or nodes is not None or meta or forget_jobs or forget_nodes:
+            if jobs or events or nodes is not None or meta or forget_jobs or forget_nodes or cuts:
                 try:
                     await asyncio.to_thread(
-                        store.save, jobs, events, nodes, meta, forget_jobs, forget_nodes
+                        store.save, jobs, events, nodes, meta, forget_jobs, forget_nodes, cuts
                     )
                 except Exception:
                     logger.exception("could not write the coordinator state; will retry")
@@ -231,6 +234,7 @@ class CoordinatorService:
                     self._seq_reservation_dirty |= meta is not None
                     self._forget_jobs |= forget_jobs
                     self._forget_nodes |= forget_nodes
+                    self._cut_events = cuts + self._cut_events
                     raise
             written = set(batch) | {j for _, j, _ in events}
             still = self._dirty_jobs | {j for _, j, _ in self._pending_events}
@@ -321,6 +325,9 @@ class CoordinatorService:
                 self._pending_events.append((e.seq, e.job_id, encode(e)))
                 self._unwritten_jobs.add(e.job_id)
                 changed = True
+            elif isinstance(eff, EventsCut):
+                self._cut_events.append((eff.job_id, eff.after_seq, eff.before_seq))
+                self._unwritten_jobs.add(eff.job_id)
             elif isinstance(eff, Forgotten):
                 if eff.job_id:
                     self._forget_jobs.add(eff.job_id)
@@ -333,7 +340,7 @@ class CoordinatorService:
                     self._dirty_nodes.discard(eff.node)
         self._reserve_event_numbers()
         for eff in effects:
-            if isinstance(eff, JobChanged | EventRecorded | Forgotten):
+            if isinstance(eff, JobChanged | EventRecorded | EventsCut | Forgotten):
                 continue
             if isinstance(eff, CloseSession):
                 self._dirty_nodes.add(eff.node)
@@ -353,6 +360,7 @@ class CoordinatorService:
             or self._dirty_nodes
             or self._forget_jobs
             or self._forget_nodes
+            or self._cut_events
         ):
             self._flush_wanted.set()
 

@@ -187,12 +187,14 @@ class Store:
         meta: dict[str, str] | None = None,
         forget_jobs: Iterable[str] = (),
         forget_nodes: Iterable[str] = (),
+        cut_events: Iterable[tuple[str, int, int]] = (),
     ) -> None:
         """Write jobs (id, submitted_at, state, doc), events (seq, job id, doc), changed nodes
         and meta values, and delete forgotten jobs (with their events) and nodes, in one
         transaction."""
         gone_jobs = [(j,) for j in forget_jobs]
         gone_nodes = [(n,) for n in forget_nodes]
+        cuts = list(cut_events)  # (job id, after seq, before seq), both ends kept
         job_rows = [
             (jid, ts, st, json.dumps(doc, separators=(",", ":"))) for jid, ts, st, doc in jobs
         ]
@@ -223,6 +225,8 @@ class Store:
                     db.executemany(
                         "INSERT OR REPLACE INTO meta (key, value) VALUES (?,?)", meta.items()
                     )
+                if cuts:
+                    db.executemany("DELETE FROM events WHERE job_id=? AND seq>? AND seq<?", cuts)
                 if gone_jobs:
                     db.executemany("DELETE FROM events WHERE job_id=?", gone_jobs)
                     db.executemany("DELETE FROM jobs WHERE job_id=?", gone_jobs)
