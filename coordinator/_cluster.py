@@ -13,6 +13,7 @@ the job's current one is refused. Restart accounting is one budget per job; a ch
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import logging
 import math
@@ -24,6 +25,7 @@ from client.assignment import RoundAssignment, WorkerRanks
 from client.model import (
     MAX_RETURN_VALUE_BYTES,
     AttemptSummary,
+    FailureCategory,
     JobEvent,
     JobSpec,
     JobState,
@@ -1183,9 +1185,25 @@ class Cluster:
         w.exitcode = report.exitcode
         if report.pid:
             w.pid = report.pid
-        if report.stopped_by_agent:
+        if report.stopped_by_agent and job.state == JobState.STOPPING:
             job.set_phase(w, _WorkerPhase.STOPPED)
             return
+        if report.stopped_by_agent and report.failure is None:
+            # Nobody asked for this stop (an agent shutting down, or a confused one): the worker
+            # is gone all the same, and waiting for it would wedge the job.
+            report = dataclasses.replace(
+                report,
+                failure=ProcessFailure(
+                    global_rank=w.global_rank,
+                    local_rank=w.local_rank,
+                    pid=report.pid,
+                    exitcode=report.exitcode,
+                    message=f"stopped by the agent on {member.node} without the coordinator "
+                    "asking (was the agent shut down?)",
+                    timestamp=report.timestamp or now,
+                    category=FailureCategory.PLATFORM,
+                ),
+            )
         if report.exitcode == 0 and report.failure is None:
             job.set_phase(w, _WorkerPhase.SUCCEEDED)
             if report.return_value is not None:

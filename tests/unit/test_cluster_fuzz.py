@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -251,13 +250,8 @@ def _run_out_the_deadlines(d: _Driver) -> None:
         d.check()
 
 
-# An agent says "stopped by agent" only after the coordinator told it to stop; an unasked one
-# wedges the job today (see the xfail test below), so this property leaves it out until then.
-_unasked_exit = exit_report.filter(lambda r: not r.stopped_by_agent)
-
-
 @settings(max_examples=3 * settings().max_examples, deadline=None)
-@given(st.lists(_unasked_exit, min_size=1, max_size=6))
+@given(st.lists(exit_report, min_size=1, max_size=6))
 def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(
     reports: list[WorkerExitReport],
 ) -> None:
@@ -291,12 +285,6 @@ def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(
     assert result.is_failed() == (status.state != JobState.SUCCEEDED), (status, result)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the coordinator accepts a stopped_by_agent exit it never asked for and then waits "
-    "for that worker forever while the node heartbeats",
-)
 def test_an_unasked_stopped_by_agent_exit_does_not_wedge_the_job() -> None:
     d = _Driver()
     rnd = _start_round(d)
