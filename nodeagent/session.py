@@ -242,6 +242,10 @@ class NodeAgent:
                             0.05, msg.welcome.heartbeat_interval_ms / 1000
                         )
                         self._outbox = outbox
+                        # What the hello left out (it must fit one message however big the
+                        # results): every held exit, each in a message of its own.
+                        for m in self._replay():
+                            outbox.put_nowait(m)
                         self.connected.set()
                         logger.info(
                             "registered with %s as %s (%s)",
@@ -278,8 +282,9 @@ class NodeAgent:
                         pb.WorkerPid(local_rank=lr, pid=pid, global_rank=_global(h, lr))
                         for lr, pid in h.pids.items()
                     ],
-                    exits=[_exit_to_pb(e) for e in h.exits],
-                    stopped=h.stopped,
+                    # The exits follow the welcome (see _replay); a stopped group with exits
+                    # to report says so after them, so they are not fenced off.
+                    stopped=h.stopped and not h.exits,
                 )
             )
         return pb.Hello(
@@ -290,6 +295,24 @@ class NodeAgent:
             version=VERSION,
             running=running,
         )
+
+    def _replay(self) -> list[pb.NodeMessage]:
+        """The held exits (and then the stops) of every group, one bounded message each."""
+        out = []
+        for (job_id, round_), h in self._held.items():
+            for ex in h.exits:
+                out.append(
+                    pb.NodeMessage(
+                        worker_exited=pb.WorkerExited(
+                            job_id=job_id, round=round_, exit=_exit_to_pb(ex)
+                        )
+                    )
+                )
+            if h.stopped and h.exits:
+                out.append(
+                    pb.NodeMessage(group_stopped=pb.GroupStopped(job_id=job_id, round=round_))
+                )
+        return out
 
     async def _heartbeats(self, outbox: asyncio.Queue[pb.NodeMessage]) -> None:
         seq = 0
