@@ -102,7 +102,9 @@ def test_a_restarted_round_survives_a_kill_right_after_its_assign(
     assert result.state == WorkerState.SUCCEEDED, result.format_failures()
     starts = _starts(out)
     assert all(n == 1 for n in starts.values()), f"a worker started twice: {starts}"
-    assert {a for a, _ in starts} == {0, 1} and len(starts) == 8
+    # Attempt 0's peers may be stopped before they wrote their line; attempt 1 ran whole, once.
+    assert {r for a, r in starts if a == 1} == set(range(4)) and (0, 0) in starts, starts
+    assert {a for a, _ in starts} == {0, 1}
     assert job.status().attempt == 1
     _seq_ok(job.events())
 
