@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from client._client import Client, GelasticError, Job
-from client.model import JobSpec, JobState, RunResult, SpecError
+from client.model import JobSpec, JobState, RunResult, SpecError, is_name
 
 __all__ = ["EmbeddedCluster", "RunPlan", "main", "plan_run", "run_parser"]
 
@@ -465,7 +464,7 @@ class EmbeddedCluster:
 
 def _node_name() -> str:
     name = socket.gethostname().split(".")[0]
-    return name if re.match(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$", name) else "localhost"
+    return name if is_name(name) else "localhost"
 
 
 # ---- signals --------------------------------------------------------------------------------

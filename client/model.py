@@ -59,26 +59,28 @@ MAX_ARGV_ITEMS = 4096
 MAX_STRING = 64 * 1024
 MAX_ENV_ITEMS = 1024
 
-_FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-_STD_MAPPING = re.compile(r"^(\d+:[0123],)*(\d+:[0123])$")
-_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,159}$")
+# Always used with fullmatch: `$` with match() accepts a trailing newline, and a name that
+# ends in one makes a job id that the job's own lookups then refuse.
+_FUNCTION_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+_STD_MAPPING = re.compile(r"(\d+:[0123],)*(\d+:[0123])")
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,159}")
 
 
 def is_name(value: str) -> bool:
     """A node name, role or job name: 1-128 of [A-Za-z0-9_.-], not starting with [_.-]."""
-    return bool(_NAME.match(value))
+    return bool(_NAME.fullmatch(value))
 
 
 def is_job_id(value: str) -> bool:
     """A job id as the coordinator makes them; also safe as a directory name."""
-    return bool(_JOB_ID.match(value))
+    return bool(_JOB_ID.fullmatch(value))
 
 
 def is_function_reference(value: str) -> bool:
     """ "pkg.module:qualname"."""
-    return bool(_FUNCTION_REF.match(value))
+    return bool(_FUNCTION_REF.fullmatch(value))
 
 
 class SpecError(ValueError):
@@ -189,7 +191,7 @@ def parse_std_mapping(field_name: str, value: str, nproc: int) -> dict[int, int]
         if mask > 3:
             raise SpecError(field_name, f"must be 0-3 or 'local_rank:mask,...', got {value!r}")
         return dict.fromkeys(range(nproc), mask)
-    if not _STD_MAPPING.match(value):
+    if not _STD_MAPPING.fullmatch(value):
         raise SpecError(field_name, f"must be 0-3 or 'local_rank:mask,...', got {value!r}")
     out = dict.fromkeys(range(nproc), 0)
     for part in value.split(","):
@@ -262,7 +264,7 @@ class JobSpec:
             object.__setattr__(self, "function", function_reference(ep))
             object.__setattr__(self, "entrypoint", ())
         elif isinstance(ep, str):
-            if _FUNCTION_REF.match(ep):
+            if _FUNCTION_REF.fullmatch(ep):
                 object.__setattr__(self, "function", ep)
                 object.__setattr__(self, "entrypoint", ())
             else:
@@ -305,7 +307,7 @@ class JobSpec:
                     raise SpecError("entrypoint", f"item {i} is not a valid argument")
             if not self.command[0]:
                 raise SpecError("entrypoint", "the program name must not be empty")
-        elif not _FUNCTION_REF.match(self.function):
+        elif not _FUNCTION_REF.fullmatch(self.function):
             raise SpecError(
                 "entrypoint", f"not a function reference 'pkg.module:name': {self.function!r}"
             )
@@ -323,14 +325,14 @@ class JobSpec:
                 "min_nodes", f"must be <= max_nodes (got {self.min_nodes} > {self.max_nodes})"
             )
         _count("max_restarts", self.max_restarts, 0, MAX_RESTARTS)
-        if not isinstance(self.role, str) or not _NAME.match(self.role):
+        if not isinstance(self.role, str) or not _NAME.fullmatch(self.role):
             raise SpecError("role", f"must be 1-128 of [A-Za-z0-9_.-], got {self.role!r}")
-        if not isinstance(self.name, str) or (self.name and not _NAME.match(self.name)):
+        if not isinstance(self.name, str) or (self.name and not _NAME.fullmatch(self.name)):
             raise SpecError("name", f"must be 1-128 of [A-Za-z0-9_.-], got {self.name!r}")
         if len(self.env) > MAX_ENV_ITEMS:
             raise SpecError("env", f"at most {MAX_ENV_ITEMS} variables, got {len(self.env)}")
         for k, v in self.env.items():
-            if not isinstance(k, str) or not _ENV_NAME.match(k):
+            if not isinstance(k, str) or not _ENV_NAME.fullmatch(k):
                 raise SpecError("env", f"invalid variable name {k!r} (letters, digits, _; no '=')")
             if not isinstance(v, str) or "\x00" in v or len(v) > MAX_STRING:
                 raise SpecError("env", f"invalid value for {k}")

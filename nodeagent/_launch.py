@@ -72,7 +72,7 @@ USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 ROUND_MARKER = "round"
 """File inside an attempt directory holding the round number that owns it."""
 
-_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?$")
+_PYTHON_NAME = re.compile(r"python(\d+(\.\d+)?)?")  # fullmatch: `$` accepts a trailing newline
 # Interpreter options that take no value and do not change how the target is chosen.
 _NOARG_FLAGS = frozenset("bBdEIOPqsSuvR")
 # Options whose value is either glued on (-Wignore) or the next argument (-W ignore).
@@ -206,7 +206,7 @@ def _is_python(program: str, python: str) -> bool:
     return (
         program == python
         or program == sys.executable
-        or bool(_PYTHON_NAME.match(os.path.basename(program)))
+        or bool(_PYTHON_NAME.fullmatch(os.path.basename(program)))
     )
 
 
@@ -278,7 +278,7 @@ def uses_agent_store(spec: JobSpec) -> bool:
         return False
     if spec.is_function:
         return True
-    return bool(spec.argv) and bool(_PYTHON_NAME.match(os.path.basename(spec.argv[0])))
+    return bool(spec.argv) and bool(_PYTHON_NAME.fullmatch(os.path.basename(spec.argv[0])))
 
 
 def _substitute(args: Sequence[str], local_rank: int) -> list[str]:
