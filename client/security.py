@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import grpc
@@ -44,8 +44,8 @@ def read_token(path: str | os.PathLike[str]) -> str:
 class Security:
     """What a client or agent presents to the coordinator."""
 
-    token: str = ""
-    """Shared secret sent with every call ("" = none)."""
+    token: str = field(default="", repr=False)
+    """Shared secret sent with every call ("" = none); never in repr or str."""
     tls_ca: str = ""
     """PEM file of the CA that signed the coordinator's certificate ("" = plain text)."""
     tls_cert: str = ""
@@ -70,6 +70,15 @@ class Security:
         if tls_cert and not tls_ca:
             raise ValueError("a client certificate (--tls-cert) needs --tls-ca")
         return cls(token, tls_ca, tls_cert, tls_key, tls_server_name)
+
+    def __repr__(self) -> str:
+        # A repr lands in logs and tracebacks: it says whether a token is set, never which.
+        shown = ", ".join(
+            f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "token"
+        )
+        return f"Security(token_set={bool(self.token)}, {shown})"
+
+    __str__ = __repr__
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
