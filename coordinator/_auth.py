@@ -72,30 +72,28 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         for key, value in details.invocation_metadata or ():
             if key == AUTH_HEADER and isinstance(value, str) and value.startswith("Bearer "):
                 presented = value[len("Bearer ") :]
-        handler = await continuation(details)
+        # The token is judged before anything else: an unauthenticated caller gets neither the
+        # method lookup nor a parse of its request body. A method that does not exist reaches
+        # grpc only with the right token, and grpc answers it UNIMPLEMENTED.
         if _matches(presented, expected):
-            return handler
+            return await continuation(details)
         reason = (
             f"missing or wrong {who} token" if presented else f"no {who} token: pass --token-file"
         )
-        logger.warning("refused %s: %s", method, reason)
-        return _refusal(handler, reason)
+        logger.warning("refused %s: %s", method[:200], reason)
+        return _refusal(reason)
 
 
-def _refusal(handler: grpc.RpcMethodHandler, reason: str) -> grpc.RpcMethodHandler:
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+def _refusal(reason: str) -> grpc.RpcMethodHandler:
+    """A handler that aborts at once and never reads, let alone parses, the request.
 
-    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    Streaming both ways fits every method shape on the wire (the status ends the call whatever
+    the caller expected), so the refusal needs no lookup of the method it refuses.
+    """
+
+    async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
         yield  # pragma: no cover - makes this an async generator
 
-    des = handler.request_deserializer
-    ser = handler.response_serializer
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(streaming, des, ser)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(unary, des, ser)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(streaming, des, ser)
-    return grpc.unary_unary_rpc_method_handler(unary, des, ser)
+    # No deserializer and no serializer: the body stays bytes that nobody reads.
+    return grpc.stream_stream_rpc_method_handler(refuse)
