@@ -37,7 +37,7 @@ async def address(tmp_path: Path) -> AsyncIterator[str]:
 
 async def _unary(address: str, method: str, body: bytes, token: str) -> grpc.StatusCode:
     async with grpc.aio.insecure_channel(address) as ch:
-        call = ch.unary_unary(method)  # bytes in, bytes out: no serializer on our side either
+        call = ch.unary_unary(method, None, None)  # bytes in, bytes out: no serializers
         try:
             await call(body, metadata=_bearer(token), timeout=10)
         except grpc.aio.AioRpcError as err:
@@ -47,7 +47,9 @@ async def _unary(address: str, method: str, body: bytes, token: str) -> grpc.Sta
 
 async def _stream(address: str, method: str, body: bytes, token: str) -> grpc.StatusCode:
     async with grpc.aio.insecure_channel(address) as ch:
-        call = ch.stream_stream(method)(iter([body]), metadata=_bearer(token), timeout=10)
+        call = ch.stream_stream(method, None, None)(
+            iter([body]), metadata=_bearer(token), timeout=10
+        )
         try:
             async for _ in call:
                 pass
