@@ -281,13 +281,14 @@ def gelastic_cluster(nodes: int, slots: int = 2) -> Iterator[LocalCluster]:
         cluster.start()
         yield cluster
     finally:
-        cluster.stop()
-        try:
-            poll_until(lambda: not cluster.leftovers(), 15, what="the cluster's processes to exit")
-        except TimeoutError:
-            left = [(p.pid, p.name()) for p in cluster.leftovers()]
-            log(f"warning: the local cluster left processes behind: {left}")
+        warn_leftovers(cluster.stop())
         shutil.rmtree(cluster.workdir, ignore_errors=True)
+
+
+def warn_leftovers(killed: Sequence[object]) -> None:
+    """Say what a cluster's stop had to SIGKILL: a process that outlived a graceful stop."""
+    if killed:
+        log("warning: the local cluster left processes behind: " + "; ".join(map(str, killed)))
 
 
 def poll_result(job: Job, timeout: float, interval: float = 0.01) -> tuple[RunResult, float]:

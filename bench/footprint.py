@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from bench._common import GELASTIC, PY, Measurement, log
+from bench._common import GELASTIC, PY, Measurement, log, warn_leftovers
 from client import JobSpec, JobState
 from client._local import LocalCluster, poll_until
 
@@ -131,11 +131,7 @@ def run(runs: int, quick: bool) -> list[Measurement]:
         job.cancel()
         poll_until(lambda: job.poll() is not None, 60, what="the job to be canceled")
     finally:
-        cluster.stop()
-        try:
-            poll_until(lambda: not cluster.leftovers(), 15, what="the cluster's processes to exit")
-        except TimeoutError:
-            log(f"warning: the local cluster left processes behind: {cluster.leftovers()}")
+        warn_leftovers(cluster.stop())
     if runs > 1:
         idle_cpu.note = "one window per metric, whatever --runs says"
     return [idle_rss, idle_cpu, busy_rss, busy_cpu, coord_rss, coord_cpu]

@@ -366,7 +366,7 @@ class NetnsCluster:
         argv = [
             sys.executable, "-m", "nodeagent.cli",
             "--coordinator", self.address, "--name", host.name, "--addr", host.addr,
-            "--slots", str(self.slots), "--log-dir", str(self.workdir / "logs"),
+            "--slots", str(self.slots), "--log-dir", str(self.workdir / "logs" / host.name),
             "--state-dir", str(self.workdir / "state" / host.name),
         ]  # fmt: skip
         self._spawn(host.name, host, argv)
