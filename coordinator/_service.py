@@ -76,10 +76,14 @@ WRITE_WAIT_S = 30.0
 class _Session:
     name: str
     incarnation: str
-    outbox: asyncio.Queue[pb.CoordinatorMessage | None] = field(
+    outbox: asyncio.Queue[pb.CoordinatorMessage] = field(
         default_factory=lambda: asyncio.Queue(OUTBOX_LIMIT)
     )
     closed: bool = False
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by close(). The stream loop waits on it beside every outbox get and every write: a
+    sentinel in the outbox cannot carry the close when the outbox is full (an agent that stopped
+    reading), and a write to such an agent never completes."""
 
     def send(self, msg: pb.CoordinatorMessage) -> None:
         if self.closed:
@@ -93,8 +97,7 @@ class _Session:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            with contextlib.suppress(asyncio.QueueFull):
-                self.outbox.put_nowait(None)
+            self.ended.set()
 
 
 class CoordinatorService:
@@ -817,7 +820,7 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
 
     async def Session(
         self, request_iterator: AsyncIterator[pb.NodeMessage], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.CoordinatorMessage]:
+    ) -> None:
         svc = self._svc
         try:
             first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_S)
@@ -832,19 +835,42 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
         except Exception as exc:
             await _abort_for(context, exc)
             return
-        reader = asyncio.get_running_loop().create_task(self._read(session, request_iterator))
+        loop = asyncio.get_running_loop()
+        reader = loop.create_task(self._read(session, request_iterator))
+        ended = loop.create_task(session.ended.wait())
         try:
-            while True:
-                msg = await session.outbox.get()
-                if msg is None:
+            while not session.closed:
+                if session.outbox.empty():
+                    get = loop.create_task(session.outbox.get())
+                    await asyncio.wait((get, ended), return_when=asyncio.FIRST_COMPLETED)
+                    if not get.done():
+                        get.cancel()
+                        break
+                    msg = get.result()
+                else:
+                    msg = session.outbox.get_nowait()
+                if session.closed:
                     break
-                yield msg
+                # Written with context.write, not yielded: a write to an agent that does not
+                # read never completes, and a close must still end the call.
+                write = loop.create_task(context.write(msg))
+                await asyncio.wait((write, ended), return_when=asyncio.FIRST_COMPLETED)
+                if not write.done():
+                    # The write may still fail once the call goes: nobody waits for it.
+                    write.add_done_callback(_ignore_outcome)
+                    write.cancel()
+                    break
+                write.result()
                 faults.after_send(msg)
         finally:
+            ended.cancel()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             svc.close_session(session)
+        # The status waits behind what is already written; it reaches the agent if it reads
+        # again, and the call goes with the connection if it does not.
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator closed this session")
 
     async def _read(self, session: _Session, it: AsyncIterator[pb.NodeMessage]) -> None:
         try:
@@ -863,6 +889,11 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
             logger.exception("node %s session reader failed", session.name)
         finally:
             session.close()
+
+
+def _ignore_outcome(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _int(text: str) -> int:
