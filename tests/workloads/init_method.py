@@ -2,9 +2,13 @@
 
 The same job as torch's launcher test script (`test_script_init_method.py`): every rank
 contributes a one-hot vector, checks the sum equals the world size, prints "Done" and returns
-without `destroy_process_group()`. That last part is the point: the process group's background
-threads are still running at interpreter exit, which is where a store that vanishes under them
-(rank 0 exiting first while it hosts the store) turns a finished job into a SIGABRT.
+without `destroy_process_group()`. That last part matters: the process group's gloo worker
+thread may still hold the finished all_reduce work when the interpreter finalizes. Dropping it
+then releases the tensor's Python object, which takes the GIL from a thread during
+`Py_FinalizeEx`; CPython ends that thread with `pthread_exit`, whose unwinding through the
+work's noexcept destructor calls `std::terminate` ("terminate called without an active
+exception", SIGABRT) after the rank has done all its work. That race is inside each rank,
+wherever the c10d store lives.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""Rank 0 leaves first; the other ranks then still use the c10d store, and exit without teardown.
+"""Rank 0 leaves first; the other ranks then still use the c10d store.
 
-After one gloo all_reduce, rank 0 returns at once. Every other rank waits (bounded) until rank 0's
-process is gone, then sets and reads a key through the default store and prints "store outlived
-rank 0". That only works when the store is hosted outside the workers: when rank 0 hosts it, the
-store dies with rank 0 and these ranks fail (a store error, or SIGABRT at exit).
+After one gloo all_reduce, rank 0 tears its process group down and returns. Every other rank
+waits (bounded) until rank 0's process is gone, then sets and reads a key through the default
+store and prints "store outlived rank 0". That only works when the store is hosted outside the
+workers: when rank 0 hosts it, the store dies with rank 0 and these ranks fail (Broken pipe).
+Every rank calls `destroy_process_group()`, so none of them can hit torch's exit race of a
+process group left alive (see init_method.py): a failure here is about the store.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main() -> None:
     t = torch.ones(1)
     dist.all_reduce(t)
     if rank == 0:
+        dist.destroy_process_group()
         print("rank 0 leaves")
         return
     pid = int(store.get("rank0_pid"))
@@ -44,6 +47,7 @@ def main() -> None:
         time.sleep(0.05)
     store.set(f"after_rank0/{rank}", "1")
     assert store.get(f"after_rank0/{rank}") == b"1"
+    dist.destroy_process_group()
     print("store outlived rank 0")
 
 
