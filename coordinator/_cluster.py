@@ -231,8 +231,15 @@ class ClusterConfig:
     """Finished jobs kept (with their events and results); the oldest beyond are deleted."""
     retain_seconds: float = 7 * 24 * 3600.0
     """How long a finished job, and a node that is gone, is kept."""
+    start_timeout: float = 120.0
+    """Seconds a node has, from a round's assignment, until every worker of it reported started.
+    Past it the round fails: a platform failure of each rank that did not start, which spends
+    one restart of the job's budget however many ranks or nodes missed it. Mind slow starts (a
+    big image, a cold cache, `import torch` on a busy host)."""
 
     def __post_init__(self) -> None:
+        if not self.start_timeout > 0:
+            raise ValueError(f"start_timeout: must be > 0 seconds, got {self.start_timeout}")
         if self.retain_jobs < 0:
             raise ValueError(f"retain_jobs: must be >= 0, got {self.retain_jobs}")
         if not self.retain_seconds >= 0:
@@ -309,6 +316,8 @@ class _Job:
     members: list[_Member] = field(default_factory=list)
     last_call_deadline: float | None = None
     port_deadline: float | None = None
+    start_deadline: float | None = None
+    """Set by the assignment; cleared when every worker of the round reported started."""
     master_port: int = 0
     stop_kind: _StopKind | None = None
     stop_reason: str = ""
@@ -594,6 +603,9 @@ class Cluster:
                 # The assignment may have gone out just before the crash: give the members the
                 # reconnect grace to report the round (then it is adopted), else form it again.
                 job.port_deadline = now + reconnect_grace
+            if job.start_deadline is not None:
+                # Starts reported while the coordinator was away come with the reconnect.
+                job.start_deadline = max(job.start_deadline, now + reconnect_grace)
             for m in job.members:
                 node = self._nodes.get(m.node)
                 if node is None or m.released or m.lost:
@@ -844,6 +856,8 @@ class Cluster:
             f"node {name} started ranks {', '.join(started)}",
             node=name,
         )
+        if self._all_started(job):
+            job.start_deadline = None
         if job.state == JobState.RUNNING and self._all_started(job):
             self._set_reason(
                 job, f"attempt {job.attempt} running: {self._worker_count(job)} workers", now
@@ -928,6 +942,12 @@ class Cluster:
                 self._reform(
                     job, f"node {job.members[0].node} did not reserve a master port in time", now
                 )
+            elif (
+                job.start_deadline is not None
+                and now >= job.start_deadline
+                and job.state == JobState.RUNNING
+            ):
+                self._start_timed_out(job, now)
             elif job.stop_deadline is not None and now >= job.stop_deadline:
                 for m in job.members:
                     if not m.stopped:
@@ -1116,6 +1136,7 @@ class Cluster:
         job.stop_kind = None
         job.stop_reason = ""
         job.barrier_deadline = None
+        job.start_deadline = None
         job.master_port = 0
         job.round_started_at = now
         if job.state == JobState.QUEUED:
@@ -1162,6 +1183,7 @@ class Cluster:
                     ),
                 )
             )
+        job.start_deadline = now + self.config.start_timeout
         self._transition(job, JobState.RUNNING, now)
         self._set_reason(
             job, f"attempt {job.attempt} starting: {self._worker_count(job)} workers", now
@@ -1241,18 +1263,58 @@ class Cluster:
             rank=w.global_rank,
         )
         if job.state == JobState.RUNNING:
-            budget = job.spec.max_restarts - job.attempt
-            then = (
-                f"restarting ({job.attempt + 1}/{job.spec.max_restarts} restarts used)"
-                if budget > 0
-                else "no restarts left; failing the job"
-            )
             self._begin_stop(
                 job,
                 _StopKind.FAILURE,
-                f"rank {w.global_rank} failed on {member.node} ({_exit_text(failure)}); {then}",
+                f"rank {w.global_rank} failed on {member.node} ({_exit_text(failure)}); "
+                f"{_then(job)}",
                 now,
             )
+        self._changed(job)
+
+    def _start_timed_out(self, job: _Job, now: float) -> None:
+        """The round's workers did not all start in time: each late rank is a platform failure.
+
+        One stop for the whole round, so however many ranks or nodes were late it spends one
+        restart, exactly as one failed rank does; the deadline is cleared so it fires once.
+        """
+        job.start_deadline = None
+        timeout = self.config.start_timeout
+        late_nodes: list[str] = []
+        late_ranks = 0
+        for m in job.members:
+            late = [w for w in m.workers.values() if w.phase == _WorkerPhase.INIT]
+            if not late:
+                continue
+            late_nodes.append(m.node)
+            late_ranks += len(late)
+            for w in late:
+                job.set_phase(w, _WorkerPhase.FAILED)
+                job.failures[w.global_rank] = _stamp(
+                    ProcessFailure(
+                        global_rank=w.global_rank,
+                        local_rank=w.local_rank,
+                        pid=0,
+                        exitcode=-1,
+                        message=f"rank {w.global_rank} did not start on node {m.node} within "
+                        f"{timeout:g} s of the assignment (start timeout): its agent never "
+                        "reported it started",
+                        timestamp=now,
+                        category=FailureCategory.PLATFORM,
+                    ),
+                    m.node,
+                    w,
+                    job,
+                )
+        if not late_nodes:
+            return
+        nodes = _named(late_nodes[: MAX_NODES_NAMED + 1]) + _more(len(late_nodes))
+        reason = (
+            f"{late_ranks} rank(s) on {nodes} did not start within {timeout:g} s of the "
+            f"assignment (start timeout); {_then(job)}"
+        )
+        self._event(job, now, "start_timeout", reason)
+        self._begin_stop(job, _StopKind.FAILURE, reason, now)
         self._changed(job)
 
     def _member_done(self, job: _Job, member: _Member, now: float) -> None:
@@ -1751,6 +1813,13 @@ def _worker_state(phase: _WorkerPhase, proc_state: str) -> WorkerState:
         _WorkerPhase.FAILED: WorkerState.FAILED,
         _WorkerPhase.STOPPED: WorkerState.STOPPED,
     }[phase]
+
+
+def _then(job: _Job) -> str:
+    """What a failure of the running attempt leads to, in the words of the stop's reason."""
+    if job.spec.max_restarts - job.attempt > 0:
+        return f"restarting ({job.attempt + 1}/{job.spec.max_restarts} restarts used)"
+    return "no restarts left; failing the job"
 
 
 def _named(items: Iterable[str]) -> str:
