@@ -58,6 +58,13 @@ def _parser() -> argparse.ArgumentParser:
         help="how long finished jobs and gone nodes are kept (default %(default)s = 7 days)",
     )
     s.add_argument(
+        "--start-timeout",
+        type=float,
+        default=d.start_timeout,
+        help="seconds a node has from a round's assignment until all its workers started; "
+        "past it the round fails (default %(default)s)",
+    )
+    s.add_argument(
         "--reconnect-grace",
         type=float,
         default=d.reconnect_grace,
@@ -127,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         reconnect_grace=args.reconnect_grace,
         retain_jobs=args.retain_jobs,
         retain_seconds=args.retain_seconds,
+        start_timeout=args.start_timeout,
         token_file=args.token_file,
         agent_token_file=args.agent_token_file,
         client_token_file=args.client_token_file,

@@ -54,6 +54,9 @@ class CoordinatorConfig:
     """Finished jobs kept, with their events and results; the oldest beyond are deleted."""
     retain_seconds: float = 7 * 24 * 3600.0
     """How long a finished job, and a node that is gone, is kept before it is deleted."""
+    start_timeout: float = 120.0
+    """Seconds a node has, from a round's assignment, until all its workers reported started;
+    past it the round fails (a platform failure that spends one restart)."""
     token_file: str = ""
     """File holding the shared token agents and clients must present ("" = no token)."""
     agent_token_file: str = ""
@@ -99,6 +102,8 @@ class CoordinatorConfig:
             raise ValueError(f"retain_jobs: must be 0-10000000, got {self.retain_jobs}")
         if not 0 <= self.retain_seconds <= 10 * 365 * 86400:
             raise ValueError(f"retain_seconds: must be 0 to 10 years, got {self.retain_seconds}")
+        if not 0 < self.start_timeout <= 7 * 86400:
+            raise ValueError(f"start_timeout: must be in (0, 7 days] s, got {self.start_timeout}")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
         if self.tls_client_ca and not self.tls_cert:
@@ -160,6 +165,7 @@ class Coordinator:
                 lease=self.config.lease,
                 retain_jobs=self.config.retain_jobs,
                 retain_seconds=self.config.retain_seconds,
+                start_timeout=self.config.start_timeout,
             ),
             store=self.store,
             reconnect_grace=self.config.reconnect_grace,

@@ -13,6 +13,8 @@ import pytest
 
 from client.model import FailureCategory, JobState, WorkerState
 from coordinator._cluster import AssignRound, ClusterConfig, RequestPort, StopRound
+from coordinator.cli import _parser
+from coordinator.server import CoordinatorConfig
 from tests.unit._cluster_driver import Driver, of_type
 
 TIMEOUT = 120.0
@@ -94,3 +96,10 @@ def test_a_slow_start_within_the_deadline_is_not_a_failure() -> None:
     d.advance(3 * TIMEOUT)
     assert d.state("j") == JobState.RUNNING
     assert "start_timeout" not in d.event_kinds("j")
+
+
+def test_coordinator_serve_takes_the_start_timeout_flag() -> None:
+    assert _parser().parse_args(["serve"]).start_timeout == CoordinatorConfig().start_timeout
+    assert _parser().parse_args(["serve", "--start-timeout", "300"]).start_timeout == 300.0
+    with pytest.raises(ValueError, match="start_timeout"):
+        CoordinatorConfig(state_dir=":memory:", start_timeout=-1).validate()
