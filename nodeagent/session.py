@@ -25,7 +25,13 @@ from types import TracebackType
 import grpc
 
 from client.assignment import RoundAssignment, WorkerRanks
-from client.model import is_job_id, is_name
+from client.model import (
+    FailureCategory,
+    JobSpec,
+    ProcessFailure,
+    is_job_id,
+    is_name,
+)
 from client.security import Security
 from client.wire import failure_to_pb, spec_from_pb
 from nodeagent._launch import attempt_dirs
@@ -382,10 +388,22 @@ class NodeAgent:
 
     def _assign(self, m: pb.Assign) -> None:
         key = (m.job_id, m.round)
-        if key in self._held or not is_job_id(m.job_id):
-            logger.warning("ignoring a duplicate or invalid assignment %s", key)
+        if key in self._held:
+            logger.warning("ignoring a duplicate assignment %s", key)
             return
-        spec = spec_from_pb(m.spec)
+        why = ""
+        spec = JobSpec()
+        if not is_job_id(m.job_id):
+            why = f"job id {m.job_id[:80]!r} is not one this agent accepts"
+        else:
+            try:
+                spec = spec_from_pb(m.spec)
+                spec.validate()
+            except (ValueError, TypeError) as exc:
+                why = f"its spec does not validate here: {exc}"
+        if why:
+            self._refuse(m, why)
+            return
         assignment = RoundAssignment(
             job_id=m.job_id,
             round=m.round,
@@ -406,6 +424,44 @@ class NodeAgent:
         held = _Held(assignment)
         self._held[key] = held
         self._spawn(self._start_group(held), f"start-{m.job_id}-{m.round}")
+
+    def _refuse(self, m: pb.Assign, why: str) -> None:
+        """Tell the coordinator that this assignment will not run, and why.
+
+        Dropping it silently would leave the round assigned with no worker ever starting. Each
+        rank of this node exits at once with a platform failure naming the reason, so the round
+        fails now (and the job follows its restart budget) instead of at the start deadline.
+        """
+        message = f"node {self.config.name} refused the assignment of round {m.round}: {why}"
+        logger.error("%s", message)
+        now = time.time()
+        for w in m.workers:
+            failure = ProcessFailure(
+                global_rank=w.global_rank,
+                local_rank=w.local_rank,
+                pid=0,
+                exitcode=-1,
+                message=message,
+                timestamp=now,
+                node=self.config.name,
+                category=FailureCategory.PLATFORM,
+            )
+            self._send(
+                pb.NodeMessage(
+                    worker_exited=pb.WorkerExited(
+                        job_id=m.job_id,
+                        round=m.round,
+                        exit=pb.WorkerExit(
+                            local_rank=w.local_rank,
+                            global_rank=w.global_rank,
+                            exitcode=-1,
+                            failure=failure_to_pb(failure),
+                            has_failure=True,
+                            timestamp=now,
+                        ),
+                    )
+                )
+            )
 
     async def _start_group(self, held: _Held) -> None:
         a = held.assignment
