@@ -724,7 +724,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.Job:
         try:
-            _check_job_id(request.job_id)
+            _check_job_ref(self._svc, request.job_id)
             await self._svc.written([request.job_id])
             return self._svc.job_message(request.job_id, with_spec=True)
         except Exception as exc:
@@ -735,7 +735,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self, request: pb.WatchJobRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.JobUpdate]:
         try:
-            _check_job_id(request.job_id)
+            _check_job_ref(self._svc, request.job_id)
             svc, job_id = self._svc, request.job_id
             version = svc.job_version(job_id)
             after = 0
@@ -781,7 +781,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.Job:
         try:
-            _check_job_id(request.job_id)
+            _check_job_ref(self._svc, request.job_id)
             self._svc.apply(self._svc.cluster.cancel(request.job_id, self._svc.now()))
             await self._svc.flush()
             await self._svc.written([request.job_id])
@@ -794,7 +794,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self, request: pb.GetEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetEventsResponse:
         try:
-            _check_job_id(request.job_id)
+            _check_job_ref(self._svc, request.job_id)
             await self._svc.written([request.job_id])
             events = self._svc.cluster.job_events(request.job_id, request.after_seq)
             return pb.GetEventsResponse(events=[event_to_pb(e) for e in events])
@@ -909,6 +909,17 @@ def _int(text: str) -> int:
 def _new_job_id(name: str) -> str:
     prefix = name[:40] if name else "job"
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def _check_job_ref(svc: CoordinatorService, job_id: str) -> None:
+    """Refuse a job id that names no job and is not one the coordinator would make.
+
+    The lookup comes first: a job the coordinator holds is always reachable (and cancellable)
+    by its own id, even one made before today's id rules (a name with a trailing newline once
+    made such ids), so no job is ever left running with no way to name it.
+    """
+    if not svc.cluster.has_job(job_id):
+        _check_job_id(job_id)
 
 
 def _check_job_id(job_id: str) -> None:
