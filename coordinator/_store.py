@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -45,6 +46,39 @@ def default_state_dir() -> str:
     return os.path.join(base, "gelastic")
 
 
+def _private_dir(path: Path) -> None:
+    """Create the state dir 0700, or tighten one that exists, when it is this user's own."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if not st.st_mode & 0o077:
+        return
+    if st.st_uid != os.geteuid() or st.st_mode & stat.S_ISVTX:
+        # Not ours to change (or a shared dir like /tmp): say so rather than chmod it.
+        logger.warning(
+            "state dir %s is open to other users (mode %o); the database in it is not",
+            path,
+            stat.S_IMODE(st.st_mode),
+        )
+        return
+    os.chmod(path, 0o700)
+
+
+def _private_file(path: str, *, create: bool = True) -> None:
+    """Make `path` a 0600 regular file of this user's (created when `create`); never a symlink."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        if create:
+            raise
+        return
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class StoredState:
     jobs: list[dict[str, Any]]
@@ -65,11 +99,21 @@ class Store:
         if state_dir == MEMORY:
             self.path = MEMORY
         else:
-            Path(state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+            _private_dir(Path(state_dir))
             self.path = str(Path(state_dir) / "coordinator.sqlite3")
+            _private_file(self.path)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        # The database holds every job's spec and env: only this user may read it. SQLite makes
+        # the -wal and -shm files when WAL mode is first set, with the process umask.
+        umask = os.umask(0o077)
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+        finally:
+            os.umask(umask)
+        if self.path != MEMORY:
+            for suffix in ("-wal", "-shm"):
+                _private_file(self.path + suffix, create=False)
         # FULL: a write the client was told about survives a power cut, not only a crash.
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
