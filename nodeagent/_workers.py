@@ -125,6 +125,38 @@ def agent_console(stream: int, data: bytes) -> None:
         out.flush()
 
 
+def _private_dirs(path: Path) -> None:
+    """mkdir -p where every directory made is 0700: a job's logs and arguments are its own.
+
+    (mkdir's `parents` ignores `mode`, so each missing level is made here.)
+    """
+    missing: list[Path] = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode=0o700)
+
+
+def _private_file(path: Path, flags: int) -> int:
+    """Open (creating it 0600) a file of the agent's own, never through a symlink."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)  # a file left by an earlier agent with a looser mode
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    with os.fdopen(_private_file(path, os.O_WRONLY | os.O_TRUNC), "wb") as f:
+        f.write(data)
+
+
 class _StreamPump:
     """Copies one worker pipe into its log file and, per its mode, onto the console."""
 
@@ -146,7 +178,8 @@ class _StreamPump:
         self._log: IO[bytes] | None = None
         self.done: asyncio.Future[None] = loop.create_future()
         try:
-            self._log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - closed in _finish
+            log_fd = _private_file(log_path, os.O_WRONLY | os.O_APPEND)
+            self._log = os.fdopen(log_fd, "ab", buffering=0)  # closed in _finish
         except OSError:
             logger.exception("cannot open log file %s; output of this stream is dropped", log_path)
         os.set_blocking(fd, False)
@@ -362,22 +395,22 @@ class WorkerGroup:
     def _prepare(self) -> Path:
         a = self.assignment
         log_dir = resolve_attempt_dir(self.log_root, a.job_id, a.attempt, a.round)
-        log_dir.mkdir(parents=True, exist_ok=True)
+        _private_dirs(log_dir)
         marker = log_dir / ROUND_MARKER
         if not marker.exists():
-            marker.write_text(f"{a.round}\n")
+            _write_private(marker, f"{a.round}\n".encode())
         return log_dir
 
     def _prepare_workers(self, plan: list[WorkerLaunch]) -> None:
         for launch in plan:
-            launch.log_dir.mkdir(parents=True, exist_ok=True)
+            _private_dirs(launch.log_dir)
             # A stale file from an earlier run must not be taken for this run's.
             for stale in (launch.error_file, launch.return_file):
                 if stale is not None:
                     with contextlib.suppress(FileNotFoundError):
                         stale.unlink()
             if launch.args_file is not None:
-                launch.args_file.write_bytes(launch.args_bytes or b"")
+                _write_private(launch.args_file, launch.args_bytes or b"")
 
     def _ctx(self, launch: WorkerLaunch | None = None) -> str:
         a = self.assignment
