@@ -868,9 +868,9 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             svc.close_session(session)
-        # The status waits behind what is already written; it reaches the agent if it reads
-        # again, and the call goes with the connection if it does not.
-        await context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator closed this session")
+        # Returning ends the call with OK, as any close by the coordinator does. The status
+        # waits behind what is already written: it reaches an agent that reads again, and the
+        # call goes with the connection if it never does.
 
     async def _read(self, session: _Session, it: AsyncIterator[pb.NodeMessage]) -> None:
         try:
