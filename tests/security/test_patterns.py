@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from client.model import JobSpec, SpecError, is_function_reference, is_job_id, is_name
+from nodeagent._launch import uses_agent_store
 
 HOSTILE_SUFFIXES = ("\n", "\n\n")
 
@@ -40,3 +41,8 @@ def test_a_spec_whose_field_ends_in_a_newline_names_the_field(field: str, spec: 
 def test_a_function_reference_with_a_newline_is_not_taken_for_a_function() -> None:
     spec = JobSpec(entrypoint="m:f\n")
     assert not spec.is_function
+
+
+def test_a_program_named_python_with_a_newline_is_not_taken_for_python() -> None:
+    assert uses_agent_store(JobSpec(entrypoint=["python3", "train.py"]))
+    assert not uses_agent_store(JobSpec(entrypoint=["python3\n", "train.py"]))
