@@ -17,6 +17,8 @@ import coordinator._service as service_module
 from client import Client, GelasticError, JobSpec, JobState
 from client.model import is_job_id
 from coordinator.server import Coordinator, CoordinatorConfig
+from protos.gelastic.v1 import gelastic_pb2 as pb
+from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
 LEGACY_ID = "x\n-0123456789"
 
@@ -51,3 +53,18 @@ async def test_a_job_with_an_id_todays_rules_refuse_is_still_cancellable(
             assert err.value.code == code
     finally:
         client.close()
+
+
+async def test_a_name_with_a_trailing_newline_is_refused_at_submit(
+    coordinator: Coordinator,
+) -> None:
+    # The raw stub: the server must refuse on its own, whatever the client checks.
+    async with grpc.aio.insecure_channel(coordinator.address) as ch:
+        stub = pb_grpc.CoordinatorStub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Submit(
+                pb.SubmitRequest(spec=pb.JobSpec(entrypoint=["true"], name="x\n")), timeout=10
+            )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "name" in (err.value.details() or "")
+    assert coordinator.service.cluster.job_ids() == []
