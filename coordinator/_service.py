@@ -838,13 +838,14 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
         loop = asyncio.get_running_loop()
         reader = loop.create_task(self._read(session, request_iterator))
         ended = loop.create_task(session.ended.wait())
+        # What the loop waits on besides `ended`; cancelled on the way out however it ends.
+        pending: asyncio.Task[Any] | None = None
         try:
             while not session.closed:
                 if session.outbox.empty():
-                    get = loop.create_task(session.outbox.get())
+                    pending = get = loop.create_task(session.outbox.get())
                     await asyncio.wait((get, ended), return_when=asyncio.FIRST_COMPLETED)
                     if not get.done():
-                        get.cancel()
                         break
                     msg = get.result()
                 else:
@@ -853,16 +854,17 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
                     break
                 # Written with context.write, not yielded: a write to an agent that does not
                 # read never completes, and a close must still end the call.
-                write = loop.create_task(context.write(msg))
+                pending = write = loop.create_task(context.write(msg))
                 await asyncio.wait((write, ended), return_when=asyncio.FIRST_COMPLETED)
                 if not write.done():
-                    # The write may still fail once the call goes: nobody waits for it.
-                    write.add_done_callback(_ignore_outcome)
-                    write.cancel()
                     break
                 write.result()
                 faults.after_send(msg)
         finally:
+            if pending is not None and not pending.done():
+                # A write may still fail once the call goes: nobody waits for its outcome.
+                pending.add_done_callback(_ignore_outcome)
+                pending.cancel()
             ended.cancel()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -891,7 +893,7 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
             session.close()
 
 
-def _ignore_outcome(task: asyncio.Task[None]) -> None:
+def _ignore_outcome(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
 
