@@ -91,8 +91,8 @@ async def test_held_exits_bigger_than_a_message_still_reach_a_restarted_coordina
         assert hello.ByteSize() < 64 * 1024
         assert all(m.ByteSize() < MAX_MESSAGE_BYTES for m in agent._replay())
         async with agent:
-            await asyncio.wait_for(agent.connected.wait(), 20)
-            for _ in range(2000):
+            await asyncio.wait_for(agent.connected.wait(), 60)
+            for _ in range(6000):
                 if c2.service.cluster.job_state(job_id).is_terminal():
                     break
                 await asyncio.sleep(0.01)

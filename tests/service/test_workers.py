@@ -11,6 +11,7 @@ import os
 import pickle
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -100,6 +101,12 @@ class Console:
         await asyncio.wait_for(until(), timeout)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class Harness:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp = tmp_path
@@ -131,7 +138,7 @@ class Harness:
             group_rank=0,
             group_world_size=1,
             master_addr="127.0.0.1",
-            master_port=29555,
+            master_port=_free_port(),  # a python job's store host binds it: one per group
             workers=tuple(WorkerRanks(i, i, i, n, n) for i in range(n)),
             run_id="run1",
         )
@@ -214,9 +221,9 @@ async def test_success_env_argv_and_logs(h: Harness) -> None:
             "GROUP_RANK": "0",
             "TORCHELASTIC_RUN_ID": "run1",
             "TORCHELASTIC_ERROR_FILE": str(d / "error.json"),
-            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCHELASTIC_USE_AGENT_STORE": "True",  # a python job: its agent hosts the store
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": "29555",
+            "MASTER_PORT": str(g.assignment.master_port),
             "OMP_NUM_THREADS": "1",
             "MY_VAR": "mine",
         }
