@@ -25,6 +25,7 @@ import os
 import pickle
 import runpy
 import sys
+import threading
 import time
 import traceback
 import types
@@ -43,6 +44,8 @@ _USAGE = (
 # torch's own writers (`@record`) use protocol-agnostic json; return values use at least 4 so
 # large objects (> 4 GiB) and out-of-band friendly types round-trip.
 _PICKLE_PROTOCOL = max(4, pickle.DEFAULT_PROTOCOL)
+RELEASE_PG_TIMEOUT_S = 10.0
+"""How long the end of a successful worker waits for its gloo process group to be destroyed."""
 
 
 class _Options:
@@ -264,9 +267,11 @@ def main() -> None:
     before = _file_key(opts.error_file) if opts.error_file else None
     try:
         _run(opts)
-    except SystemExit:
+    except SystemExit as e:
         # Like torch's @record: a deliberate sys.exit(n) writes no error file; the exit code
         # passes through unchanged (0/None is success).
+        if e.code in (None, 0):
+            _release_process_group()
         raise
     except Exception as e:
         # None when nothing of the target ran (`-m missing`, a SyntaxError): then only the
@@ -281,8 +286,44 @@ def main() -> None:
         e.__traceback__ = tb
         sys.excepthook(type(e), e, tb)
         sys.exit(1)
+    else:
+        _release_process_group()
     # KeyboardInterrupt and other BaseExceptions propagate: python then exits exactly as it
     # would without us (for SIGINT: by re-raising the signal). torch does not record them.
+
+
+def _release_process_group() -> None:
+    """Destroy a gloo process group the worker left initialized, before the interpreter ends.
+
+    A script that returns without `destroy_process_group()` leaves gloo's worker thread
+    holding its last finished work; when the interpreter then finalizes, that thread drops the
+    work's tensor, needs the GIL, is ended by CPython, and the unwind through a noexcept
+    destructor aborts the process (SIGABRT, "terminate called without an active exception")
+    after the rank did all its work. Destroying the group first joins that thread while the
+    interpreter is whole. Only gloo: it is local and quick; torch is never imported here (only a
+    torch the worker loaded itself is used), and a destroy that does not end within a bound is
+    left behind rather than waited on.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    try:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_backend() != "gloo":
+            return
+    except Exception:
+        return
+    done = threading.Event()
+
+    def destroy() -> None:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass  # the work is done; a failed teardown must not turn success into failure
+        finally:
+            done.set()
+
+    threading.Thread(target=destroy, name="gelastic-pg-release", daemon=True).start()
+    done.wait(RELEASE_PG_TIMEOUT_S)
 
 
 if __name__ == "__main__":
