@@ -50,7 +50,7 @@ def test_gloo_allreduce_2x2_sees_the_torchrun_env(cluster: LocalCluster, tmp_pat
         assert env["TORCHELASTIC_RESTART_COUNT"] == "0"
         assert env["TORCHELASTIC_MAX_RESTARTS"] == "0"
         assert env["TORCHELASTIC_RUN_ID"] == job.job_id
-        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # group rank 0's agent hosts it
         assert env["TORCHELASTIC_ERROR_FILE"].endswith("error.json")
     assert len({s["env"]["TORCHELASTIC_ERROR_FILE"] for s in seen.values()}) == 4
 
