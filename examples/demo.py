@@ -49,8 +49,11 @@ def main() -> int:
                 f"RunResult: state={result.state.value} ranks={sorted(result.return_values) or 'n/a'}"
                 f" failures={len(result.failures)}"
             )
-    left = cluster.leftovers()
+    # What the stop had to SIGKILL outlived a graceful stop: that is what was left behind.
+    left = [str(k) for k in cluster.killed] + [str(p.pid) for p in cluster.leftovers()]
     print(f"cluster stopped; processes left behind: {len(left)}  ({time.monotonic() - t0:.1f} s)")
+    for what in left:
+        print(f"  left behind: {what}")
     return 1 if result.is_failed() or left else 0
 
 
