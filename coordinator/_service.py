@@ -135,6 +135,7 @@ class CoordinatorService:
         self._unwritten_jobs: set[str] = set()
         self._written = asyncio.Condition()
         self._readers_waiting = 0
+        self._urgent = asyncio.Event()
         self._seq_reserved = 0
         self._seq_reservation_dirty = False
         if store is not None:
@@ -263,6 +264,7 @@ class CoordinatorService:
         if settled():
             return
         self._readers_waiting += 1
+        self._urgent.set()
         try:
             async with asyncio.timeout(WRITE_WAIT_S), self._written:
                 while not settled():
@@ -291,8 +293,13 @@ class CoordinatorService:
             # worker messages never spends more than a fifth of the loop on writing state. While
             # messages or readers wait on the write, the pause is only that proportion.
             cost = 4 * (time.monotonic() - started)
-            urgent = bool(self._held) or self._readers_waiting > 0
-            await asyncio.sleep(cost if urgent else max(FLUSH_INTERVAL_S, cost))
+            await asyncio.sleep(cost)
+            # The rest of the batching pause ends early once a message or a reader waits on the
+            # write: they are what a user waits for (a round's Assign, a job's end).
+            self._urgent.clear()
+            if not (self._held or self._readers_waiting):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._urgent.wait(), max(0.0, FLUSH_INTERVAL_S - cost))
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         pb_grpc.add_CoordinatorServicer_to_server(_CoordinatorServicer(self), server)
@@ -431,6 +438,7 @@ class CoordinatorService:
             self._held or self._dirty_jobs or self._pending_events or self._dirty_nodes
         ):
             self._held.append((s, msg))  # after the write that makes it safe (see flush)
+            self._urgent.set()
             return
         s.send(msg)
 
