@@ -142,3 +142,32 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+MARKER_ENV = "GELASTIC_RUN_TEST_MARKER"
+"""Set in the environment of a `gelastic run` a test starts: its processes carry it."""
+
+
+def marked_processes(marker: str) -> list[psutil.Process]:
+    """The live processes (zombies aside) whose environment carries `marker`."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get(MARKER_ENV) == marker and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def assert_nothing_left(marker: str) -> None:
+    """Every process of a marked `gelastic run` is gone within 15 s (else killed, and fail)."""
+    try:
+        poll_until(
+            lambda: not marked_processes(marker), 15, what="every process of the run to exit"
+        )
+    except TimeoutError:
+        left = [(p.pid, p.name(), p.cmdline()) for p in marked_processes(marker)]
+        for p in marked_processes(marker):
+            p.kill()
+        raise AssertionError(f"processes left behind by gelastic run: {left}") from None

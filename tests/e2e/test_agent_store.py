@@ -25,12 +25,11 @@ import psutil
 import pytest
 
 from client._local import poll_until
-from tests.e2e.conftest import PY, script
+from tests.e2e.conftest import MARKER_ENV, PY, assert_nothing_left, script
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOADS = REPO / "tests" / "workloads"
 TIMEOUT = 120
-MARKER_ENV = "GELASTIC_AGENT_STORE_TEST_MARKER"
 pytestmark = pytest.mark.e2e
 
 _STORE_HOST = re.compile(r"started the c10d store host pid (\d+) for ([^\s]+):(\d+)")
@@ -54,27 +53,6 @@ def run(*args: str, tmp: Path, marker: str) -> subprocess.CompletedProcess[str]:
         env=run_env(tmp, marker),
         cwd=tmp,
     )
-
-
-def marked(marker: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get(MARKER_ENV) == marker and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
-def assert_nothing_left(marker: str) -> None:
-    try:
-        poll_until(lambda: not marked(marker), 15, what="every process of the run to exit")
-    except TimeoutError:
-        left = [(p.pid, p.name(), p.cmdline()) for p in marked(marker)]
-        for p in marked(marker):
-            p.kill()
-        raise AssertionError(f"processes left behind by gelastic run: {left}") from None
 
 
 def gone(pid: int) -> bool:
@@ -159,11 +137,12 @@ def test_the_store_host_dies_with_its_agent(tmp_path: Path) -> None:
             )
             assert proc.poll() is None, err_path.read_text()
             pid = int(_STORE_HOST.findall(err_path.read_text())[0][0])
-            assert psutil.Process(pid).environ().get(MARKER_ENV) == marker
+            host = psutil.Process(pid)  # kept: is_running() tells a reused pid from the host
+            assert host.environ().get(MARKER_ENV) == marker
             proc.send_signal(signal.SIGKILL)
             proc.wait(TIMEOUT)
         finally:
             if proc.poll() is None:
                 proc.kill()
     assert_nothing_left(marker)
-    assert gone(pid)
+    assert not host.is_running() or host.status() == psutil.STATUS_ZOMBIE

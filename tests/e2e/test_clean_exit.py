@@ -12,9 +12,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.conftest import MARKER_ENV, assert_nothing_left
 
 pytestmark = pytest.mark.e2e
 
@@ -22,8 +25,10 @@ RUNS = 30
 WORKLOAD = Path(__file__).resolve().parents[1] / "workloads" / "init_method.py"
 
 
+@pytest.mark.timeout(1200)  # 30 real torch jobs: minutes on a busy 2-core host
 def test_the_init_method_script_never_fails_after_its_work(tmp_path: Path) -> None:
     failed: list[str] = []
+    marker = uuid.uuid4().hex
     for i in range(RUNS):
         argv = [sys.executable, "-m", "client.cli", "run", "--nproc-per-node", "4"]
         argv += ["--log-dir", str(tmp_path / f"logs{i}"), "--shutdown-timeout", "10"]
@@ -34,10 +39,11 @@ def test_the_init_method_script_never_fails_after_its_work(tmp_path: Path) -> No
             text=True,
             timeout=180,
             cwd=tmp_path,
-            env={**os.environ, "TMPDIR": str(tmp_path)},
+            env={**os.environ, "TMPDIR": str(tmp_path), MARKER_ENV: marker},
         )
         done = proc.stdout.count("Done")
         if proc.returncode != 0 or done != 4:
             tail = proc.stderr[-3000:]
             failed.append(f"run {i}: exit {proc.returncode}, {done} ranks done\n{tail}")
     assert not failed, f"{len(failed)} of {RUNS} runs failed:\n" + "\n".join(failed)
+    assert_nothing_left(marker)

@@ -16,17 +16,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from client import JobSpec, JobState, RunResult, WorkerState
 from client._local import LocalCluster, poll_until
-from tests.e2e.conftest import PY, assert_no_leftovers, script
+from tests.e2e.conftest import (
+    MARKER_ENV,
+    PY,
+    assert_no_leftovers,
+    assert_nothing_left,
+    script,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 120
 CALL_TIMEOUT = 60
-MARKER_ENV = "GELASTIC_CLI_TEST_MARKER"
 
 
 @pytest.fixture(scope="module")
@@ -88,29 +92,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def marked_processes(marker: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get(MARKER_ENV) == marker and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
-def assert_nothing_left(marker: str) -> None:
-    try:
-        poll_until(
-            lambda: not marked_processes(marker), 15, what="every process of the run to exit"
-        )
-    except TimeoutError:
-        left = [(p.pid, p.name()) for p in marked_processes(marker)]
-        for p in marked_processes(marker):
-            p.kill()
-        raise AssertionError(f"processes left behind by gelastic run: {left}") from None
 
 
 # ---- errors ---------------------------------------------------------------------------------
