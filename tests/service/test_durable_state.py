@@ -42,6 +42,18 @@ async def _job_ids(c: Coordinator) -> list[str]:
         return [j.job_id for j in resp.jobs]
 
 
+def _fail_the_next_write(c: Coordinator, monkeypatch: pytest.MonkeyPatch) -> None:
+    save = c.store.save
+    failures = [OSError("disk full")]
+
+    def failing_save(*args: Any, **kw: Any) -> None:
+        if failures:
+            raise failures.pop()
+        save(*args, **kw)
+
+    monkeypatch.setattr(c.store, "save", failing_save)
+
+
 async def test_a_repeated_request_id_returns_the_first_job(coordinator: Coordinator) -> None:
     first = await _submit(coordinator, "req-1")
     again = await _submit(coordinator, "req-1")
@@ -78,15 +90,7 @@ async def test_a_submit_whose_write_fails_runs_nothing_and_a_retry_runs_it_once(
 ) -> None:
     node = FakeNode(coordinator.address, "node-a", "127.0.0.1", slots=1)
     await node.connect()
-    save = coordinator.store.save
-    failures = [OSError("disk full")]
-
-    def failing_save(*args: Any, **kw: Any) -> None:
-        if failures:
-            raise failures.pop()
-        save(*args, **kw)
-
-    monkeypatch.setattr(coordinator.store, "save", failing_save)
+    _fail_the_next_write(coordinator, monkeypatch)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await _submit(coordinator, "req-1")
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -103,15 +107,7 @@ async def test_the_client_retries_a_submit_with_one_request_id(
     coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The first try's write fails after the job was made; the client's retry must not make two.
-    save = coordinator.store.save
-    failures = [OSError("disk full")]
-
-    def failing_save(*args: Any, **kw: Any) -> None:
-        if failures:
-            raise failures.pop()
-        save(*args, **kw)
-
-    monkeypatch.setattr(coordinator.store, "save", failing_save)
+    _fail_the_next_write(coordinator, monkeypatch)
     client = Client(coordinator.address, timeout=10)
     try:
         job = await asyncio.to_thread(client.submit, SPEC)
