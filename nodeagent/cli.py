@@ -35,7 +35,12 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help="address peers use to reach this node (default: the one routing to the coordinator)",
     )
-    p.add_argument("--log-dir", default="", help="worker log directory (default: a temp dir)")
+    p.add_argument(
+        "--log-dir",
+        default="",
+        help="worker log directory, 0700 (default: ~/.local/state/gelastic/agent-NAME/logs, "
+        "as root /var/lib/gelastic/agent-NAME/logs)",
+    )
     p.add_argument(
         "--state-dir", default="", help="where the worker pid file lives (default: --log-dir)"
     )
