@@ -295,10 +295,18 @@ def select_previous(
 
 
 def _owned_by_me(pid: int, proc: str) -> bool:
+    """Whether `pid` runs as our uid (real or effective), from its status: unlike the owner of
+    /proc/<pid>, that is right for a process that made itself non-dumpable too."""
     try:
-        return os.stat(f"{proc}/{pid}").st_uid == os.geteuid()
+        with open(f"{proc}/{pid}/status", "rb") as f:
+            status = f.read(16384)
     except OSError:
         return False
+    for line in status.split(b"\n"):
+        if line.startswith(b"Uid:"):
+            uids = line.split()[1:3]
+            return str(os.geteuid()).encode() in uids
+    return False
 
 
 def reap_previous(

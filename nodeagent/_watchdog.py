@@ -147,6 +147,9 @@ class FileTimerServer:
         self._read_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self._write_fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self._loop.add_reader(self._read_fd, self._on_readable)
+        for pid, fd in self._pidfds.items():  # timers armed before the loop was known
+            if fd >= 0:
+                self._loop.add_reader(fd, self.forget_pid, pid)
         logger.info("watchdog serving FileTimer requests at %s", self.path)
 
     def _on_readable(self) -> None:

@@ -10,6 +10,7 @@ temp name that a planted symlink redirected onto any file the agent could write.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import tempfile
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent import session as session_module
 from nodeagent._dirs import UnsafeDirError, default_agent_dir
 from nodeagent._reaper import PidRegistry
 from nodeagent.session import AgentConfig, NodeAgent
@@ -113,3 +115,23 @@ def test_a_symlink_at_the_pid_files_temp_name_does_not_redirect_the_write(tmp_pa
     st = pid_file.lstat()
     assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
     assert str(child.pid) in pid_file.read_text()
+
+
+async def test_an_unusable_default_falls_back_to_a_fresh_private_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Say the default's parent is one that others may write to: it is not used, nor refused.
+    open_parent = tmp_path / "open"
+    open_parent.mkdir()
+    open_parent.chmod(0o777)
+    monkeypatch.setattr(session_module, "_default_log_dir", lambda name: str(open_parent / "logs"))
+    agent = NodeAgent(_config())
+    await agent.start()
+    try:
+        assert not agent.log_root.is_relative_to(open_parent)
+        assert agent.log_root.name.startswith("gelastic-agent-n1-")
+        assert stat.S_IMODE(agent.log_root.stat().st_mode) == 0o700
+        assert agent._registry.path.parent == agent.state_dir == agent.log_root
+    finally:
+        await agent.stop(0)
+        shutil.rmtree(agent.log_root)
