@@ -96,9 +96,8 @@ async def _run(config: AgentConfig, grace: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if (args.metrics_port or (args.tls and not args.tls_ca)) and sys.modules.get(
-        "ssl", False
-    ) is None:
+    system_roots = (args.tls or args.tls_cert) and not args.tls_ca
+    if (args.metrics_port or system_roots) and sys.modules.get("ssl", False) is None:
         # prometheus_client imports ssl, and the system trust store is found through it: with
         # metrics on, or TLS without a CA file, let it load after all.
         del sys.modules["ssl"]
