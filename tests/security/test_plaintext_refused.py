@@ -207,3 +207,53 @@ async def test_tls_without_a_ca_file_verifies_against_the_system_trust_store(
         client = Client(c.address, security=sec, timeout=5)
         assert await asyncio.to_thread(client.list_nodes) == []
         client.close()
+
+
+async def test_an_agent_with_tls_and_no_ca_file_joins_through_the_system_trust_store(
+    token_file: str, tmp_path: Path
+) -> None:
+    # The agent process keeps Python's ssl module out unless it needs it; --tls needs it.
+    ca = TestCA(tmp_path / "pki")
+    server = ca.server()
+    cfg = CoordinatorConfig(
+        state_dir=":memory:",
+        port=0,
+        token_file=token_file,
+        tls_cert=server.cert,
+        tls_key=server.key,
+    )
+    async with Coordinator(cfg) as c:
+        agent = subprocess.Popen(
+            [
+                sys.executable, "-m", "nodeagent.cli", "--coordinator", c.address,
+                "--name", "tls-node", "--slots", "1", "--token-file", token_file, "--tls",
+                "--log-dir", str(tmp_path / "logs"), "--state-dir", str(tmp_path / "state"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "SSL_CERT_FILE": ca.ca},
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            client = Client(c.address, security=Security(token=TOKEN, tls_ca=ca.ca), timeout=10)
+
+            async def joined() -> bool:
+                names = {n.name for n in await asyncio.to_thread(client.list_nodes)}
+                return "tls-node" in names
+
+            deadline = asyncio.get_running_loop().time() + 60
+            while not await joined():
+                assert agent.poll() is None, agent.communicate()
+                assert asyncio.get_running_loop().time() < deadline, "the agent never joined"
+                await asyncio.sleep(0.1)
+            client.close()
+        finally:
+            agent.terminate()
+            try:
+                await asyncio.to_thread(agent.communicate, timeout=60)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                await asyncio.to_thread(agent.communicate, timeout=30)
+        assert agent.returncode == 0
