@@ -10,6 +10,7 @@ off this host unless `insecure` says so.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import os
 import secrets
 import socket
@@ -28,13 +29,15 @@ __all__ = [
     "new_token_file",
     "read_token",
     "system_trust_store",
-    "target_host",
+    "target_hosts",
 ]
 
 AUTH_HEADER = "authorization"
 MAX_TOKEN_BYTES = 4096
 MAX_TRUST_STORE_BYTES = 16 * 1024 * 1024
 """The system trust store is read whole; past this size it is refused rather than read."""
+MAX_TRUST_STORE_FILES = 10_000
+"""Entries of the trust store's directory looked at."""
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -54,21 +57,26 @@ def is_loopback(host: str) -> bool:
             return False
 
 
-def target_host(target: str) -> str | None:
-    """The host of a gRPC target (HOST:PORT, [V6]:PORT, dns:/ipv4:/ipv6: forms); None for a
-    unix socket, which never leaves this host."""
+def target_hosts(target: str) -> list[str]:
+    """The hosts of a gRPC target (HOST:PORT, [V6]:PORT, dns:, ipv4: and ipv6: forms, lists of
+    addresses); none for a unix socket, which never leaves this host."""
     t = target.strip()
     if t.startswith(("unix:", "unix-abstract:")):
-        return None
+        return []
+    parts = [t]
     for scheme in ("dns:///", "dns:", "ipv4:", "ipv6:"):
         if t.startswith(scheme):
-            t = t[len(scheme) :].split(",")[0]
+            parts = t[len(scheme) :].split(",")[:64]
             break
-    if t.startswith("["):
-        return t[1:].split("]")[0]
-    if t.count(":") > 1:  # a bare IPv6 address without a port
-        return t
-    return t.rpartition(":")[0] if ":" in t else t
+    hosts = []
+    for part in parts:
+        if part.startswith("["):
+            hosts.append(part[1:].split("]")[0])
+        elif part.count(":") > 1:  # a bare IPv6 address without a port
+            hosts.append(part)
+        else:
+            hosts.append(part.rpartition(":")[0] if ":" in part else part)
+    return hosts
 
 
 def system_trust_store() -> bytes:
@@ -80,17 +88,13 @@ def system_trust_store() -> bytes:
     import ssl  # here, not at the top: the agent keeps ssl out unless it needs it
 
     paths = ssl.get_default_verify_paths()
+    # OpenSSL's default: the CA file ($SSL_CERT_FILE) and the CA directory ($SSL_CERT_DIR).
     files: list[Path] = []
     if paths.cafile:
         files.append(Path(paths.cafile))
-    elif paths.capath and os.path.isdir(paths.capath):
-        files.extend(
-            sorted(
-                p
-                for p in Path(paths.capath).iterdir()
-                if p.suffix in (".pem", ".crt") and p.is_file()
-            )[:10_000]
-        )
+    if paths.capath and os.path.isdir(paths.capath):
+        entries = itertools.islice(Path(paths.capath).iterdir(), MAX_TRUST_STORE_FILES)
+        files.extend(sorted(p for p in entries if p.suffix in (".pem", ".crt") and p.is_file()))
     data = bytearray()
     for f in files:
         try:
@@ -213,8 +217,7 @@ class Security:
         """Raise ValueError if a call to `target` would carry the token in plain text off this host."""
         if not self.token or self.uses_tls or self.insecure:
             return
-        host = target_host(target)
-        if host is None or is_loopback(host):
+        if all(is_loopback(host) for host in target_hosts(target)):
             return
         raise ValueError(
             f"refusing to send the token in plain text to {target}: anyone on the network could "

@@ -257,3 +257,32 @@ async def test_an_agent_with_tls_and_no_ca_file_joins_through_the_system_trust_s
                 agent.kill()
                 await asyncio.to_thread(agent.communicate, timeout=30)
         assert agent.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("target", "refused"),
+    [
+        ("127.0.0.1:29400", False),
+        ("localhost:29400", False),
+        ("[::1]:29400", False),
+        ("ipv4:127.0.0.1:29400", False),
+        ("dns:///localhost:29400", False),
+        ("unix:/tmp/gelastic.sock", False),
+        ("10.0.0.1:29400", True),
+        ("[2001:db8::1]:29400", True),
+        ("ipv4:10.0.0.1:29400,127.0.0.1:29400", True),
+        ("ipv4:127.0.0.1:29400,10.0.0.1:29400", True),
+        ("ipv4:127.0.0.1:29400,127.0.0.2:29400", False),
+        ("dns:///coordinator.invalid:29400", True),
+        ("0.0.0.0:29400", True),
+    ],
+)
+def test_which_targets_count_as_this_host(target: str, refused: bool) -> None:
+    sec = Security(token=TOKEN)
+    if refused:
+        with pytest.raises(ValueError, match="plain text"):
+            sec.check_target(target)
+    else:
+        sec.check_target(target)
+    Security(token=TOKEN, insecure=True).check_target(target)
+    Security(token=TOKEN, tls=True).check_target(target)
