@@ -61,6 +61,16 @@ def _parser() -> argparse.ArgumentParser:
         "--tls-server-name", default="", help="name to check in the coordinator's certificate"
     )
     p.add_argument(
+        "--tls",
+        action="store_true",
+        help="use TLS without --tls-ca: verify the coordinator against the system trust store",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow sending the token in plain text to a coordinator off this host",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=d.metrics_port,
@@ -115,8 +125,10 @@ async def _run(config: AgentConfig, grace: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.metrics_port and sys.modules.get("ssl", False) is None:
-        # prometheus_client imports ssl: with metrics on, let it load after all.
+    system_roots = (args.tls or args.tls_cert) and not args.tls_ca
+    if (args.metrics_port or system_roots) and sys.modules.get("ssl", False) is None:
+        # prometheus_client imports ssl, and the system trust store is found through it: with
+        # metrics on, or TLS without a CA file, let it load after all.
         del sys.modules["ssl"]
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -134,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_server_name=args.tls_server_name,
+        tls=args.tls,
+        insecure=args.insecure,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )

@@ -80,6 +80,10 @@ class AgentConfig:
     """PEM private key of tls_cert."""
     tls_server_name: str = ""
     """Name to check in the coordinator's certificate, when it differs from the host."""
+    tls: bool = False
+    """Use TLS without tls_ca: verify the coordinator against the system trust store."""
+    insecure: bool = False
+    """Allow sending the agent token in plain text to a coordinator off this host."""
     metrics_port: int = 0
     """Port to serve Prometheus metrics on over HTTP (0 = no metrics)."""
     metrics_host: str = "127.0.0.1"
@@ -125,7 +129,10 @@ class NodeAgent:
             config.tls_cert,
             config.tls_key,
             config.tls_server_name,
+            tls=config.tls,
+            insecure=config.insecure,
         )
+        self.security.check_target(config.coordinator)
         self._held: dict[tuple[str, int], _Held] = {}
         self._outbox: asyncio.Queue[pb.NodeMessage] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
