@@ -22,6 +22,7 @@ import grpc
 from client.model import JobEvent, JobSpec, JobStatus, NodeInfo, RunResult
 from client.security import Security
 from client.wire import (
+    check_spec_size,
     event_from_pb,
     job_status_from_pb,
     node_from_pb,
@@ -134,6 +135,7 @@ class Client:
             payload = pickle.dumps((tuple(spec.args), dict(spec.kwargs)), protocol=4)
             spec = replace(spec, function_args=payload)
         spec.validate()
+        check_spec_size(spec)  # the coordinator refuses it too; this names the field sooner
         # One id for every try: a retry after a timeout or an internal error returns the job the
         # first try made, so a submit never makes two jobs.
         msg = pb.SubmitRequest(spec=spec_to_pb(spec), request_id=uuid.uuid4().hex)

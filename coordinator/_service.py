@@ -22,6 +22,7 @@ import grpc
 
 from client.model import JobSpec, SpecError, is_job_id, is_name
 from client.wire import (
+    check_spec_size,
     event_to_pb,
     failure_from_pb,
     job_to_pb,
@@ -477,6 +478,7 @@ class CoordinatorService:
         try made. When the write fails the job is withdrawn before anything of it ran, and the
         client hears UNAVAILABLE: a retry with the same id submits it again.
         """
+        check_spec_size(spec)
         if request_id and not REQUEST_ID.fullmatch(request_id):
             raise SpecError(
                 "request_id", f"must be 1-128 of [A-Za-z0-9_.-], got {request_id[:80]!r}"
