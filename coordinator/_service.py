@@ -69,6 +69,9 @@ WATCH_KEEPALIVE_S = 5.0
 EVENT_SEQ_KEY = "event_seq_reserved"
 EVENT_SEQ_BLOCK = 10_000
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+MAX_NODE_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The largest message a node's stream carries: the server's send limit and the agent's receive
+limit (coordinator/server.py, nodeagent/session.py). A bigger one fails the whole stream."""
 WRITE_WAIT_S = 30.0
 """How long a reader waits for the state it would see to be on disk."""
 
@@ -435,6 +438,29 @@ class CoordinatorService:
             )
         else:
             msg = pb.CoordinatorMessage(release=pb.Release(job_id=eff.job_id, round=eff.round))
+        if isinstance(eff, AssignRound) and msg.ByteSize() > MAX_NODE_MESSAGE_BYTES:
+            # Writing it would end the node's stream and lose the node, and the job would then
+            # re-form on the next one: the job fails instead, and the node stays.
+            why = (
+                f"the assignment is {msg.ByteSize():,} bytes, over the node message limit of "
+                f"{MAX_NODE_MESSAGE_BYTES:,}"
+            )
+            logger.error(
+                "job %s round %d: not sending the assignment to node %s: %s",
+                eff.assignment.job_id,
+                eff.assignment.round,
+                eff.node,
+                why,
+            )
+            # After the effects being applied now, so none of them follows the stop it causes.
+            asyncio.get_running_loop().call_soon(
+                self._assign_undeliverable,
+                eff.node,
+                eff.assignment.job_id,
+                eff.assignment.round,
+                why,
+            )
+            return
         if self._store is not None and (
             self._held or self._dirty_jobs or self._pending_events or self._dirty_nodes
         ):
@@ -442,6 +468,10 @@ class CoordinatorService:
             self._urgent.set()
             return
         s.send(msg)
+
+    def _assign_undeliverable(self, node: str, job_id: str, round_: int, why: str) -> None:
+        if self.cluster.has_job(job_id):
+            self.apply(self.cluster.assign_undeliverable(node, job_id, round_, why, self.now()))
 
     async def wait_changed(self, job_id: str, seen_version: int, timeout: float) -> int:
         """Wait until the job's version moves past `seen_version` (or timeout); return it."""

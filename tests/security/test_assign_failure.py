@@ -1,0 +1,82 @@
+"""An assignment too big to send fails its job as an input failure; the node stays.
+
+Before the fix the coordinator wrote the oversized Assign to the node's stream, the write failed,
+the stream ended and the node was lost; the job re-formed on the next node without spending its
+budget, and so on through the cluster. Submit now refuses such a spec (test_spec_cap.py); this
+test puts one in the queue past Submit, as a spec admitted by an earlier version and restored
+from disk would be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from client import Client, JobSpec, JobState
+from client.model import MAX_STRING, FailureCategory
+from coordinator._service import MAX_NODE_MESSAGE_BYTES
+from coordinator.server import Coordinator, CoordinatorConfig
+from protos.gelastic.v1 import gelastic_pb2 as pb
+from tests.service._fakes import FakeNode
+
+WAIT_S = 20.0
+
+
+async def poll_until(pred: Callable[[], bool], timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def coordinator() -> AsyncIterator[Coordinator]:
+    cfg = CoordinatorConfig(state_dir=":memory:", port=0, lease=600.0, heartbeat_interval=1.0)
+    async with Coordinator(cfg) as c:
+        yield c
+
+
+async def test_an_unsendable_assignment_fails_the_job_and_keeps_the_node(
+    coordinator: Coordinator,
+) -> None:
+    svc = coordinator.service
+    node = FakeNode(coordinator.address, "n1", "127.0.0.1", slots=2)
+    await node.connect()
+    count = MAX_NODE_MESSAGE_BYTES // (MAX_STRING - 16) + 4
+    spec = JobSpec(
+        entrypoint=["true"],
+        env={f"V{i}": "x" * (MAX_STRING - 16) for i in range(count)},
+        max_restarts=5,
+    )
+    spec.validate()  # within every per-field limit, as an earlier version admitted it
+    job_id = "big-0001"
+    svc.apply(svc.cluster.submit(job_id, spec, svc.now()))
+    rp = (await node.expect("reserve_port")).reserve_port
+    await node.send(port_reserved=pb.PortReserved(job_id=rp.job_id, round=rp.round, port=40000))
+    await poll_until(lambda: svc.cluster.job_state(job_id).is_terminal())
+
+    assert svc.cluster.job_state(job_id) == JobState.FAILED
+    status = svc.cluster.job_status(job_id)
+    assert status.attempt == 0 and status.round == rp.round  # no restart, no re-form
+    assert f"{MAX_NODE_MESSAGE_BYTES:,}" in status.reason and "bytes" in status.reason
+    result = svc.cluster.job_result(job_id)
+    assert result is not None and result.failures
+    assert {f.category for f in result.failures.values()} == {FailureCategory.INPUT}
+    kinds = [e.kind for e in svc.cluster.job_events(job_id)]
+    assert "assign_undeliverable" in kinds and "node_lost" not in kinds and "reform" not in kinds
+
+    # The node is live, its stream open, and it takes the next job.
+    (info,) = svc.cluster.nodes()
+    assert info.name == "n1" and info.state == "live" and info.jobs == ()
+    client = Client(coordinator.address, timeout=10)
+    try:
+        job = await asyncio.to_thread(client.submit, JobSpec(entrypoint=["true"]))
+        rp2 = (await node.expect("reserve_port")).reserve_port
+        assert rp2.job_id == job.job_id
+    finally:
+        client.close()
+        await node.close()
