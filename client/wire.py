@@ -24,6 +24,7 @@ from client.model import (
     WorkerState,
     WorkerStatus,
 )
+from client.redaction import redact_argv, redact_env
 from protos.gelastic.v1 import gelastic_pb2 as pb
 
 __all__ = [
@@ -286,11 +287,28 @@ def job_to_pb(status: JobStatus, result: RunResult | None, spec: JobSpec | None 
         world_size=status.world_size,
     )
     if spec is not None:
-        msg.spec.CopyFrom(spec_to_pb(spec))
+        msg.spec.CopyFrom(_shown_spec_pb(spec))
     if result is not None:
         msg.result.CopyFrom(result_to_pb(result))
         msg.has_result = True
     return msg
+
+
+def _shown_spec_pb(spec: JobSpec) -> pb.JobSpec:
+    """The spec as clients are shown it: env values, the values of secret-looking options and
+    the pickled arguments withheld. Assignments to agents carry the whole spec (spec_to_pb)."""
+    m = spec_to_pb(spec)
+    if not spec.function:
+        argv = redact_argv([*m.entrypoint, *m.args])
+        n = len(m.entrypoint)
+        del m.entrypoint[:], m.args[:]
+        m.entrypoint.extend(argv[:n])
+        m.args.extend(argv[n:])
+    shown_env = redact_env(m.env)
+    m.env.clear()
+    m.env.update(shown_env)
+    m.function_args = b""
+    return m
 
 
 def job_status_from_pb(m: pb.Job) -> JobStatus:

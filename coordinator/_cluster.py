@@ -38,6 +38,7 @@ from client.model import (
     WorkerStatus,
     first_failure,
 )
+from client.redaction import describe_command
 from coordinator._codec import decode, encode
 from coordinator._ranks import GroupRanks, NodeRole, assign_worker_ranks
 
@@ -1960,13 +1961,18 @@ def _first_line(text: str) -> str:
 
 
 def _describe_spec(spec: JobSpec) -> str:
-    what = spec.function or " ".join(spec.argv)[:200]
+    # Events are shown and logged: the program and counts, never an argument or an env value.
+    what = (
+        f"{spec.function!r} with {len(spec.env)} env variable(s)"
+        if spec.function
+        else describe_command(spec.argv, len(spec.env))
+    )
     nodes = (
         f"{spec.min_nodes}"
         if spec.min_nodes == spec.max_nodes
         else f"{spec.min_nodes}:{spec.max_nodes}"
     )
     return (
-        f"submitted {what!r}: {nodes} nodes x {spec.nproc_per_node} workers, "
+        f"submitted {what}: {nodes} nodes x {spec.nproc_per_node} workers, "
         f"max_restarts={spec.max_restarts}"
     )
