@@ -19,6 +19,7 @@ from typing import Any, TextIO, TypeVar
 
 import grpc
 
+from client._terminal import strip_terminal_controls
 from client.model import JobEvent, JobSpec, JobStatus, NodeInfo, RunResult
 from client.security import Security
 from client.wire import (
@@ -321,6 +322,8 @@ class _Progress:
 
     def _line(self, text: str, keep: bool) -> None:
         if self.tty:
+            # Reasons quote workers (failure messages): none of their escape sequences runs.
+            text = strip_terminal_controls(text)
             self.out.write("\r\x1b[2K" + text + ("\n" if keep else ""))
         else:
             self.out.write(text + "\n")
