@@ -17,6 +17,7 @@ import pytest
 
 from client import Client, JobSpec, JobState
 from client.model import MAX_STRING, FailureCategory
+from coordinator._cluster import AssignRound, Cluster, ClusterConfig, RequestPort, StopRound
 from coordinator._service import MAX_NODE_MESSAGE_BYTES
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
@@ -80,3 +81,37 @@ async def test_an_unsendable_assignment_fails_the_job_and_keeps_the_node(
     finally:
         client.close()
         await node.close()
+
+
+def test_the_state_machine_fails_the_job_once_every_assignment_is_undeliverable() -> None:
+    """Two nodes, neither assignment sendable: an INPUT failure, no restart, no node lost."""
+    c = Cluster(ClusterConfig(heartbeat_interval=1.0, lease=5.0))
+    now = 1000.0
+    for name in ("a", "b"):
+        c.node_connected(name, "127.0.0.1", 1, f"inc-{name}", now)
+    spec = JobSpec(entrypoint=["true"], min_nodes=2, max_nodes=2, max_restarts=3)
+    submitted = c.submit("j1", spec, now)
+    rp = next(e for e in submitted + c.tick(now + 1) if isinstance(e, RequestPort))
+    effects = c.port_reserved(rp.node, f"inc-{rp.node}", "j1", rp.round, 40000, "", now + 1)
+    assigned = [e.node for e in effects if isinstance(e, AssignRound)]
+    assert sorted(assigned) == ["a", "b"]
+
+    first = c.assign_undeliverable(assigned[0], "j1", rp.round, "too big", now + 1)
+    # The node that never got the round is not asked to stop it; the other one is.
+    assert [e.node for e in first if isinstance(e, StopRound)] == [assigned[1]]
+    assert c.job_state("j1") == JobState.STOPPING
+    c.assign_undeliverable(assigned[1], "j1", rp.round, "too big", now + 1)
+    assert c.job_state("j1") == JobState.FAILED
+    status = c.job_status("j1")
+    assert status.attempt == 0  # the budget of 3 restarts is untouched
+    assert "cannot be sent: too big" in status.reason
+    result = c.job_result("j1")
+    assert result is not None
+    assert {f.category for f in result.failures.values()} == {FailureCategory.INPUT}
+    assert sorted((n.name, n.state, n.jobs) for n in c.nodes()) == [
+        ("a", "live", ()),
+        ("b", "live", ()),
+    ]
+    # A late or repeated report changes nothing.
+    c.assign_undeliverable(assigned[0], "j1", rp.round, "too big", now + 2)
+    assert c.job_state("j1") == JobState.FAILED
