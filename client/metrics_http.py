@@ -211,7 +211,12 @@ class MetricsEndpoint:
                     else:
                         return True
                 else:
-                    conn.outbox = self._answer(head)
+                    try:
+                        conn.outbox = self._answer(head)
+                    except Exception:
+                        # A collector that fails must not end the endpoint for every scrape.
+                        logger.exception("metrics endpoint: the scrape failed")
+                        conn.outbox = _status_only("500 Internal Server Error")
                 conn.answered = True
                 sel.modify(conn.sock, selectors.EVENT_WRITE)
             if conn.answered:

@@ -97,3 +97,28 @@ def test_a_bad_request_gets_a_status_and_the_endpoint_stays(endpoint: MetricsEnd
         finally:
             s.close()
     assert "gelastic_test_total" in _scrape(endpoint)
+
+
+def test_a_failing_collector_is_a_500_and_the_endpoint_stays() -> None:
+    class Broken:
+        fail = True
+
+        def collect(self) -> list[object]:
+            if Broken.fail:
+                raise RuntimeError("collector broke")
+            return []
+
+    registry = CollectorRegistry()
+    registry.register(Broken())  # type: ignore[arg-type]
+    ep = MetricsEndpoint(registry, "127.0.0.1", 0, connection_timeout=TIMEOUT_S)
+    ep.start()
+    try:
+        s = _idle(ep, b"GET /metrics HTTP/1.0\r\n\r\n")
+        try:
+            assert s.recv(100).startswith(b"HTTP/1.0 500")
+        finally:
+            s.close()
+        Broken.fail = False
+        _scrape(ep)
+    finally:
+        ep.stop()
