@@ -1963,7 +1963,7 @@ def _first_line(text: str) -> str:
 def _describe_spec(spec: JobSpec) -> str:
     # Events are shown and logged: the program and counts, never an argument or an env value.
     what = (
-        f"{spec.function!r} with {len(spec.env)} env variable(s)"
+        f"{spec.function[:200]!r} with {len(spec.env)} env variable(s)"
         if spec.function
         else describe_command(spec.argv, len(spec.env))
     )

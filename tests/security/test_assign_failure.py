@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from client import Client, JobSpec, JobState
 from client.model import MAX_STRING, FailureCategory
@@ -22,6 +25,7 @@ from coordinator._service import MAX_NODE_MESSAGE_BYTES
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from tests.service._fakes import FakeNode
+from tests.unit import test_cluster_fuzz as cluster_fuzz
 
 WAIT_S = 20.0
 
@@ -115,3 +119,34 @@ def test_the_state_machine_fails_the_job_once_every_assignment_is_undeliverable(
     # A late or repeated report changes nothing.
     c.assign_undeliverable(assigned[0], "j1", rp.round, "too big", now + 2)
     assert c.job_state("j1") == JobState.FAILED
+
+
+undeliverable = st.tuples(
+    st.just("undeliverable"), cluster_fuzz.node, cluster_fuzz.job, cluster_fuzz.rnd
+)
+
+
+@settings(
+    max_examples=5 * settings().max_examples,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(st.lists(st.one_of(cluster_fuzz.action, undeliverable), max_size=40))
+def test_undeliverable_reports_among_random_messages_never_break_the_cluster(
+    actions: list[tuple[Any, ...]],
+) -> None:
+    """The cluster fuzz's messages with undeliverable reports mixed in, at any moment."""
+    d = cluster_fuzz._Driver()
+    for a in actions:
+        if a[0] != "undeliverable":
+            d.step(a)
+        else:
+            _, name, job_id, round_ = a
+            nodes = sorted((n.name, n.state) for n in d.c.nodes())
+            was = d.c.job_status(job_id) if d.c.has_job(job_id) else None
+            d.c.assign_undeliverable(name, job_id, round_, "too big", d.now)
+            # Never a node lost, never a restart spent.
+            assert sorted((n.name, n.state) for n in d.c.nodes()) == nodes
+            if was is not None and d.c.has_job(job_id):
+                assert d.c.job_status(job_id).attempt == was.attempt
+        d.check()
