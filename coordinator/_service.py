@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from client.assignment import RoundAssignment
 from client.model import JobSpec, SpecError, is_job_id, is_name
 from client.wire import (
     check_spec_size,
@@ -438,7 +439,11 @@ class CoordinatorService:
             )
         else:
             msg = pb.CoordinatorMessage(release=pb.Release(job_id=eff.job_id, round=eff.round))
-        if isinstance(eff, AssignRound) and msg.ByteSize() > MAX_NODE_MESSAGE_BYTES:
+        if (
+            isinstance(eff, AssignRound)
+            and _assign_size_bound(eff.assignment) > MAX_NODE_MESSAGE_BYTES
+            and msg.ByteSize() > MAX_NODE_MESSAGE_BYTES
+        ):
             # Writing it would end the node's stream and lose the node, and the job would then
             # re-form on the next one: the job fails instead, and the node stays.
             why = (
@@ -931,6 +936,21 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
             logger.exception("node %s session reader failed", session.name)
         finally:
             session.close()
+
+
+def _assign_size_bound(a: RoundAssignment) -> int:
+    """More than the encoded Assign can be, from lengths alone: measuring the message itself
+    costs as much as encoding it, once per node of a round.
+
+    A character is at most 4 bytes, an item's tags and lengths at most 16, a worker's ranks 64.
+    """
+    spec = a.spec
+    items = [*spec.command, *([] if spec.function else [str(x) for x in spec.args])]
+    items += [spec.function, spec.name, spec.role, spec.cwd, spec.redirects, spec.tee]
+    items += [spec.scale_up, a.job_id, a.master_addr, a.run_id]
+    chars = sum(map(len, items)) + sum(len(k) + len(v) for k, v in spec.env.items())
+    count = len(items) + 2 * len(spec.env)
+    return 4 * chars + 16 * count + len(spec.function_args) + 64 * len(a.workers) + 1024
 
 
 def _ignore_outcome(task: asyncio.Task[Any]) -> None:

@@ -18,10 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import coordinator._service as service_module
 from client import Client, JobSpec, JobState
+from client.assignment import RoundAssignment, WorkerRanks
 from client.model import MAX_STRING, FailureCategory
 from coordinator._cluster import AssignRound, Cluster, ClusterConfig, RequestPort, StopRound
-from coordinator._service import MAX_NODE_MESSAGE_BYTES
+from coordinator._service import MAX_NODE_MESSAGE_BYTES, CoordinatorService
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from tests.service._fakes import FakeNode
@@ -127,7 +129,7 @@ undeliverable = st.tuples(
 
 
 @settings(
-    max_examples=5 * settings().max_examples,
+    max_examples=2 * settings().max_examples,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -150,3 +152,40 @@ def test_undeliverable_reports_among_random_messages_never_break_the_cluster(
             if was is not None and d.c.has_job(job_id):
                 assert d.c.job_status(job_id).attempt == was.attempt
         d.check()
+
+
+_text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=40)
+
+
+@settings(max_examples=settings().max_examples, deadline=None)
+@given(
+    argv=st.lists(_text, min_size=1, max_size=5),
+    env=st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True), _text, max_size=5),
+    workers=st.integers(0, 300),
+    big=st.integers(-(2**31), 2**31 - 1),
+)
+def test_the_cheap_size_bound_is_never_below_the_encoded_assignment(
+    argv: list[str], env: dict[str, str], workers: int, big: int
+) -> None:
+    """The coordinator measures an Assign only when this bound says it might be too big."""
+    argv[0] = argv[0] or "x"
+    spec = JobSpec(entrypoint=argv, env=env, name="n" * 128, cwd="/" + "é" * 100)
+    assignment = RoundAssignment(
+        job_id="j" * 160,
+        round=big,
+        attempt=big,
+        spec=spec,
+        group_rank=big,
+        group_world_size=big,
+        master_addr="a" * 255,
+        master_port=big,
+        workers=tuple(WorkerRanks(big, big, big, big, big) for _ in range(workers)),
+        run_id="j" * 160,
+    )
+    svc = CoordinatorService()
+    session = service_module._Session("n1", "inc")
+    svc._sessions["n1"] = session
+    svc._send(AssignRound("n1", assignment))
+    msg = session.outbox.get_nowait()
+    assert msg.WhichOneof("kind") == "assign"
+    assert service_module._assign_size_bound(assignment) >= msg.ByteSize()
