@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc.aio
 import pytest
@@ -21,6 +22,7 @@ from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 from tests.service._fakes import FakeNode, worker_exit
+from tests.service.test_workers import Harness, wait_gone
 
 SECRETS = ("s3cr3t-value", "hunter2-pw", "tok-abc123", "dbpass-789")
 SPEC = JobSpec(
@@ -125,5 +127,34 @@ async def test_secrets_reach_the_worker_and_no_log_event_or_response(
         client.close()
         await node.close()
     assert caplog.records
+    for record in caplog.records:
+        _assert_clean(f"log record {record.name}", record.getMessage())
+
+
+async def test_the_agent_logs_a_workers_command_without_its_secrets(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    h = Harness(tmp_path)
+    # The worker checks that it got the real values (read from files, so that its own command
+    # line holds none of them); the agent's log must not show them.
+    (tmp_path / "expected").write_text("s3cr3t-value")
+    (tmp_path / "expected.tok").write_text("tok-abc123")
+    check = 'test "$API_KEY" = "$(cat "$0")" && test "$1" = "--token=$(cat "$0.tok")"'
+    spec = JobSpec(
+        entrypoint=["sh", "-c", check],
+        args=[str(tmp_path / "expected"), "--token=tok-abc123"],
+        env={"API_KEY": "s3cr3t-value"},
+    )
+    g, exits = h.group(spec)
+    try:
+        await h.start(g)
+        (done,) = await exits.wait(1)
+        assert done.exitcode == 0, done
+    finally:
+        await asyncio.wait_for(g.close(), 30)
+        await wait_gone(h.pids)
+    started = [r.getMessage() for r in caplog.records if "started pid" in r.getMessage()]
+    assert started and f"--token={REDACTED}" in started[0]
     for record in caplog.records:
         _assert_clean(f"log record {record.name}", record.getMessage())
