@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from pathlib import Path
-
-import pytest
 
 from client import JobSpec, WorkerState
 from client._local import LocalCluster
@@ -45,24 +42,23 @@ def test_without_agent_secrets_drops_names_values_and_paths() -> None:
 
 
 def test_a_worker_sees_neither_the_token_nor_its_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    token = secrets.token_hex(32)
-    token_file = tmp_path / "agent.token"
-    token_file.write_text(token + "\n")
-    token_file.chmod(0o600)
-    # The test's client finds the token the way a user's does; the cluster's processes inherit
-    # this environment, so the agent is started with the path in it too.
-    monkeypatch.setenv("GELASTIC_TOKEN_FILE", str(token_file))
     out = tmp_path / "out"
     out.mkdir()
-    cluster = LocalCluster(
-        nodes=1,
-        slots=1,
-        workdir=tmp_path / "cluster",
-        coordinator_args=["--token-file", str(token_file)],
-        agent_args=["--token-file", str(token_file)],
-        env={"GELASTIC_AGENT_TOKEN": token, "SOME_COPY_OF_IT": f"token={token}"},
+    # The cluster hands its coordinator and agent a token file of its own; the agent's
+    # environment names that file too (as a user's client finds it) and holds copies of the
+    # token itself.
+    cluster = LocalCluster(nodes=1, slots=1, workdir=tmp_path / "cluster")
+    token_file = Path(cluster.token_file)
+    token = token_file.read_text().strip()
+    assert len(token) >= 32
+    cluster.env.update(
+        {
+            "GELASTIC_TOKEN_FILE": str(token_file),
+            "GELASTIC_AGENT_TOKEN": token,
+            "SOME_COPY_OF_IT": f"token={token}",
+        }
     )
     with cluster:
         job = cluster.client.submit(
