@@ -556,9 +556,20 @@ def _cmd_result(client: Client, args: argparse.Namespace) -> int:
 
 def _cmd_logs(client: Client, args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
-    for chunk in client.job(args.job_id).logs(args.rank, args.stream, args.attempt, args.follow):
-        out.write(chunk)
-        out.flush()
+    try:
+        for chunk in client.job(args.job_id).logs(
+            args.rank, args.stream, args.attempt, args.follow
+        ):
+            out.write(chunk)
+            out.flush()
+    except GelasticError as exc:
+        # The node that holds the log went away (UNAVAILABLE) or part of it was lost
+        # (DATA_LOSS): say so, not "cannot reach the coordinator".
+        if exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS) and str(
+            exc
+        ).partition(": ")[2].startswith("node "):
+            raise CliError(f"the log ended early: {exc}", EXIT_FAILED) from None
+        raise
     return EXIT_OK
 
 
