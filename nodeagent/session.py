@@ -216,6 +216,7 @@ class NodeAgent:
 
     async def _run(self) -> None:
         delay = 0.05
+        refused = 0
         while not self._closing:
             started = time.monotonic()
             try:
@@ -230,7 +231,13 @@ class NodeAgent:
                 if exc.code() == grpc.StatusCode.ALREADY_EXISTS:
                     # This node's previous session (or its name's holder) is still there: try
                     # again soon, and get in as soon as it has gone.
-                    logger.warning("coordinator refused this agent for now: %s", exc.details())
+                    if refused % 60 == 0:
+                        logger.warning(
+                            "coordinator refused this agent for now (%d times): %s",
+                            refused + 1,
+                            exc.details(),
+                        )
+                    refused += 1
                     delay = min(delay, REFUSED_RETRY_MAX_S / 2)
                 elif exc.code() in (
                     grpc.StatusCode.INVALID_ARGUMENT,
@@ -245,6 +252,8 @@ class NodeAgent:
             except Exception:
                 logger.exception("session failed")
             finally:
+                if self.connected.is_set():
+                    refused = 0
                 self.connected.clear()
                 self._outbox = self._log_outbox = None
                 # Their request ids belong to the session that ended.
