@@ -325,3 +325,50 @@ async def test_the_client_api_reports_data_loss(coordinator: Coordinator) -> Non
         await asyncio.wait_for(reader, WAIT_S)
     assert err.value.code == grpc.StatusCode.DATA_LOSS
     await node.close()
+
+
+async def test_a_reader_that_takes_nothing_stalls_the_agents_file_reading_not_its_heartbeats(
+    tmp_path: Path,
+) -> None:
+    config = CoordinatorConfig(state_dir=":memory:", port=0, lease=600.0, heartbeat_interval=0.2)
+    async with Coordinator(config) as c:
+        svc = c.service
+        agent = NodeAgent(
+            AgentConfig(
+                coordinator=c.address, name="node-a", addr="127.0.0.1", slots=1,
+                log_dir=str(tmp_path / "logs"),
+            )
+        )  # fmt: skip
+        async with agent:
+            await asyncio.wait_for(agent.connected.wait(), WAIT_S)
+            job_id = await svc.submit(
+                JobSpec(
+                    entrypoint=[sys.executable, "-c", WRITER],
+                    nproc_per_node=1,
+                    min_nodes=1,
+                    max_nodes=1,
+                )
+            )
+            await poll_until(lambda: svc.cluster.job_state(job_id).is_terminal(), 60.0)
+            kinds: list[str] = []
+            on_node_message = svc.on_node_message
+
+            def record(session: object, msg: pb.NodeMessage) -> None:
+                kinds.append(msg.WhichOneof("kind") or "")
+                on_node_message(session, msg)  # type: ignore[arg-type]
+
+            svc.on_node_message = record  # type: ignore[method-assign]
+            req = pb.ReadLogsRequest(job_id=job_id, rank=0, stream="stdout", attempt=-1)
+            reader = svc.read_logs(req, client="ipv4:10.0.0.7")
+            assert len(await asyncio.wait_for(anext(reader), WAIT_S)) > 0  # type: ignore[arg-type]
+            # The reader takes nothing more: the agent uses up its credit and waits for more.
+            await poll_until(lambda: len(agent._log_requests) == 1)
+            (served,) = agent._log_requests.values()
+            await poll_until(lambda: served.credit == 0 and served.logs.empty())
+            sent = kinds.count("log_chunk")
+            assert sent <= service_module.LOG_WINDOW_CHUNKS
+            beats = kinds.count("heartbeat")
+            await poll_until(lambda: kinds.count("heartbeat") >= beats + 3)
+            assert kinds.count("log_chunk") == sent  # nothing read meanwhile
+            await reader.aclose()
+            await poll_until(lambda: not agent._log_requests and not svc._log_streams)
