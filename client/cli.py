@@ -576,12 +576,24 @@ def _cmd_logs(client: Client, args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     # Raw bytes into a pipe or a file; on a terminal, no escape sequence of the worker's runs.
     screen = TerminalFilter(sys.stdout.encoding or "utf-8") if sys.stdout.isatty() else None
-    for chunk in client.job(args.job_id).logs(args.rank, args.stream, args.attempt, args.follow):
-        out.write(screen.feed(chunk) if screen is not None else chunk)
-        out.flush()
-    if screen is not None:
-        out.write(screen.finish())
-        out.flush()
+    try:
+        for chunk in client.job(args.job_id).logs(
+            args.rank, args.stream, args.attempt, args.follow
+        ):
+            out.write(screen.feed(chunk) if screen is not None else chunk)
+            out.flush()
+    except GelasticError as exc:
+        # The node that holds the log went away (UNAVAILABLE) or part of it was lost
+        # (DATA_LOSS): say so, not "cannot reach the coordinator".
+        if exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS) and str(
+            exc
+        ).partition(": ")[2].startswith("node "):
+            raise CliError(f"the log ended early: {exc}", EXIT_FAILED) from None
+        raise
+    finally:
+        if screen is not None:
+            out.write(screen.finish())
+            out.flush()
     return EXIT_OK
 
 

@@ -357,7 +357,7 @@ def node_to_pb(n: NodeInfo) -> pb.Node:
         state=n.state,
         last_seen=n.last_seen,
         jobs=list(n.jobs),
-        incarnation=n.incarnation,
+        # No incarnation: it is what an agent's session is known by, never shown to clients.
     )
 
 

@@ -718,9 +718,13 @@ class Cluster:
         if node is not None and node.live and node.incarnation != incarnation:
             if node.attached:
                 raise NodeNameInUse(f"node name {name!r} is already used by a live agent")
-            # Known only from the coordinator's state on disk: that agent restarted while the
-            # coordinator was away, so whatever it ran is gone.
-            self._lose_node(node, "its agent restarted while the coordinator was away", now)
+            # Known only from the coordinator's state on disk: the name stays its own agent's
+            # for the reconnect grace, so no other agent can take over its rounds meanwhile. An
+            # agent that restarted while the coordinator was away gets in once the grace ends.
+            raise NodeNameInUse(
+                f"node name {name!r} is kept for the agent that held it before the coordinator "
+                "restarted, until it reconnects or its reconnect grace ends"
+            )
         if node is None:
             node = _Node(name, addr, slots, incarnation, True, now)
             self._n_live += 1

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import re
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
@@ -44,6 +44,7 @@ from coordinator._cluster import (
     Forgotten,
     JobChanged,
     JobNotFound,
+    NodeNameInUse,
     ReleaseRound,
     RequestPort,
     RunningGroupReport,
@@ -76,6 +77,33 @@ MAX_NODE_MESSAGE_BYTES = 16 * 1024 * 1024
 limit (coordinator/server.py, nodeagent/session.py). A bigger one fails the whole stream."""
 WRITE_WAIT_S = 30.0
 """How long a reader waits for the state it would see to be on disk."""
+LOG_WINDOW_CHUNKS = 16
+"""Log chunks an agent may send for one request before the coordinator grants more (each chunk
+at most LOG_CHUNK_MAX_BYTES): what one log stream can hold in the coordinator's memory."""
+LOG_CHUNK_MAX_BYTES = 64 * 1024
+LOG_STREAMS_PER_CLIENT = 8
+"""Log streams one client (one peer address) may have open at once."""
+LOG_STREAMS_MAX = 64
+"""Log streams the coordinator relays at once, all clients together."""
+LOG_FIRST_WAIT_S = 30.0
+"""How long a read of a whole log waits for the next chunk from the node."""
+
+
+@dataclass
+class _LogStream:
+    """One ReadLogs call: the chunks the node sent for it and the room it still has."""
+
+    node: str
+    session: _Session
+    client: str
+    queue: asyncio.Queue[pb.LogChunk] = field(
+        default_factory=lambda: asyncio.Queue(LOG_WINDOW_CHUNKS + 1)
+    )
+    window: int = LOG_WINDOW_CHUNKS
+    """Data chunks the node may still send before it is granted more."""
+    lost: str = ""
+    """Why data of this stream was dropped; the call then ends with DATA_LOSS."""
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -169,8 +197,9 @@ class CoordinatorService:
                 self._job_versions[job_id] = 0
         self._sessions: dict[str, _Session] = {}
         self._changed = asyncio.Condition()
-        self._log_streams: dict[int, asyncio.Queue[pb.LogChunk]] = {}
-        self._log_ids = itertools.count(1)
+        self._log_streams: dict[int, _LogStream] = {}
+        self.stray_log_chunks = 0
+        """Log chunks dropped because their node was not asked for that request."""
         self._tick_task: asyncio.Task[None] | None = None
         self.coordinator_id = uuid.uuid4().hex
         self.effect_observers: list[Callable[[list[Effect]], None]] = []  # e.g. metrics
@@ -576,13 +605,17 @@ class CoordinatorService:
             )
         if not hello.incarnation or len(hello.incarnation) > 128:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello.incarnation: must be set")
+        if hello.name in self._sessions:
+            # Whatever its incarnation: a second session never takes over a live one. An agent
+            # that reconnects gets in once its old stream has ended here (or its lease expired).
+            raise NodeNameInUse(
+                f"node name {hello.name!r} already has a live session; "
+                "a new one is refused until that one ends"
+            )
         running = [_running_from_pb(g) for g in hello.running]
         effects = self.cluster.node_connected(
             hello.name, hello.addr, hello.slots, hello.incarnation, self.now(), running
         )
-        old = self._sessions.get(hello.name)
-        if old is not None:
-            old.close()
         session = _Session(hello.name, hello.incarnation)
         self._sessions[hello.name] = session
         self._dirty_nodes.add(hello.name)
@@ -641,10 +674,7 @@ class CoordinatorService:
             g = msg.group_stopped
             effects = c.group_stopped(name, inc, g.job_id, g.round, list(g.unkillable_pids), now)
         elif kind == "log_chunk":
-            q = self._log_streams.get(msg.log_chunk.request_id)
-            if q is not None:
-                with contextlib.suppress(asyncio.QueueFull):
-                    q.put_nowait(msg.log_chunk)
+            self._on_log_chunk(session, msg.log_chunk)
             effects = c.heartbeat(name, inc, now)
         elif kind == "hello":
             raise RequestError(
@@ -656,7 +686,43 @@ class CoordinatorService:
 
     # ---- logs ------------------------------------------------------------------------------
 
-    async def read_logs(self, req: pb.ReadLogsRequest) -> AsyncIterator[bytes]:
+    def _on_log_chunk(self, session: _Session, chunk: pb.LogChunk) -> None:
+        ls = self._log_streams.get(chunk.request_id)
+        if ls is None or ls.session is not session:
+            # Not a request this node was asked (another node's, or one that ended): dropped.
+            self.stray_log_chunks += 1
+            n = self.stray_log_chunks
+            if n <= 10 or n % 1000 == 0:
+                logger.warning(
+                    "node %s sent a log chunk for a request it was not asked; dropped (%d so far)",
+                    session.name,
+                    n,
+                )
+            return
+        if ls.lost:
+            return
+        size = len(chunk.data)
+        if size > LOG_CHUNK_MAX_BYTES:
+            ls.lost = (
+                f"node {ls.node} sent a log chunk of {size} bytes (at most {LOG_CHUNK_MAX_BYTES})"
+            )
+        elif (size and ls.window <= 0) or ls.queue.full():
+            ls.lost = f"node {ls.node} sent more log data than it was granted room for"
+        else:
+            if size:
+                ls.window -= 1
+            ls.queue.put_nowait(chunk)
+        if ls.lost:
+            logger.warning("log stream dropped data: %s", ls.lost)
+        ls.wake.set()
+
+    async def read_logs(self, req: pb.ReadLogsRequest, client: str = "") -> AsyncIterator[bytes]:
+        """Relay one rank's log from the node that holds it, paced by what the client takes.
+
+        The node gets LOG_WINDOW_CHUNKS chunks of credit and more as the client consumes, so a
+        slow reader slows the node's reading of the file instead of losing data. Data that is
+        lost anyway ends the call with DATA_LOSS; a node that goes away ends it with UNAVAILABLE.
+        """
         if req.stream not in ("stdout", "stderr"):
             raise RequestError(
                 grpc.StatusCode.INVALID_ARGUMENT, "stream: must be 'stdout' or 'stderr'"
@@ -671,14 +737,31 @@ class CoordinatorService:
             )
         node, found_attempt = where
         session = self._sessions.get(node)
-        if session is None:
+        if session is None or session.closed:
             raise RequestError(
                 grpc.StatusCode.UNAVAILABLE,
                 f"node {node}, which holds these logs, is not connected",
             )
-        request_id = next(self._log_ids)
-        queue: asyncio.Queue[pb.LogChunk] = asyncio.Queue(1024)
-        self._log_streams[request_id] = queue
+        if len(self._log_streams) >= LOG_STREAMS_MAX:
+            raise RequestError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the coordinator already relays {LOG_STREAMS_MAX} log streams; try again later",
+            )
+        mine = sum(1 for ls in self._log_streams.values() if ls.client == client)
+        if mine >= LOG_STREAMS_PER_CLIENT:
+            raise RequestError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"at most {LOG_STREAMS_PER_CLIENT} log streams per client at once; "
+                "end one before starting another",
+            )
+        # Random, not sequential: a request id names nothing another node could guess.
+        request_id = secrets.randbits(63)
+        while request_id == 0 or request_id in self._log_streams:
+            request_id = secrets.randbits(63)
+        ls = _LogStream(node, session, client)
+        self._log_streams[request_id] = ls
+        gone = asyncio.get_running_loop().create_task(session.ended.wait())
+        gone.add_done_callback(lambda _t: ls.wake.set())
         session.send(
             pb.CoordinatorMessage(
                 start_logs=pb.StartLogs(
@@ -688,28 +771,54 @@ class CoordinatorService:
                     rank=req.rank,
                     stream=req.stream,
                     follow=req.follow,
+                    credit_chunks=LOG_WINDOW_CHUNKS,
                 )
             )
         )
+        consumed = 0
         try:
             while True:
-                try:
-                    chunk = await asyncio.wait_for(
-                        queue.get(), timeout=30.0 if not req.follow else None
-                    )
-                except TimeoutError as exc:
-                    raise RequestError(
-                        grpc.StatusCode.DEADLINE_EXCEEDED, f"node {node} did not send the logs"
-                    ) from exc
+                while ls.queue.empty():
+                    if ls.lost:
+                        raise RequestError(
+                            grpc.StatusCode.DATA_LOSS, f"{ls.lost}; the log is incomplete"
+                        )
+                    if session.closed:
+                        raise RequestError(
+                            grpc.StatusCode.UNAVAILABLE
+                            if req.follow
+                            else grpc.StatusCode.DATA_LOSS,
+                            f"node {node} disconnected before the end of the log"
+                            + ("" if req.follow else "; the log is incomplete"),
+                        )
+                    ls.wake.clear()
+                    try:
+                        async with asyncio.timeout(None if req.follow else LOG_FIRST_WAIT_S):
+                            await ls.wake.wait()
+                    except TimeoutError:
+                        raise RequestError(
+                            grpc.StatusCode.DEADLINE_EXCEEDED,
+                            f"node {node} did not send the logs",
+                        ) from None
+                chunk = ls.queue.get_nowait()
                 if chunk.error:
                     raise RequestError(grpc.StatusCode.NOT_FOUND, chunk.error)
                 if chunk.data:
                     yield chunk.data
+                    # The client took it: room for one more chunk, granted a few at a time.
+                    consumed += 1
+                    if consumed >= LOG_WINDOW_CHUNKS // 4 and not session.closed:
+                        ls.window += consumed
+                        session.send(
+                            pb.CoordinatorMessage(
+                                log_credit=pb.LogCredit(request_id=request_id, chunks=consumed)
+                            )
+                        )
+                        consumed = 0
                 if chunk.eof:
                     return
-                if session.closed:
-                    raise RequestError(grpc.StatusCode.UNAVAILABLE, f"node {node} disconnected")
         finally:
+            gone.cancel()
             del self._log_streams[request_id]
             if not session.closed:
                 session.send(
@@ -855,7 +964,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
     ) -> AsyncIterator[pb.LogData]:
         try:
             _check_job_id(request.job_id)
-            async for data in self._svc.read_logs(request):
+            async for data in self._svc.read_logs(request, _peer_host(context.peer())):
                 yield pb.LogData(data=data)
         except Exception as exc:
             await _abort_for(context, exc)
@@ -998,3 +1107,9 @@ def _check_job_id(job_id: str) -> None:
         raise RequestError(
             grpc.StatusCode.INVALID_ARGUMENT, f"job_id: not a job id: {job_id[:80]!r}"
         )
+
+
+def _peer_host(peer: str) -> str:
+    """The client's address without its port ("ipv4:10.0.0.5:41234" -> "ipv4:10.0.0.5")."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer

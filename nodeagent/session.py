@@ -49,6 +49,21 @@ logger = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 LOG_CHUNK_BYTES = 64 * 1024
+LOG_OUTBOX_CHUNKS = 8
+"""Log chunks queued for the stream at once, all log requests together: a reader of a log file
+waits for room here (and for the coordinator's credit), so logs never grow the outbox."""
+LOG_REQUESTS_MAX = 64
+"""Log requests served at once; more are answered with an error."""
+LOG_CREDIT_MAX = 1024
+"""Most chunks of credit one log request holds."""
+CONTROL_OUTBOX_LIMIT = 10_000
+"""Control messages (heartbeats, starts, exits) queued for a stream that is not draining; past
+this the session is dropped and a new one re-reports everything the agent holds."""
+REFUSED_RETRY_MAX_S = 1.0
+"""Longest pause between tries while the coordinator still holds this node's previous session."""
+
+_WAKE = pb.NodeMessage()
+"""Put into the control outbox (by identity, never sent) when a log chunk waits to be sent."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +116,18 @@ class AgentConfig:
 
 
 @dataclass
+class _LogRequest:
+    """One log request being served: the session it belongs to and the credit it holds."""
+
+    credit: int
+    """Data chunks the coordinator will still take; -1 = no limit (a coordinator without
+    credits)."""
+    logs: asyncio.Queue[pb.NodeMessage]
+    outbox: asyncio.Queue[pb.NodeMessage]
+    more: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
 class _Held:
     """One round this agent runs (or ran and has not been released from)."""
 
@@ -135,6 +162,9 @@ class NodeAgent:
         self.security.check_target(config.coordinator)
         self._held: dict[tuple[str, int], _Held] = {}
         self._outbox: asyncio.Queue[pb.NodeMessage] | None = None
+        self._log_outbox: asyncio.Queue[pb.NodeMessage] | None = None
+        self._outbox_full = asyncio.Event()
+        self._log_requests: dict[int, _LogRequest] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._main: asyncio.Task[None] | None = None
         self._log_tasks: dict[int, asyncio.Task[None]] = {}
@@ -194,6 +224,7 @@ class NodeAgent:
 
     async def _run(self) -> None:
         delay = 0.05
+        refused = 0
         while not self._closing:
             started = time.monotonic()
             try:
@@ -205,8 +236,18 @@ class NodeAgent:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                if exc.code() in (
-                    grpc.StatusCode.ALREADY_EXISTS,
+                if exc.code() == grpc.StatusCode.ALREADY_EXISTS:
+                    # This node's previous session (or its name's holder) is still there: try
+                    # again soon, and get in as soon as it has gone.
+                    if refused % 60 == 0:
+                        logger.warning(
+                            "coordinator refused this agent for now (%d times): %s",
+                            refused + 1,
+                            exc.details(),
+                        )
+                    refused += 1
+                    delay = min(delay, REFUSED_RETRY_MAX_S / 2)
+                elif exc.code() in (
                     grpc.StatusCode.INVALID_ARGUMENT,
                     grpc.StatusCode.UNAUTHENTICATED,
                     grpc.StatusCode.PERMISSION_DENIED,
@@ -219,8 +260,14 @@ class NodeAgent:
             except Exception:
                 logger.exception("session failed")
             finally:
+                if self.connected.is_set():
+                    refused = 0
                 self.connected.clear()
-                self._outbox = None
+                self._outbox = self._log_outbox = None
+                # Their request ids belong to the session that ended.
+                for task in list(self._log_tasks.values()):
+                    task.cancel()
+                self._log_requests.clear()
             if self._closing:
                 return
             if time.monotonic() - started > 10:
@@ -230,7 +277,9 @@ class NodeAgent:
             delay = min(delay * 2, self.config.reconnect_max)
 
     async def _session(self) -> None:
-        outbox: asyncio.Queue[pb.NodeMessage] = asyncio.Queue()
+        outbox: asyncio.Queue[pb.NodeMessage] = asyncio.Queue(CONTROL_OUTBOX_LIMIT)
+        logs: asyncio.Queue[pb.NodeMessage] = asyncio.Queue(LOG_OUTBOX_CHUNKS)
+        self._outbox_full.clear()
         outbox.put_nowait(pb.NodeMessage(hello=self._hello()))
         async with self.security.aio_channel(
             self.config.coordinator,
@@ -244,10 +293,18 @@ class NodeAgent:
 
             async def outgoing() -> AsyncIterator[pb.NodeMessage]:
                 while True:
-                    yield await outbox.get()
+                    # Control messages first: log chunks never hold up a heartbeat or an exit.
+                    if outbox.empty() and not logs.empty():
+                        yield logs.get_nowait()
+                        continue
+                    msg = await outbox.get()
+                    if msg is not _WAKE:
+                        yield msg
 
             call = stub.Session(outgoing(), metadata=self.security.metadata)
             heartbeat: asyncio.Task[None] | None = None
+            full = asyncio.get_running_loop().create_task(self._outbox_full.wait())
+            full.add_done_callback(lambda _t: call.cancel())
             try:
                 async for msg in call:
                     kind = msg.WhichOneof("kind")
@@ -255,11 +312,11 @@ class NodeAgent:
                         self._heartbeat_interval = max(
                             0.05, msg.welcome.heartbeat_interval_ms / 1000
                         )
-                        self._outbox = outbox
+                        self._outbox, self._log_outbox = outbox, logs
                         # What the hello left out (it must fit one message however big the
                         # results): every held exit, each in a message of its own.
                         for m in self._replay():
-                            outbox.put_nowait(m)
+                            self._put(outbox, m)
                         self.connected.set()
                         logger.info(
                             "registered with %s as %s (%s)",
@@ -273,7 +330,13 @@ class NodeAgent:
                             )
                     else:
                         self._dispatch(msg)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self._outbox_full.is_set() and task is not None and not task.cancelling():
+                    raise ConnectionError("the outbox to the coordinator is full") from None
+                raise
             finally:
+                full.cancel()
                 if heartbeat is not None:
                     heartbeat.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -282,7 +345,17 @@ class NodeAgent:
 
     def _send(self, msg: pb.NodeMessage) -> None:
         if self._outbox is not None:
-            self._outbox.put_nowait(msg)
+            self._put(self._outbox, msg)
+
+    def _put(self, outbox: asyncio.Queue[pb.NodeMessage], msg: pb.NodeMessage) -> None:
+        try:
+            outbox.put_nowait(msg)
+        except asyncio.QueueFull:
+            # The stream has not drained for ages: drop the session; the next one re-reports
+            # every start and exit the agent holds.
+            if not self._outbox_full.is_set():
+                logger.error("the outbox to the coordinator is full; dropping the session")
+            self._outbox_full.set()
 
     def _hello(self) -> pb.Hello:
         running = []
@@ -354,7 +427,7 @@ class NodeAgent:
                         ],
                     )
                 )
-            outbox.put_nowait(pb.NodeMessage(heartbeat=pb.Heartbeat(seq=seq, groups=groups)))
+            self._put(outbox, pb.NodeMessage(heartbeat=pb.Heartbeat(seq=seq, groups=groups)))
             self.metrics.observe(groups)
 
     # ---- commands --------------------------------------------------------------------------
@@ -372,9 +445,15 @@ class NodeAgent:
         elif kind == "start_logs":
             self._start_logs(msg.start_logs)
         elif kind == "cancel_logs":
+            self._log_requests.pop(msg.cancel_logs.request_id, None)
             task = self._log_tasks.pop(msg.cancel_logs.request_id, None)
             if task is not None:
                 task.cancel()
+        elif kind == "log_credit":
+            req = self._log_requests.get(msg.log_credit.request_id)
+            if req is not None and req.credit >= 0:
+                req.credit = min(LOG_CREDIT_MAX, req.credit + max(0, msg.log_credit.chunks))
+                req.more.set()
         else:
             logger.warning("ignoring an unknown message from the coordinator: %s", kind)
 
@@ -566,37 +645,70 @@ class NodeAgent:
     # ---- logs ------------------------------------------------------------------------------
 
     def _start_logs(self, m: pb.StartLogs) -> None:
-        task = asyncio.get_running_loop().create_task(self._serve_logs(m))
-        self._log_tasks[m.request_id] = task
-        task.add_done_callback(lambda _t: self._log_tasks.pop(m.request_id, None))
-
-    async def _serve_logs(self, m: pb.StartLogs) -> None:
-        path = self._log_path(m.job_id, m.attempt, m.rank, m.stream)
-        if path is None:
-            self._send(
+        outbox, logs = self._outbox, self._log_outbox
+        if outbox is None or logs is None or m.request_id in self._log_tasks:
+            return
+        if len(self._log_tasks) >= LOG_REQUESTS_MAX:
+            self._put(
+                outbox,
                 pb.NodeMessage(
                     log_chunk=pb.LogChunk(
                         request_id=m.request_id,
                         eof=True,
-                        error=f"node {self.config.name} has no {m.stream} log for rank {m.rank} "
-                        f"of job {m.job_id} attempt {m.attempt}",
+                        error=f"node {self.config.name} already serves {LOG_REQUESTS_MAX} logs",
                     )
-                )
+                ),
+            )
+            return
+        req = _LogRequest(m.credit_chunks if m.credit_chunks > 0 else -1, logs, outbox)
+        self._log_requests[m.request_id] = req
+        task = asyncio.get_running_loop().create_task(self._serve_logs(m, req))
+        self._log_tasks[m.request_id] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            if self._log_tasks.get(m.request_id) is t:
+                del self._log_tasks[m.request_id]
+            if self._log_requests.get(m.request_id) is req:
+                del self._log_requests[m.request_id]
+
+        task.add_done_callback(done)
+
+    async def _serve_logs(self, m: pb.StartLogs, req: _LogRequest) -> None:
+        """Send one log file, a chunk per credit the coordinator granted.
+
+        The waits end with the request: a CancelLogs or the end of its session cancels it.
+        """
+        path = self._log_path(m.job_id, m.attempt, m.rank, m.stream)
+        if path is None:
+            await self._emit_log(
+                req,
+                pb.LogChunk(
+                    request_id=m.request_id,
+                    eof=True,
+                    error=f"node {self.config.name} has no {m.stream} log for rank {m.rank} "
+                    f"of job {m.job_id} attempt {m.attempt}",
+                ),
             )
             return
         with open(path, "rb") as f:
             while True:
+                while req.credit == 0:
+                    req.more.clear()
+                    await req.more.wait()
                 data = f.read(LOG_CHUNK_BYTES)
                 if data:
-                    self._send(
-                        pb.NodeMessage(log_chunk=pb.LogChunk(request_id=m.request_id, data=data))
-                    )
-                    await asyncio.sleep(0)
+                    await self._emit_log(req, pb.LogChunk(request_id=m.request_id, data=data))
                     continue
                 if not m.follow or not self._rank_running(m.job_id, m.rank):
                     break
                 await asyncio.sleep(0.2)
-        self._send(pb.NodeMessage(log_chunk=pb.LogChunk(request_id=m.request_id, eof=True)))
+        await self._emit_log(req, pb.LogChunk(request_id=m.request_id, eof=True))
+
+    async def _emit_log(self, req: _LogRequest, chunk: pb.LogChunk) -> None:
+        if chunk.data and req.credit > 0:
+            req.credit -= 1
+        await req.logs.put(pb.NodeMessage(log_chunk=chunk))
+        self._put(req.outbox, _WAKE)
 
     def _log_path(self, job_id: str, attempt: int, rank: int, stream: str) -> Path | None:
         if not is_job_id(job_id) or stream not in ("stdout", "stderr") or rank < 0 or attempt < 0:

@@ -664,20 +664,22 @@ class Release(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
 
 class StartLogs(_message.Message):
-    __slots__ = ("request_id", "job_id", "attempt", "rank", "stream", "follow")
+    __slots__ = ("request_id", "job_id", "attempt", "rank", "stream", "follow", "credit_chunks")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     job_id: str
     attempt: int
     rank: int
     stream: str
     follow: bool
-    def __init__(self, request_id: _Optional[int] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., stream: _Optional[str] = ..., follow: _Optional[bool] = ...) -> None: ...
+    credit_chunks: int
+    def __init__(self, request_id: _Optional[int] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., stream: _Optional[str] = ..., follow: _Optional[bool] = ..., credit_chunks: _Optional[int] = ...) -> None: ...
 
 class CancelLogs(_message.Message):
     __slots__ = ("request_id",)
@@ -685,8 +687,16 @@ class CancelLogs(_message.Message):
     request_id: int
     def __init__(self, request_id: _Optional[int] = ...) -> None: ...
 
+class LogCredit(_message.Message):
+    __slots__ = ("request_id", "chunks")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    chunks: int
+    def __init__(self, request_id: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
+
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "reserve_port", "assign", "stop", "release", "start_logs", "cancel_logs")
+    __slots__ = ("welcome", "reserve_port", "assign", "stop", "release", "start_logs", "cancel_logs", "log_credit")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     RESERVE_PORT_FIELD_NUMBER: _ClassVar[int]
     ASSIGN_FIELD_NUMBER: _ClassVar[int]
@@ -694,6 +704,7 @@ class CoordinatorMessage(_message.Message):
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     START_LOGS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_LOGS_FIELD_NUMBER: _ClassVar[int]
+    LOG_CREDIT_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     reserve_port: ReservePort
     assign: Assign
@@ -701,4 +712,5 @@ class CoordinatorMessage(_message.Message):
     release: Release
     start_logs: StartLogs
     cancel_logs: CancelLogs
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., reserve_port: _Optional[_Union[ReservePort, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., start_logs: _Optional[_Union[StartLogs, _Mapping]] = ..., cancel_logs: _Optional[_Union[CancelLogs, _Mapping]] = ...) -> None: ...
+    log_credit: LogCredit
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., reserve_port: _Optional[_Union[ReservePort, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., start_logs: _Optional[_Union[StartLogs, _Mapping]] = ..., cancel_logs: _Optional[_Union[CancelLogs, _Mapping]] = ..., log_credit: _Optional[_Union[LogCredit, _Mapping]] = ...) -> None: ...
