@@ -69,6 +69,12 @@ EVENT_SEQ_KEY = "event_seq_reserved"
 EVENT_SEQ_BLOCK = 10_000
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 WRITE_WAIT_S = 30.0
+RESULT_CHUNK_BYTES = 1024 * 1024
+"""Largest piece of a return value in one GetResult message."""
+EVENTS_PAGE_MAX = 1000
+"""Most events in one GetEvents response or WatchJob update."""
+EVENTS_PAGE_BYTES = 1024 * 1024
+"""About the most event bytes in one GetEvents response or WatchJob update."""
 """How long a reader waits for the state it would see to be on disk."""
 
 
@@ -749,12 +755,12 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
             after = 0
             while True:
                 await svc.written([job_id])
-                events = svc.cluster.job_events(job_id, after)
+                events, more = _event_page(svc.cluster.job_events(job_id, after))
                 if events:
                     after = events[-1].seq
-                yield pb.JobUpdate(
-                    job=svc.job_message(job_id), events=[event_to_pb(e) for e in events]
-                )
+                yield pb.JobUpdate(job=svc.job_message(job_id), events=events)
+                if more:
+                    continue  # the rest of a long timeline, a page per update
                 if svc.cluster.job_state(job_id).is_terminal():
                     return
                 version = await svc.wait_changed(job_id, version, WATCH_KEEPALIVE_S)
@@ -804,8 +810,33 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         try:
             _check_job_ref(self._svc, request.job_id)
             await self._svc.written([request.job_id])
-            events = self._svc.cluster.job_events(request.job_id, request.after_seq)
-            return pb.GetEventsResponse(events=[event_to_pb(e) for e in events])
+            events, more = _event_page(
+                self._svc.cluster.job_events(request.job_id, request.after_seq)
+            )
+            return pb.GetEventsResponse(events=events, more=more)
+        except Exception as exc:
+            await _abort_for(context, exc)
+            raise
+
+    async def GetResult(
+        self, request: pb.GetResultRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ResultChunk]:
+        try:
+            _check_job_ref(self._svc, request.job_id)
+            await self._svc.written([request.job_id])
+            result = self._svc.cluster.job_result(request.job_id)
+            values = dict(result.return_values) if result is not None else {}
+            for rank in sorted(values):
+                data = values[rank]
+                if not isinstance(data, bytes):
+                    continue
+                for offset in range(0, max(len(data), 1), RESULT_CHUNK_BYTES):
+                    yield pb.ResultChunk(
+                        rank=rank,
+                        offset=offset,
+                        total=len(data),
+                        data=data[offset : offset + RESULT_CHUNK_BYTES],
+                    )
         except Exception as exc:
             await _abort_for(context, exc)
             raise
@@ -899,6 +930,19 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
             logger.exception("node %s session reader failed", session.name)
         finally:
             session.close()
+
+
+def _event_page(events: Sequence[Any]) -> tuple[list[pb.Event], bool]:
+    """The first events that fit one response (at least one), and whether more follow."""
+    page: list[pb.Event] = []
+    size = 0
+    for e in events:
+        msg = event_to_pb(e)
+        size += msg.ByteSize()
+        if page and (len(page) >= EVENTS_PAGE_MAX or size > EVENTS_PAGE_BYTES):
+            return page, True
+        page.append(msg)
+    return page, False
 
 
 def _ignore_outcome(task: asyncio.Task[Any]) -> None:
