@@ -178,3 +178,49 @@ async def test_events_come_a_bounded_page_at_a_time(coordinator: Coordinator) ->
         assert [e.seq for u in watch for e in u.events] == seqs
     finally:
         client.close()
+
+
+async def test_many_big_failures_leave_the_job_message_bounded(coordinator: Coordinator) -> None:
+    ranks, text = 200, "x" * (64 * 1024 - 1)
+    client = Client(coordinator.address, timeout=30)
+    try:
+        job = await asyncio.to_thread(
+            client.submit, JobSpec(entrypoint=["python", "train.py"], nproc_per_node=ranks)
+        )
+        node, asg = await _one_node_round(coordinator, ranks)
+        for lr, w in enumerate(asg.workers):
+            failure = pb.ProcessFailure(
+                global_rank=w.global_rank,
+                local_rank=lr,
+                exitcode=1,
+                message=f"rank {w.global_rank}: " + text,
+                traceback=text,
+                stderr_tail=text,
+                timestamp=1000.0 + lr,
+            )
+            await node.outbox.put(worker_exit(asg, lr, 1, failure=failure, has_failure=True))
+        stop = (await node.expect("stop")).stop
+        await node.send(group_stopped=pb.GroupStopped(job_id=stop.job_id, round=stop.round))
+        result = await asyncio.to_thread(job.wait, 60)
+        await node.close()
+        held = coordinator.service.cluster.job_result(job.job_id)
+        assert held is not None and len(held.failures) == ranks  # ~38 MiB of failure text
+
+        stub = pb_grpc.CoordinatorStub(client._channel)
+
+        def read() -> tuple[pb.Job, pb.ListJobsResponse, list[pb.JobUpdate]]:
+            got = stub.GetJob(pb.GetJobRequest(job_id=job.job_id), timeout=30)
+            listed = stub.ListJobs(pb.ListJobsRequest(include_finished=True), timeout=30)
+            watched = list(stub.WatchJob(pb.WatchJobRequest(job_id=job.job_id), timeout=30))
+            return got, listed, watched
+
+        got, listed, watched = await asyncio.to_thread(read)
+        assert got.ByteSize() <= 5 * MiB and listed.ByteSize() < SMALL
+        assert all(u.ByteSize() <= 5 * MiB for u in watched)
+        # The root cause keeps its whole report; the others keep who and what.
+        assert result.is_failed() and len(result.failures) == ranks
+        root = result.root_cause
+        assert root is not None and root.global_rank == 0 and root.traceback == text
+        assert all(f.message.startswith(f"rank {r}: ") for r, f in result.failures.items())
+    finally:
+        client.close()
