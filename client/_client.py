@@ -228,24 +228,32 @@ class Client:
         if any(n < 0 or n > MAX_RETURN_VALUE_BYTES for n in sizes.values()) or (
             sum(sizes.values()) > MAX_RESULT_BYTES_PER_JOB
         ):
-            raise GelasticError(None, f"job {job_id}: return values over the limits: {sizes}")
+            raise GelasticError(
+                None,
+                f"job {job_id}: return values of {sum(sizes.values())} bytes over "
+                f"{len(sizes)} ranks are over the limits; not fetched",
+            )
         req = pb.GetResultRequest(job_id=job_id)
 
         def fetch() -> dict[int, bytes]:
             parts: dict[int, bytearray] = {}
-            for chunk in self._stub.GetResult(req, timeout=self.timeout, metadata=self._md):
-                rank = int(chunk.rank)
-                buf = parts.setdefault(rank, bytearray())
-                if (
-                    rank not in sizes
-                    or chunk.total != sizes[rank]
-                    or chunk.offset != len(buf)
-                    or len(buf) + len(chunk.data) > sizes[rank]
-                ):
-                    raise GelasticError(
-                        None, f"job {job_id}: GetResult sent bytes of rank {rank} out of order"
-                    )
-                buf.extend(chunk.data)
+            call = self._stub.GetResult(req, timeout=self.timeout, metadata=self._md)
+            try:
+                for chunk in call:
+                    rank = int(chunk.rank)
+                    buf = parts.setdefault(rank, bytearray())
+                    if (
+                        rank not in sizes
+                        or chunk.total != sizes[rank]
+                        or chunk.offset != len(buf)
+                        or len(buf) + len(chunk.data) > sizes[rank]
+                    ):
+                        raise GelasticError(
+                            None, f"job {job_id}: GetResult sent bytes of rank {rank} out of order"
+                        )
+                    buf.extend(chunk.data)
+            finally:
+                call.cancel()
             return {r: bytes(b) for r, b in parts.items()}
 
         values = self._call(fetch, idempotent=True)
