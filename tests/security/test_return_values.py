@@ -156,6 +156,13 @@ async def test_the_submitting_job_loads_values_its_workers_tagged(
         assert result.state == WorkerState.SUCCEEDED
         assert result.return_values == {0: {"rank": 0}, 1: {"rank": 1}}
         await node.close()
+        # Another process given the key may attach it; a wrong key loads nothing.
+        with Client(coordinator.address, timeout=10) as other:
+            attached = await asyncio.to_thread(other.job(job.job_id, result_key=key).poll)
+            assert attached is not None and attached.return_values == result.return_values
+            wrong = other.job(job.job_id, result_key=secrets.token_bytes(32))
+            with pytest.raises(ReturnValueError, match="rank 0"):
+                await asyncio.to_thread(wrong.poll)
     finally:
         client.close()
 
