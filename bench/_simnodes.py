@@ -46,6 +46,7 @@ import grpc
 import psutil
 
 from client import Client, GelasticError, JobSpec
+from client.security import Security
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
@@ -240,8 +241,10 @@ class SimFleet:
         slots: int = 1,
         health: bool = False,
         resume: bool = False,
+        token_file: str = "",
     ) -> None:
         self.address = address
+        self.token_file = token_file
         self.count = count
         self.processes = max(1, min(processes, count))
         self.slots = slots
@@ -269,6 +272,9 @@ class SimFleet:
                     stderr=None,
                     cwd=ROOT,
                     start_new_session=True,
+                    env={**os.environ, "GELASTIC_TOKEN_FILE": self.token_file}
+                    if self.token_file
+                    else None,
                 )
             )
         return self
@@ -501,7 +507,7 @@ class _SimNode:
                 )
             )
         )
-        call = stub.Session()
+        call = stub.Session(metadata=self.fleet.metadata)
         writer = asyncio.get_running_loop().create_task(self._write(call))
         welcomed = False
         try:
@@ -621,6 +627,8 @@ class _FleetProcess:
         self.errors: list[str] = []
         self.heartbeats = 0
         self.refused = 0
+        self.metadata = Security.from_env().metadata
+        """The agent token of $GELASTIC_TOKEN_FILE, if the coordinator wants one."""
 
     def error(self, text: str) -> None:
         if len(self.errors) < 20:

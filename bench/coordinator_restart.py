@@ -102,13 +102,15 @@ def _snapshot(client: Client, job_id: str) -> _Before:
     )
 
 
-def _wait_recovered(address: str, before: _Before, t0: float, listening: float) -> _Run:
+def _wait_recovered(
+    address: str, before: _Before, t0: float, listening: float, token_file: str | None = None
+) -> _Run:
     """Poll until the job is recovered (see the module docstring) or TIMEOUT passes."""
     adopted: dict[str, float] = {}
     first_answer: bool | None = None
     detail = ""
     deadline = time.monotonic() + TIMEOUT
-    with Client(address, timeout=5.0) as client:
+    with Client(address, timeout=5.0, token_file=token_file) as client:
         while True:
             try:
                 for e in client.events(before.job_id, before.seq):
@@ -174,13 +176,13 @@ def _real_run(down: float) -> _Run:
         t0 = time.time()
         cluster.start_coordinator(port=cluster.port)
         listening = time.time() - t0
-        run = _wait_recovered(cluster.address, before, t0, listening)
+        run = _wait_recovered(cluster.address, before, t0, listening, cluster.token_file)
         if run.recovered is not None:
             # The very same processes: nothing was restarted behind the coordinator's back.
             for r, p in procs.items():
                 if not p.is_running() or p.create_time() != created[r]:
                     raise RuntimeError(f"rank {r}'s worker (pid {p.pid}) did not survive")
-        with Client(cluster.address, timeout=10.0) as c:
+        with cluster.connect(timeout=10.0) as c:
             c.cancel(job.job_id)
         return run
 

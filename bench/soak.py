@@ -543,10 +543,17 @@ def run_soak(opts: SoakOptions) -> SoakReport:
         cluster.start_coordinator()
         assert cluster.coordinator is not None
         coord = psutil.Process(cluster.coordinator.popen.pid)
-        client = Client(cluster.address)
+        client = cluster.connect()
         # The background job takes every simulated node before the real agents exist, so the
         # short jobs can only land on the real agents (a simulated node never ends its workers).
-        fleet = SimFleet(cluster.address, opts.nodes, processes=2, slots=1, health=True)
+        fleet = SimFleet(
+            cluster.address,
+            opts.nodes,
+            processes=2,
+            slots=1,
+            health=True,
+            token_file=cluster.token_file,
+        )
         fleet.start()
         fleet.wait_welcomed(setup_timeout)
         background = client.submit(sim_job_spec(opts.nodes, 1, name="soak-background"))

@@ -1,6 +1,7 @@
 """`gelastic run`: a drop-in for `torchrun` on one host, with no servers to start.
 
-It runs a coordinator (loopback, any free port) and one node agent inside this process, on an
+It runs a coordinator (loopback, any free port, behind a random token that only this process
+holds: in a 0600 file of a private 0700 temp dir) and one node agent inside this process, on an
 asyncio loop in a background thread, submits the script as a one-node job and waits for it with
 the Python client, like any other job. Worker output is teed to this console with a `[rank]:`
 prefix, a failure ends with the torchelastic-style failure report, and the exit code is
@@ -28,6 +29,7 @@ from typing import Any, NoReturn
 
 from client._client import Client, GelasticError, Job
 from client.model import JobSpec, JobState, RunResult, SpecError, is_name
+from client.security import new_token_file
 
 __all__ = ["EmbeddedCluster", "RunPlan", "main", "plan_run", "run_parser"]
 
@@ -375,6 +377,8 @@ class EmbeddedCluster:
         self.log_dir = log_dir
         self.state_dir = state_dir
         self.address = ""
+        self.token_file = ""
+        """The token the coordinator requires, in a private dir; made by `start()`."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._coordinator: Any = None
@@ -383,6 +387,8 @@ class EmbeddedCluster:
 
     def start(self) -> str:
         """Start both servers; return the coordinator's address once the node has joined."""
+        # Loopback is open to every user of this host: the coordinator takes only this token.
+        self.token_file = str(new_token_file("gelastic-run-token-"))
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._thread = threading.Thread(target=self._serve, name="gelastic-run", daemon=True)
@@ -403,7 +409,12 @@ class EmbeddedCluster:
         self._start_task = asyncio.current_task()
         self._coordinator = Coordinator(
             CoordinatorConfig(
-                host="127.0.0.1", port=0, heartbeat_interval=0.5, lease=5.0, state_dir=":memory:"
+                host="127.0.0.1",
+                port=0,
+                heartbeat_interval=0.5,
+                lease=5.0,
+                state_dir=":memory:",
+                token_file=self.token_file,
             )
         )
         await self._coordinator.start()
@@ -416,6 +427,7 @@ class EmbeddedCluster:
                 addr="127.0.0.1",
                 log_dir=self.log_dir,
                 state_dir=self.state_dir,
+                token_file=self.token_file,
             )
         )
         await self._agent.start()
@@ -449,6 +461,7 @@ class EmbeddedCluster:
         loop, thread = self._loop, self._thread
         self._loop = self._thread = None
         if loop is None or thread is None:
+            self._remove_token()
             return
         try:
             if thread.is_alive():
@@ -460,6 +473,12 @@ class EmbeddedCluster:
             thread.join(30)
             if not thread.is_alive():
                 loop.close()
+            self._remove_token()
+
+    def _remove_token(self) -> None:
+        if self.token_file:
+            shutil.rmtree(os.path.dirname(self.token_file), ignore_errors=True)
+            self.token_file = ""
 
 
 def _node_name() -> str:
@@ -536,7 +555,7 @@ def execute(plan: RunPlan) -> int:
     with _SignalGuard() as guard:
         try:
             address = cluster.start()
-            client = Client(address)
+            client = Client(address, token_file=cluster.token_file)
             job = client.submit(plan.spec)
             result = job.wait(progress=plan.progress, out=sys.stderr)
             state = job.status().state

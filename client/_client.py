@@ -96,12 +96,7 @@ class Client:
         self.address = _coordinator_address(coordinator)
         self.timeout = timeout
         if security is None:
-            security = Security.from_files(
-                token_file=token_file
-                if token_file is not None
-                else os.environ.get("GELASTIC_TOKEN_FILE", ""),
-                tls_ca=tls_ca if tls_ca is not None else os.environ.get("GELASTIC_TLS_CA", ""),
-            )
+            security = Security.from_env(token_file, tls_ca)
         self.security = security
         self._md = security.metadata
         self._channel = security.channel(
@@ -460,6 +455,7 @@ def submit(
 ) -> Job:
     """Submit a job to the coordinator (default `$GELASTIC_COORDINATOR` or 127.0.0.1:29400).
 
-    `token_file` and `tls_ca` default to `$GELASTIC_TOKEN_FILE` and `$GELASTIC_TLS_CA`.
+    `token_file` and `tls_ca` default to `$GELASTIC_TOKEN_FILE` and `$GELASTIC_TLS_CA`;
+    `$GELASTIC_TLS` and `$GELASTIC_INSECURE` are read too (see `Security.from_env`).
     """
     return Client(coordinator, timeout=timeout, token_file=token_file, tls_ca=tls_ca).submit(spec)

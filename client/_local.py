@@ -8,6 +8,10 @@ Each agent gets a directory of its own (`node_dir(name)`: its worker logs, its s
 dir), as separate hosts would have: a request served by the wrong agent then finds nothing.
 `stop()` stops the agents, then the coordinator, with SIGTERM; whatever it still has to SIGKILL
 afterwards is returned (and kept in `killed`), so a caller can treat it as the bug it is.
+
+The coordinator listens on loopback, which every user of this host can reach, so it requires a
+random token: kept in a file (0600) in a private temp dir (0700), handed to the agents and to
+`client`/`connect()`, and to the CLI through `client_env`; nothing prints it.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from typing import IO
 
 import psutil
 
-from client._client import Client
+from client._client import CALL_TIMEOUT_S, Client
+from client.security import new_token_file
 
 __all__ = [
     "AGENT_ENV",
@@ -195,15 +200,32 @@ class LocalCluster:
         self.killed: list[KilledProcess] = []
         """Every process a `stop()` had to SIGKILL (empty when everything stopped on its own)."""
         self._client: Client | None = None
+        self._token_file: Path | None = None
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def token_file(self) -> str:
+        """The file (0600, in a private dir) holding the token the coordinator requires."""
+        if self._token_file is None:
+            self._token_file = new_token_file("gelastic-cluster-token-")
+        return str(self._token_file)
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """What a `gelastic` CLI process needs in its environment to use this cluster."""
+        return {"GELASTIC_COORDINATOR": self.address, "GELASTIC_TOKEN_FILE": self.token_file}
+
+    def connect(self, timeout: float = CALL_TIMEOUT_S) -> Client:
+        """A new client of this cluster's coordinator, with its token; the caller closes it."""
+        return Client(self.address, timeout=timeout, token_file=self.token_file)
+
+    @property
     def client(self) -> Client:
         if self._client is None:
-            self._client = Client(self.address)
+            self._client = self.connect()
         return self._client
 
     def node_dir(self, name: str) -> Path:
@@ -249,6 +271,8 @@ class LocalCluster:
             str(self.workdir / "coordinator-state"),
             "--heartbeat-interval",
             str(self.heartbeat_interval),
+            "--token-file",
+            self.token_file,
             *self.coordinator_args,
         ]
         if self.coordinator is not None and self.coordinator.popen.poll() is None:
@@ -285,6 +309,8 @@ class LocalCluster:
             str(self.agent_log_dir(name)),
             "--state-dir",
             str(home / "state"),
+            "--token-file",
+            self.token_file,
             *self.agent_args,
         ]
         # Workers inherit the agent's environment: their temp files stay on "their host" too.
@@ -349,6 +375,9 @@ class LocalCluster:
         self.killed.extend(killed)
         if self._own_tmp:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._token_file is not None:
+            shutil.rmtree(self._token_file.parent, ignore_errors=True)
+            self._token_file = None
         return killed
 
     def leftovers(self) -> list[psutil.Process]:

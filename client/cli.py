@@ -32,6 +32,7 @@ from client._tables import (
 )
 from client.model import JobSpec, JobState, RunResult, SpecError, is_function_reference
 from client.results import trusted_load
+from client.security import Security
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "CliError", "main", "parse_nnodes"]
 
@@ -134,6 +135,19 @@ def _add_connection_options(p: argparse.ArgumentParser, *, suppress: bool) -> No
         default=default(""),
         metavar="PATH",
         help="PEM CA of the coordinator's certificate: use TLS ($GELASTIC_TLS_CA)",
+    )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        default=default(False),
+        help="use TLS without --tls-ca: verify against the system trust store ($GELASTIC_TLS=1)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=default(False),
+        help="allow sending the token in plain text to a coordinator off this host "
+        "($GELASTIC_INSECURE=1)",
     )
     p.add_argument(
         "--timeout",
@@ -453,13 +467,16 @@ def _describe(exc: GelasticError, address: str) -> str:
 
 def _connect(args: argparse.Namespace) -> Client:
     address = args.coordinator or os.environ.get("GELASTIC_COORDINATOR") or DEFAULT_COORDINATOR
-    check_reachable(address, args.connect_timeout)
-    return Client(
-        address,
-        timeout=args.timeout,
-        token_file=args.token_file or None,
-        tls_ca=getattr(args, "tls_ca", "") or None,
+    security = Security.from_env(
+        args.token_file or None,
+        getattr(args, "tls_ca", "") or None,
+        tls=getattr(args, "tls", False) or None,
+        insecure=getattr(args, "insecure", False) or None,
     )
+    # Refused before any connection: the token must not go out in clear text.
+    security.check_target(address)
+    check_reachable(address, args.connect_timeout)
+    return Client(address, timeout=args.timeout, security=security)
 
 
 # ---- output ---------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ import grpc.aio
 
 from client.security import AUTH_HEADER
 
-__all__ = ["ServerTLS", "TokenInterceptor"]
+__all__ = ["ServerTLS", "TokenInterceptor", "cert_node_name_refusal"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,44 @@ class ServerTLS:
                 require_client_auth=True,
             )
         return grpc.ssl_server_credentials([pair])
+
+
+_MAX_CERT_NAMES = 256
+
+
+def _names(auth: Mapping[str, Iterable[bytes]], key: str) -> list[str]:
+    out: list[str] = []
+    for value in auth.get(key, ()):
+        if len(out) >= _MAX_CERT_NAMES:
+            break
+        if isinstance(value, bytes) and len(value) <= 1024:
+            out.append(value.decode("utf-8", errors="replace"))
+    return out
+
+
+def cert_node_name_refusal(node_name: str, auth: Mapping[str, Iterable[bytes]]) -> str:
+    """Why a node may not use `node_name` over this connection ("" = it may).
+
+    `auth` is grpc's auth context of the call. The name must equal a DNS name of the peer's
+    certificate, or its common name when the certificate lists no DNS name.
+    """
+    # grpc lists every DNS SAN under "peer_dns"; x509_subject_alternative_name also holds
+    # addresses and URIs, which are not names.
+    shown_name = repr(node_name[:128])
+    dns = _names(auth, "peer_dns")
+    names = dns or _names(auth, "x509_common_name")
+    if not names:
+        return (
+            f"node name {shown_name} cannot be checked: the connection has no client "
+            "certificate with a DNS name or common name"
+        )
+    if any(hmac.compare_digest(n.encode(), node_name.encode()) for n in names):
+        return ""
+    shown = ", ".join(repr(n[:128]) for n in names[:5])
+    return (
+        f"node name {shown_name} is not in this agent's certificate (names {shown}): "
+        "an agent must use the name its certificate was issued for"
+    )
 
 
 def _matches(presented: str, expected: str) -> bool:

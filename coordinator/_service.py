@@ -30,6 +30,7 @@ from client.wire import (
     spec_to_pb,
 )
 from coordinator import _faults as faults
+from coordinator._auth import cert_node_name_refusal
 from coordinator._cluster import (
     AssignRound,
     CloseSession,
@@ -179,6 +180,8 @@ class CoordinatorService:
         self._tick_task: asyncio.Task[None] | None = None
         self.coordinator_id = uuid.uuid4().hex
         self.effect_observers: list[Callable[[list[Effect]], None]] = []  # e.g. metrics
+        self.require_cert_node_names = False
+        """With mTLS: refuse a session whose node name is not in the agent's certificate."""
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -880,6 +883,12 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
         if first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with hello")
             return
+        if svc.require_cert_node_names:
+            refusal = cert_node_name_refusal(first.hello.name, context.auth_context())
+            if refusal:
+                logger.warning("refused a session: %s", refusal)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
+                return
         try:
             session = svc.open_session(first.hello)
         except Exception as exc:

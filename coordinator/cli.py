@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--insecure",
         action="store_true",
-        help="allow a non-loopback address without authentication",
+        help="allow a non-loopback address without a token, or with a token but without TLS",
     )
     s.add_argument(
         "--state-dir",
@@ -77,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     s.add_argument(
         "--tls-client-ca", default="", help="require client certificates signed by this CA (mTLS)"
+    )
+    s.add_argument(
+        "--require-cert-node-names",
+        action="store_true",
+        help="with mTLS: an agent's --name must be a DNS name (or the CN) of its certificate",
     )
     s.add_argument(
         "--metrics-port",
@@ -141,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
+        require_cert_node_names=args.require_cert_node_names,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import ipaddress
 import logging
 import os
-import socket
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -15,7 +13,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from client.metrics_http import MetricsEndpoint
-from client.security import read_token
+from client.security import is_loopback, read_token
 from coordinator._auth import ServerTLS, TokenInterceptor
 from coordinator._cluster import ClusterConfig
 from coordinator._probes import Probes
@@ -45,7 +43,7 @@ class CoordinatorConfig:
     lease: float = 5.0
     """Seconds without a message after which a node is lost."""
     insecure: bool = False
-    """Allow listening on a non-loopback address without authentication."""
+    """Allow listening on a non-loopback address without authentication, or without TLS."""
     state_dir: str = field(default_factory=default_state_dir)
     """Where the durable state lives (SQLite); ":memory:" keeps nothing across restarts."""
     reconnect_grace: float = 15.0
@@ -69,6 +67,9 @@ class CoordinatorConfig:
     """PEM private key of tls_cert."""
     tls_client_ca: str = ""
     """PEM CA whose client certificates are required (mTLS; "" = no client certificates)."""
+    require_cert_node_names: bool = False
+    """With mTLS: an agent's node name must be a DNS name (or, without any, the common name) of
+    its client certificate; a session under another name is refused."""
     metrics_port: int = 0
     """Port to serve Prometheus metrics on over HTTP (0 = no metrics)."""
     metrics_host: str = "127.0.0.1"
@@ -113,28 +114,25 @@ class CoordinatorConfig:
                 "with separate tokens give both --agent-token-file and --client-token-file "
                 "(or a shared --token-file)"
             )
+        if self.require_cert_node_names and not self.tls_client_ca:
+            raise ValueError(
+                "require_cert_node_names (--require-cert-node-names) needs mTLS: --tls-client-ca"
+            )
         self.tokens()
-        if not self.insecure and not self.authenticated and not is_loopback(self.host):
+        if self.insecure or is_loopback(self.host):
+            return
+        if not self.authenticated:
             raise ValueError(
                 f"refusing to listen on {self.host} without a token: anyone who can reach this "
                 "address could run programs on every node. Use --token-file (and TLS), or "
                 "--insecure to accept the risk"
             )
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost",):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        try:
-            return all(
-                ipaddress.ip_address(info[4][0]).is_loopback
-                for info in socket.getaddrinfo(host, None)
+        if not self.tls_cert:
+            raise ValueError(
+                f"refusing to listen on {self.host} with a token but without TLS: the token would "
+                "cross the network in clear text, and whoever reads it can run programs on every "
+                "node. Use --tls-cert and --tls-key, or --insecure to accept the risk"
             )
-        except OSError:
-            return False
 
 
 def _lock_state_dir(state_dir: str) -> int | None:
@@ -170,6 +168,7 @@ class Coordinator:
             store=self.store,
             reconnect_grace=self.config.reconnect_grace,
         )
+        self.service.require_cert_node_names = self.config.require_cert_node_names
         self.metrics: CoordinatorMetrics | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
         if self.config.metrics_port:
@@ -233,6 +232,13 @@ class Coordinator:
         self.service.start()
         await probes.serving()
         logger.info("coordinator listening on %s", self.address)
+        if not agent_token and not c.tls_client_ca:
+            logger.warning(
+                "coordinator on %s has no token: every local user (and anyone else who can reach "
+                "this address) can submit jobs through it, and the agents run them as their own "
+                "users; use --token-file",
+                self.address,
+            )
 
     async def stop(self, grace: float = 1.0) -> None:
         server, self._server = self._server, None

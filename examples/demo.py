@@ -30,7 +30,7 @@ def main() -> int:
             name="demo-ddp",
             tee="3",
         )
-        job = submit(spec, coordinator=cluster.address)
+        job = submit(spec, coordinator=cluster.address, token_file=cluster.token_file)
         print(f"submitted {job.job_id} to {cluster.address}", flush=True)
         result = job.wait(timeout=300, progress=True, out=sys.stdout)
         for event in job.events():

@@ -523,3 +523,24 @@ def build_launch_plan(
             )
         )
     return plan
+
+
+AGENT_SECRET_ENV = frozenset(
+    {"GELASTIC_TOKEN", "GELASTIC_TOKEN_FILE", "GELASTIC_AGENT_TOKEN", "GELASTIC_AGENT_TOKEN_FILE"}
+)
+"""Variables that name a token or its file: never handed on to a worker, whatever they hold."""
+
+
+def without_agent_secrets(env: Mapping[str, str], secrets: Sequence[str]) -> dict[str, str]:
+    """`env` without `AGENT_SECRET_ENV` and without any variable whose value holds one of
+    `secrets` (the agent's token, its file's path) (pure).
+
+    Workers start from the agent's environment and run as its user: what is left there, they
+    can read (and print into their logs).
+    """
+    needles = [s for s in secrets if s]
+    return {
+        k: v
+        for k, v in env.items()
+        if k not in AGENT_SECRET_ENV and not any(s in v for s in needles)
+    }

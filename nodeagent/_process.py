@@ -158,11 +158,16 @@ class RealProcess:
         if self._exited.done():
             return
         try:
+            # Unreaped (the exit future is not done), so the group id is still the worker's.
             os.killpg(self._popen.pid, sig)
         except ProcessLookupError:
-            # The worker moved itself out of its group; signal the leader alone.
+            # The worker moved itself out of its group; signal the leader alone, through its
+            # pidfd where there is one (kernels before 5.3: by pid, still unreaped).
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self._popen.pid, sig)
+                if self._pidfd is not None:
+                    signal.pidfd_send_signal(self._pidfd, sig)
+                else:
+                    os.kill(self._popen.pid, sig)
 
     async def terminate(self, grace: float) -> bool:
         if self._terminating is None:

@@ -11,6 +11,11 @@ Unlike torch's server, an expiry kills only the worker that asked (never the age
 a worker of this group, and is reported through `on_expired` so the agent can report a failure.
 The FIFO is read when readable (add_reader) and expiries fire from a timer set on the earliest
 deadline; nothing polls.
+
+A pid is only a number: the worker may exit and be reaped, and its pid go to a stranger, while
+its timer is armed. So the server takes a pidfd of the worker when it arms the first timer of
+it, signals through that pidfd (a process that is gone is never confused with one that got its
+pid), and forgets every timer of the worker the moment the pidfd says it has exited.
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ import json
 import logging
 import math
 import os
+import signal
 import stat
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+
+from nodeagent._dirs import private_dir
 
 __all__ = ["ExpiredCallback", "FileTimerServer", "TimerRequest"]
 
@@ -92,14 +100,17 @@ class FileTimerServer:
         allowed_pids: Collection[int] | Callable[[int], bool],
         on_expired: ExpiredCallback,
         clock: Callable[[], float] = time.time,
-        kill: Callable[[int, int], None] = os.kill,
+        kill: Callable[[int, int], None] | None = None,
     ) -> None:
+        """`kill(pid, signal)` replaces the pidfd signalling (tests of the expiry rules)."""
         self.path = Path(path)
         self._allowed = allowed_pids
         self._on_expired = on_expired
         self._clock = clock
         self._kill = kill
         self._timers: dict[tuple[int, str], TimerRequest] = {}
+        self._pidfds: dict[int, int] = {}
+        """{pid: pidfd} of the workers with armed timers (-1: no pidfds on this kernel)."""
         self._read_fd: int | None = None
         self._write_fd: int | None = None
         self._buffer = bytearray()
@@ -128,13 +139,17 @@ class FileTimerServer:
             if stat.S_ISDIR(st.st_mode):
                 raise IsADirectoryError(f"watchdog timer file {self.path} is a directory")
             os.unlink(self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.parent.is_dir():
+            private_dir(self.path.parent)
         os.mkfifo(self.path, 0o600)
         # Non-blocking reader first (a FIFO open for write fails without a reader); then a
         # writer of our own, so the reader never sees EOF between clients.
         self._read_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self._write_fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self._loop.add_reader(self._read_fd, self._on_readable)
+        for pid, fd in self._pidfds.items():  # timers armed before the loop was known
+            if fd >= 0:
+                self._loop.add_reader(fd, self.forget_pid, pid)
         logger.info("watchdog serving FileTimer requests at %s", self.path)
 
     def _on_readable(self) -> None:
@@ -180,6 +195,8 @@ class FileTimerServer:
         key = (req.pid, req.scope_id)
         if req.is_release:
             self._timers.pop(key, None)
+            if not any(k[0] == req.pid for k in self._timers):
+                self._close_pidfd(req.pid)
             return
         if not self._is_allowed(req.pid):
             logger.warning(
@@ -188,12 +205,58 @@ class FileTimerServer:
                 req.pid,
             )
             return
+        if self._kill is None and not self._hold_pidfd(req.pid):
+            logger.info(
+                "watchdog: ignoring timer %r of pid %d, which has exited", req.scope_id, req.pid
+            )
+            return
         self._timers[key] = req
+
+    def _hold_pidfd(self, pid: int) -> bool:
+        """Take (once) a pidfd of worker `pid`; False when it is gone already."""
+        if pid in self._pidfds:
+            return True
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return False
+        except OSError as e:
+            # Kernels before 5.3 have no pidfds: then signal by pid (what torch's server does).
+            logger.debug("watchdog: pidfd_open(%d) unavailable (%s); signalling by pid", pid, e)
+            self._pidfds[pid] = -1
+            return True
+        self._pidfds[pid] = fd
+        if self._loop is not None and not self._closed:
+            # Readable once the process has exited (reaped or not): its timers end with it.
+            self._loop.add_reader(fd, self.forget_pid, pid)
+        return True
+
+    def _close_pidfd(self, pid: int) -> None:
+        fd = self._pidfds.pop(pid, None)
+        if fd is None or fd < 0:
+            return
+        if self._loop is not None:
+            self._loop.remove_reader(fd)
+        os.close(fd)
+
+    def _signal(self, pid: int, sig: int) -> None:
+        """Send `sig` to worker `pid`; ProcessLookupError when it has exited."""
+        if self._kill is not None:
+            self._kill(pid, sig)
+            return
+        fd = self._pidfds.get(pid)
+        if fd is None:
+            raise ProcessLookupError(pid)  # never armed through register: not ours to signal
+        if fd < 0:
+            os.kill(pid, sig)  # no pidfds on this kernel (see _hold_pidfd)
+        else:
+            signal.pidfd_send_signal(fd, sig)
 
     def forget_pid(self, pid: int) -> None:
         """Drop every timer of a worker that has exited."""
         for key in [k for k in self._timers if k[0] == pid]:
             del self._timers[key]
+        self._close_pidfd(pid)
         self._reschedule()
 
     def _reschedule(self) -> None:
@@ -246,15 +309,17 @@ class FileTimerServer:
                 chosen.signal,
             )
             try:
-                self._kill(pid, chosen.signal)
+                self._signal(pid, chosen.signal)
             except ProcessLookupError:
-                logger.info("watchdog: pid %d already exited", pid)
+                # It exited by itself: its exit is its own, not the watchdog's doing.
+                logger.info("watchdog: pid %d already exited; not killed", pid)
+                self._forget_quietly(pid)
+                continue
             except OSError:
                 logger.exception("watchdog: could not signal pid %d", pid)
                 continue
             # Every timer of a killed worker is void.
-            for key in [k for k in self._timers if k[0] == pid]:
-                del self._timers[key]
+            self._forget_quietly(pid)
             fired.append(chosen)
             try:
                 self._on_expired(pid, chosen.scope_id, chosen.signal, chosen.expiration_time)
@@ -262,9 +327,16 @@ class FileTimerServer:
                 logger.exception("watchdog: on_expired callback failed")
         return fired
 
+    def _forget_quietly(self, pid: int) -> None:
+        for key in [k for k in self._timers if k[0] == pid]:
+            del self._timers[key]
+        self._close_pidfd(pid)
+
     def close(self) -> None:
         """Stop serving and remove the FIFO; idempotent."""
         self._closed = True
+        for pid in list(self._pidfds):
+            self._close_pidfd(pid)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -12,8 +12,10 @@ sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
 import signal  # noqa: E402
 
+from nodeagent._launch import without_agent_secrets  # noqa: E402
 from nodeagent.session import AgentConfig, NodeAgent  # noqa: E402
 
 __all__ = ["main"]
@@ -35,11 +37,21 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help="address peers use to reach this node (default: the one routing to the coordinator)",
     )
-    p.add_argument("--log-dir", default="", help="worker log directory (default: a temp dir)")
+    p.add_argument(
+        "--log-dir",
+        default="",
+        help="worker log directory, 0700 (default: ~/.local/state/gelastic/agent-NAME/logs, "
+        "as root /var/lib/gelastic/agent-NAME/logs)",
+    )
     p.add_argument(
         "--state-dir", default="", help="where the worker pid file lives (default: --log-dir)"
     )
-    p.add_argument("--token-file", default="", help="token the coordinator expects from agents")
+    p.add_argument(
+        "--token-file",
+        default="",
+        help="token the coordinator expects from agents; read once at start and never passed "
+        "to workers, so the file may be removed once the agent has started",
+    )
     p.add_argument(
         "--tls-ca", default="", help="PEM CA of the coordinator's certificate (enables TLS)"
     )
@@ -47,6 +59,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
     p.add_argument(
         "--tls-server-name", default="", help="name to check in the coordinator's certificate"
+    )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="use TLS without --tls-ca: verify the coordinator against the system trust store",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow sending the token in plain text to a coordinator off this host",
     )
     p.add_argument(
         "--metrics-port",
@@ -69,8 +91,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _scrub_token(token_file: str, token: str) -> None:
+    """Keep the agent's token, and the path of its file, out of every process it starts.
+
+    Workers (and the sentinel) start from this process's environment; the token itself is
+    held in memory only, read once at start.
+    """
+    secrets = [token]
+    if token_file:
+        secrets += [os.path.abspath(token_file), os.path.realpath(token_file)]
+        if os.sep in token_file:
+            secrets.append(token_file)
+    keep = without_agent_secrets(os.environ, secrets)
+    for name in [k for k in os.environ if k not in keep]:
+        del os.environ[name]
+
+
 async def _run(config: AgentConfig, grace: float) -> None:
     agent = NodeAgent(config)
+    _scrub_token(config.token_file, agent.security.token)
     await agent.start()
     print(
         f"nodeagent {config.name} ({agent.addr}) -> {config.coordinator}; logs in {agent.log_root}",
@@ -86,8 +125,10 @@ async def _run(config: AgentConfig, grace: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.metrics_port and sys.modules.get("ssl", False) is None:
-        # prometheus_client imports ssl: with metrics on, let it load after all.
+    system_roots = (args.tls or args.tls_cert) and not args.tls_ca
+    if (args.metrics_port or system_roots) and sys.modules.get("ssl", False) is None:
+        # prometheus_client imports ssl, and the system trust store is found through it: with
+        # metrics on, or TLS without a CA file, let it load after all.
         del sys.modules["ssl"]
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -105,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_server_name=args.tls_server_name,
+        tls=args.tls,
+        insecure=args.insecure,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )

@@ -34,6 +34,7 @@ from client.model import (
 )
 from client.security import Security
 from client.wire import failure_to_pb, spec_from_pb
+from nodeagent._dirs import default_agent_dir, fresh_agent_dir, private_dir
 from nodeagent._launch import attempt_dirs
 from nodeagent._metrics import AgentMetrics
 from nodeagent._process import Sentinel
@@ -63,7 +64,8 @@ class AgentConfig:
     addr: str = ""
     """Address peers use to reach this node (MASTER_ADDR); "" = the one that routes to the coordinator."""
     log_dir: str = ""
-    """Where worker logs go ("" = a per-user temp dir)."""
+    """Where worker logs go ("" = `$XDG_STATE_HOME/gelastic/agent-<name>/logs`, for root
+    `/var/lib/gelastic/agent-<name>/logs`). It must be ours and not group/world-writable."""
     state_dir: str = ""
     """Where the agent keeps its worker pid file ("" = log_dir)."""
     reconnect_max: float = 5.0
@@ -78,6 +80,10 @@ class AgentConfig:
     """PEM private key of tls_cert."""
     tls_server_name: str = ""
     """Name to check in the coordinator's certificate, when it differs from the host."""
+    tls: bool = False
+    """Use TLS without tls_ca: verify the coordinator against the system trust store."""
+    insecure: bool = False
+    """Allow sending the agent token in plain text to a coordinator off this host."""
     metrics_port: int = 0
     """Port to serve Prometheus metrics on over HTTP (0 = no metrics)."""
     metrics_host: str = "127.0.0.1"
@@ -114,7 +120,7 @@ class NodeAgent:
         config.validate()
         self.config = config
         self.incarnation = uuid.uuid4().hex
-        self.log_root = Path(config.log_dir or _default_log_dir()).resolve()
+        self.log_root = Path(config.log_dir or _default_log_dir(config.name)).resolve()
         self.state_dir = Path(config.state_dir).resolve() if config.state_dir else self.log_root
         self.addr = config.addr or _route_addr(config.coordinator)
         self.security = Security.from_files(
@@ -123,7 +129,10 @@ class NodeAgent:
             config.tls_cert,
             config.tls_key,
             config.tls_server_name,
+            tls=config.tls,
+            insecure=config.insecure,
         )
+        self.security.check_target(config.coordinator)
         self._held: dict[tuple[str, int], _Held] = {}
         self._outbox: asyncio.Queue[pb.NodeMessage] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -141,9 +150,8 @@ class NodeAgent:
     async def start(self) -> None:
         if self._main is not None:
             return
+        await asyncio.to_thread(self._make_dirs)
         await asyncio.to_thread(self.metrics.start)
-        self.log_root.mkdir(parents=True, exist_ok=True)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
         killed = await asyncio.to_thread(reap_previous, self._pid_file())
         if killed:
             logger.warning("killed %d workers left by a previous agent: %s", len(killed), killed)
@@ -612,6 +620,25 @@ class NodeAgent:
 
     # ---- bookkeeping -----------------------------------------------------------------------
 
+    def _make_dirs(self) -> None:
+        """Create (0700) and check the log root and state dir; raises OSError when unsafe.
+
+        A directory given explicitly that someone else owns or may write to is refused. When
+        the default cannot be made or is unsafe, a fresh temporary directory is used instead
+        (and the reaper then has nothing of a previous run to find).
+        """
+        try:
+            private_dir(self.log_root)
+            private_dir(self.state_dir)
+        except OSError as exc:
+            if self.config.log_dir or self.config.state_dir:
+                raise
+            fresh = fresh_agent_dir(self.config.name)
+            logger.warning("cannot use %s (%s); using %s", self.log_root, exc, fresh)
+            self.log_root = self.state_dir = fresh
+            self._registry.path = self._pid_file()
+            private_dir(self.log_root)
+
     def _pid_file(self) -> Path:
         return self.state_dir / f"agent-{self.config.name}.pids.json"
 
@@ -654,7 +681,7 @@ def _route_addr(coordinator: str) -> str:
         return socket.getfqdn()
 
 
-def _default_log_dir() -> str:
-    import tempfile
-
-    return os.path.join(tempfile.gettempdir(), f"gelastic-{os.getuid()}", "logs")
+def _default_log_dir(name: str) -> str:
+    """The default log root of agent `name`: its own, never a predictable name in /tmp."""
+    base = default_agent_dir(name, uid=os.geteuid(), env=os.environ, home=os.path.expanduser("~"))
+    return str(base / "logs")

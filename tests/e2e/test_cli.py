@@ -59,6 +59,8 @@ def gelastic(
     if cluster is not None:
         argv += ["--coordinator", cluster.address]
     full_env = {k: v for k, v in os.environ.items() if k != "GELASTIC_COORDINATOR"}
+    if cluster is not None:
+        full_env["GELASTIC_TOKEN_FILE"] = cluster.token_file
     full_env.update(env or {})
     return subprocess.run(
         [*argv, *args],
@@ -394,6 +396,7 @@ def test_cancel_a_sleeping_job(shared: LocalCluster) -> None:
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        env={**os.environ, **shared.client_env},
     ) as follow:
         proc = gelastic("cancel", job_id, "--wait", cluster=shared, timeout=TIMEOUT)
         assert proc.returncode == 0, proc.stderr

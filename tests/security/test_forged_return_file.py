@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from client import Client, JobSpec, WorkerState
+from client import JobSpec, WorkerState
 from client._local import LocalCluster
 from client.results import ReturnValueError
 from tests.e2e.conftest import assert_no_leftovers
@@ -35,7 +35,7 @@ def test_a_return_file_forged_on_the_node_is_refused_and_never_loaded(tmp_path: 
         job = cluster.client.submit(spec)
         with pytest.raises(ReturnValueError, match="rank 0"):
             job.wait(TIMEOUT)
-        with Client(cluster.address) as other:
+        with cluster.connect() as other:
             result = other.job(job.job_id).wait(TIMEOUT)
         assert result.state == WorkerState.SUCCEEDED
         assert result.return_values == {} and set(result.raw_return_values) == {0}

@@ -46,9 +46,14 @@ async def test_held_exits_bigger_than_a_message_still_reach_a_restarted_coordina
                 ],
             )
         )
-        while c.service.cluster.job_status(job_id).workers[0].pid != 1000:
+        for _ in range(3000):
+            if c.service.cluster.job_status(job_id).workers[0].pid == 1000:
+                break
             await asyncio.sleep(0.01)
-        await node.close()
+        assert c.service.cluster.job_status(job_id).workers[0].pid == 1000
+    # The coordinator went down under an open stream (as in a crash): had the node closed first,
+    # the coordinator could have seen it lost before it stopped.
+    await node.close()
 
     # The coordinator is down; meanwhile every worker finished with a big return value.
     async with Coordinator(config.__class__(**{**config.__dict__, "port": c.port})) as c2:

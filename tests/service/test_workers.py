@@ -27,6 +27,7 @@ from client.assignment import RoundAssignment, WorkerRanks
 from client.model import MAX_RETURN_VALUE_BYTES, JobSpec, WorkerState
 from client.results import verified_load
 from nodeagent._reaper import reap_previous, record_workers
+from nodeagent._sentinel import MARK_ENV
 from nodeagent._workers import WorkerExit, WorkerGroup
 
 PY = sys.executable
@@ -672,16 +673,15 @@ async def test_later_round_of_an_attempt_never_overwrites_logs(h: Harness) -> No
 
 
 async def test_reap_previous_kills_recorded_workers_only(tmp_path: Path) -> None:
-    victim = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    prefix = "d" * 32 + "."
+    victim = subprocess.Popen(
+        ["sleep", "120"], start_new_session=True, env={**os.environ, MARK_ENV: f"{prefix}1"}
+    )
+    # Recorded too, but without the previous agent's mark: a reused pid, never touched.
     bystander = subprocess.Popen(["sleep", "120"], start_new_session=True)
     try:
         pid_file = tmp_path / "pids.json"
-        record_workers(pid_file, [victim.pid, bystander.pid])
-        data = json.loads(pid_file.read_text())
-        for w in data["workers"]:
-            if w["pid"] == bystander.pid:
-                w["create_time"] -= 1000  # a reused pid: must not be touched
-        pid_file.write_text(json.dumps(data))
+        record_workers(pid_file, [victim.pid, bystander.pid], mark_prefix=prefix)
         assert reap_previous(pid_file) == [victim.pid]
         assert await asyncio.to_thread(victim.wait, DEADLINE) == -signal.SIGKILL
         assert bystander.poll() is None
