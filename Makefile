@@ -65,7 +65,8 @@ test-fast: $(STAMP)
 
 # Ten times the examples, random, failures kept in .hypothesis/ for the next run. A case may take
 # longer than the suite's per-test timeout; FUZZ_TIMEOUT bounds it instead.
-FUZZ_TESTS   ?= tests/unit/test_cluster_fuzz.py tests/service/test_fuzz_service.py
+FUZZ_TESTS   ?= tests/unit/test_cluster_fuzz.py tests/service/test_fuzz_service.py \
+                tests/security/test_spec_fuzz.py
 FUZZ_TIMEOUT ?= 3600
 fuzz: $(STAMP)
 	GELASTIC_HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -rsx -p no:cacheprovider \

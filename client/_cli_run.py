@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from client._client import Client, GelasticError, Job
+from client._terminal import strip_terminal_controls
 from client.model import JobSpec, JobState, RunResult, SpecError, is_name
 from client.security import new_token_file
 
@@ -596,9 +597,15 @@ def _report(plan: RunPlan, state: JobState, result: RunResult) -> None:
     if state == JobState.SUCCEEDED:
         return
     if result.failures:
-        sys.stderr.write(result.format_failures(plan.report_name).rstrip("\n") + "\n")
+        table = result.format_failures(plan.report_name).rstrip("\n") + "\n"
+        # The table quotes the workers (tracebacks, stderr): on a terminal none of it runs.
+        sys.stderr.write(strip_terminal_controls(table) if sys.stderr.isatty() else table)
     else:
-        _say(f"{plan.report_name} {state.value}: {' '.join(result.reason.split())}")
+        reason = " ".join(result.reason.split())
+        _say(
+            f"{plan.report_name} {state.value}: "
+            + (strip_terminal_controls(reason) if sys.stderr.isatty() else reason)
+        )
     sys.stderr.flush()
 
 

@@ -23,6 +23,7 @@ from typing import Any, TextIO, TypeVar
 
 import grpc
 
+from client._terminal import strip_terminal_controls
 from client.model import (
     MAX_RESULT_BYTES_PER_JOB,
     MAX_RETURN_VALUE_BYTES,
@@ -36,6 +37,7 @@ from client.model import (
 from client.results import ReturnValueError, verified_load
 from client.security import Security
 from client.wire import (
+    check_spec_size,
     event_from_pb,
     job_status_from_pb,
     node_from_pb,
@@ -149,6 +151,7 @@ class Client:
             # this process will unpickle.
             spec = replace(spec, result_key=secrets.token_bytes(RESULT_KEY_BYTES))
         spec.validate()
+        check_spec_size(spec)  # the coordinator refuses it too; this names the field sooner
         # One id for every try: a retry after a timeout or an internal error returns the job the
         # first try made, so a submit never makes two jobs.
         msg = pb.SubmitRequest(spec=spec_to_pb(spec), request_id=uuid.uuid4().hex)
@@ -409,6 +412,8 @@ class _Progress:
 
     def _line(self, text: str, keep: bool) -> None:
         if self.tty:
+            # Reasons quote workers (failure messages): none of their escape sequences runs.
+            text = strip_terminal_controls(text)
             self.out.write("\r\x1b[2K" + text + ("\n" if keep else ""))
         else:
             self.out.write(text + "\n")

@@ -30,6 +30,7 @@ from client._tables import (
     status_text,
     to_jsonable,
 )
+from client._terminal import TerminalFilter
 from client.model import JobSpec, JobState, RunResult, SpecError, is_function_reference
 from client.results import trusted_load
 from client.security import Security
@@ -596,8 +597,13 @@ def _cmd_result(client: Client, args: argparse.Namespace) -> int:
 
 def _cmd_logs(client: Client, args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
+    # Raw bytes into a pipe or a file; on a terminal, no escape sequence of the worker's runs.
+    screen = TerminalFilter(sys.stdout.encoding or "utf-8") if sys.stdout.isatty() else None
     for chunk in client.job(args.job_id).logs(args.rank, args.stream, args.attempt, args.follow):
-        out.write(chunk)
+        out.write(screen.feed(chunk) if screen is not None else chunk)
+        out.flush()
+    if screen is not None:
+        out.write(screen.finish())
         out.flush()
     return EXIT_OK
 

@@ -7,10 +7,15 @@ and the HTTP modules are imported only when an endpoint starts.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import selectors
 import socket
 import threading
+import time
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -20,27 +25,58 @@ __all__ = ["MetricsEndpoint"]
 logger = logging.getLogger(__name__)
 
 STOP_JOIN_S = 5.0
+CONNECTION_TIMEOUT_S = 10.0
+"""Seconds a connection has, from its accept, to send its request and take the answer."""
+MAX_CONNECTIONS = 64
+"""Connections served at once; one more is closed as soon as it is accepted."""
+MAX_REQUEST_BYTES = 8 * 1024
+"""The request line and headers; a scrape sends a few hundred bytes."""
+_TICK_S = 0.5
+
+
+class _Connection:
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self.inbox = bytearray()
+        self.outbox = b""
+        self.answered = False
 
 
 class MetricsEndpoint:
-    """`GET /metrics` for one registry: prometheus_client's WSGI app on one daemon thread.
+    """`GET /metrics` for one registry: prometheus_client's WSGI app behind a small HTTP loop.
 
-    One long-lived thread serves every scrape in turn. prometheus_client's `start_http_server`
-    starts a thread per request instead, and the agent forks workers: threads coming and going
-    in the parent at that moment are what fork-with-threads handles worst. A scrape takes
-    milliseconds, so serving them one at a time costs nothing. The HTTP modules are imported
-    only when metrics are on, to keep an idle agent small.
+    One long-lived thread serves every connection with non-blocking sockets and a selector.
+    prometheus_client's `start_http_server` starts a thread per request instead, and the agent
+    forks workers: threads coming and going in the parent at that moment are what
+    fork-with-threads handles worst. Connections are served side by side, so one that sends
+    nothing does not hold up a scrape; each has CONNECTION_TIMEOUT_S in all, and at most
+    MAX_CONNECTIONS are open. The HTTP modules are imported only when metrics are on, to keep
+    an idle agent small.
 
-    `start()` binds (an OSError names the address); `stop()` shuts the server down, closes its
-    socket and joins its thread. Both are idempotent.
+    `start()` binds (an OSError names the address); `stop()` ends the loop, closes every socket
+    and joins its thread. Both are idempotent.
     """
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        *,
+        connection_timeout: float = CONNECTION_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.registry = registry
         self.host = host
         self.port = port
-        self._server: Any = None
+        self.connection_timeout = connection_timeout
+        self.max_connections = max_connections
+        self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        self._app: Callable[..., Iterable[bytes]] | None = None
 
     @property
     def url(self) -> str:
@@ -48,39 +84,186 @@ class MetricsEndpoint:
         return f"http://{host}:{self.port}/metrics"
 
     def start(self) -> None:
-        if self._server is not None:
+        if self._listener is not None:
             return
-        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
-
         from prometheus_client import make_wsgi_app
 
-        class _QuietHandler(WSGIRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # a scrape every few seconds must not fill the agent's log
-
         try:
-            family = socket.getaddrinfo(
+            family, _, _, _, address = socket.getaddrinfo(
                 self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-            )[0][0]
-            server_class = type("MetricsServer", (WSGIServer,), {"address_family": family})
-            server = server_class((self.host, self.port), _QuietHandler)
+            )[0]
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                listener.bind(address)
+                listener.listen(min(self.max_connections, 128))
+            except OSError:
+                listener.close()
+                raise
         except OSError as exc:
             raise OSError(
                 f"cannot serve metrics on {self.host}:{self.port}: {exc.strerror or exc}"
             ) from exc
-        server.set_app(make_wsgi_app(self.registry))
-        thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+        listener.setblocking(False)
+        self._app = make_wsgi_app(self.registry)
+        self._wake = socket.socketpair()
+        self._stopping.clear()
+        thread = threading.Thread(
+            target=self._serve, args=(listener, self._wake[0]), name="metrics-http", daemon=True
+        )
+        self._listener, self._thread = listener, thread
+        self.port = listener.getsockname()[1]
         thread.start()
-        self._server, self._thread = server, thread
-        self.port = server.server_port
         logger.info("metrics on %s", self.url)
 
     def stop(self) -> None:
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is None:
+        listener, thread, wake = self._listener, self._thread, self._wake
+        self._listener = self._thread = self._wake = None
+        if listener is None:
             return
-        server.shutdown()
-        server.server_close()
+        self._stopping.set()
+        if wake is not None:
+            with contextlib.suppress(OSError):
+                wake[1].send(b"x")
         if thread is not None:
             thread.join(STOP_JOIN_S)
+        listener.close()
+        if wake is not None:
+            wake[0].close()
+            wake[1].close()
+
+    # ---- the loop (its own thread) ----------------------------------------------------------
+
+    def _serve(self, listener: socket.socket, wake: socket.socket) -> None:
+        sel = selectors.DefaultSelector()
+        conns: dict[socket.socket, _Connection] = {}
+        try:
+            sel.register(listener, selectors.EVENT_READ)
+            sel.register(wake, selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                now = time.monotonic()
+                wait = min([_TICK_S] + [c.deadline - now for c in conns.values()])
+                for key, events in sel.select(max(0.0, wait)):
+                    sock = key.fileobj
+                    if sock is listener:
+                        self._accept(listener, sel, conns)
+                    elif sock is wake:
+                        break
+                    else:
+                        assert isinstance(sock, socket.socket)
+                        conn = conns.get(sock)
+                        if conn is not None and not self._step(conn, events, sel):
+                            self._drop(conn, sel, conns)
+                now = time.monotonic()
+                for conn in [c for c in conns.values() if now >= c.deadline]:
+                    self._drop(conn, sel, conns)
+        except Exception:
+            logger.exception("the metrics endpoint failed; metrics are no longer served")
+        finally:
+            for conn in list(conns.values()):
+                self._drop(conn, sel, conns)
+            sel.close()
+
+    def _accept(
+        self,
+        listener: socket.socket,
+        sel: selectors.BaseSelector,
+        conns: dict[socket.socket, _Connection],
+    ) -> None:
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            logger.warning("metrics endpoint: accept failed: %s", exc)
+            return
+        if len(conns) >= self.max_connections:
+            sock.close()
+            return
+        sock.setblocking(False)
+        conn = _Connection(sock, time.monotonic() + self.connection_timeout)
+        conns[sock] = conn
+        sel.register(sock, selectors.EVENT_READ)
+
+    def _drop(
+        self,
+        conn: _Connection,
+        sel: selectors.BaseSelector,
+        conns: dict[socket.socket, _Connection],
+    ) -> None:
+        conns.pop(conn.sock, None)
+        with contextlib.suppress(KeyError, ValueError):
+            sel.unregister(conn.sock)
+        conn.sock.close()
+
+    def _step(self, conn: _Connection, events: int, sel: selectors.BaseSelector) -> bool:
+        """Read or write what the socket allows; False when the connection is done."""
+        try:
+            if not conn.answered and events & selectors.EVENT_READ:
+                data = conn.sock.recv(4096)
+                if not data:
+                    return False
+                conn.inbox += data
+                head, sep, _ = bytes(conn.inbox).partition(b"\r\n\r\n")
+                if not sep:
+                    if len(conn.inbox) > MAX_REQUEST_BYTES:
+                        conn.outbox = _status_only("431 Request Header Fields Too Large")
+                    else:
+                        return True
+                else:
+                    try:
+                        conn.outbox = self._answer(head)
+                    except Exception:
+                        # A collector that fails must not end the endpoint for every scrape.
+                        logger.exception("metrics endpoint: the scrape failed")
+                        conn.outbox = _status_only("500 Internal Server Error")
+                conn.answered = True
+                sel.modify(conn.sock, selectors.EVENT_WRITE)
+            if conn.answered:
+                sent = conn.sock.send(conn.outbox)
+                conn.outbox = conn.outbox[sent:]
+                return bool(conn.outbox)
+            return True
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+
+    def _answer(self, head: bytes) -> bytes:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            return _status_only("400 Bad Request")
+        method, target = parts[0], parts[1]
+        if method not in ("GET", "HEAD"):
+            return _status_only("405 Method Not Allowed")
+        path, _, query = target.partition("?")
+        environ: dict[str, Any] = {
+            "REQUEST_METHOD": method,
+            "PATH_INFO": unquote(path),
+            "QUERY_STRING": query,
+            "SERVER_PROTOCOL": "HTTP/1.0",
+        }
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if sep:
+                environ["HTTP_" + name.strip().upper().replace("-", "_")] = value.strip()
+        status: list[str] = []
+        headers: list[tuple[str, str]] = []
+
+        def start_response(s: str, h: list[tuple[str, str]], exc_info: Any = None) -> None:
+            status.append(s)
+            headers.extend(h)
+
+        assert self._app is not None
+        body = b"".join(self._app(environ, start_response))
+        if method == "HEAD":
+            body = b""
+        head_out = [f"HTTP/1.0 {status[0] if status else '500 Internal Server Error'}"]
+        head_out += [f"{k}: {v}" for k, v in headers if k.lower() != "content-length"]
+        head_out += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+        return "\r\n".join(head_out).encode("latin-1") + body
+
+
+def _status_only(status: str) -> bytes:
+    return f"HTTP/1.0 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()

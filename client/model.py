@@ -26,6 +26,7 @@ from client.errors import (
 __all__ = [
     "MAX_RESULT_BYTES_PER_JOB",
     "MAX_RETURN_VALUE_BYTES",
+    "MAX_SPEC_BYTES",
     "RESULT_KEY_BYTES",
     "AttemptSummary",
     "FailureCategory",
@@ -50,12 +51,16 @@ __all__ = [
     "signal_name",
 ]
 
-# Limits that keep one job from hurting the coordinator or another job.
+# Limits that keep one job from hurting the coordinator or another job (docs/python-api.md).
 MAX_NODES = 100_000
 MAX_NPROC_PER_NODE = 4096
 MAX_RESTARTS = 10_000
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
-MAX_FUNCTION_ARGS_BYTES = 4 * 1024 * 1024
+MAX_SPEC_BYTES = 1024 * 1024
+"""The whole spec in its wire form (client.wire.check_spec_size). Every message that carries a
+spec (an assignment, a job with its spec) must stay far below the 16 MiB gRPC message limit
+however many workers it lists; the per-field limits below only bound each piece."""
+MAX_FUNCTION_ARGS_BYTES = MAX_SPEC_BYTES
 MAX_RETURN_VALUE_BYTES = 4 * 1024 * 1024
 """Largest return value one rank may report (tagged bytes, as the worker wrote them)."""
 MAX_RESULT_BYTES_PER_JOB = 32 * 1024 * 1024

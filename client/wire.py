@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from client.model import (
+    MAX_SPEC_BYTES,
     AttemptSummary,
     FailureCategory,
     JobEvent,
@@ -19,12 +20,15 @@ from client.model import (
     NodeInfo,
     ProcessFailure,
     RunResult,
+    SpecError,
     WorkerState,
     WorkerStatus,
 )
+from client.redaction import redact_argv, redact_env
 from protos.gelastic.v1 import gelastic_pb2 as pb
 
 __all__ = [
+    "check_spec_size",
     "event_from_pb",
     "event_to_pb",
     "failure_from_pb",
@@ -84,6 +88,33 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         stderr_tail_lines=spec.stderr_tail_lines,
         unhealthy_timeout_ms=_ms(spec.unhealthy_timeout),
         result_key=spec.result_key,
+    )
+
+
+def check_spec_size(spec: JobSpec) -> int:
+    """The size of the spec's wire form; SpecError naming the biggest field when it is over
+    MAX_SPEC_BYTES.
+
+    The wire form is what every assignment and every job with its spec carries, so the limit is
+    on it and not on any one field: many fields each under their own limit add up.
+    """
+    total = spec_to_pb(spec).ByteSize()
+    if total <= MAX_SPEC_BYTES:
+        return total
+    # Each piece as it is encoded (tag, length and bytes), to name the one to shrink.
+    sizes = {
+        "env": sum(pb.JobSpec(env={k: v}).ByteSize() for k, v in spec.env.items()),
+        "function_args": pb.JobSpec(function_args=spec.function_args).ByteSize(),
+    }
+    if not spec.function:
+        sizes["entrypoint"] = sum(pb.JobSpec(entrypoint=[a]).ByteSize() for a in spec.command)
+        sizes["args"] = sum(pb.JobSpec(args=[str(a)]).ByteSize() for a in spec.args)
+    biggest = max(sizes, key=lambda k: sizes[k])
+    what = "pickled arguments (function_args)" if biggest == "function_args" else biggest
+    raise SpecError(
+        biggest,
+        f"the encoded spec is {total:,} bytes, over the limit of {MAX_SPEC_BYTES:,} "
+        f"({what} takes {sizes[biggest]:,} of them)",
     )
 
 
@@ -259,12 +290,29 @@ def job_to_pb(status: JobStatus, result: RunResult | None, spec: JobSpec | None 
         world_size=status.world_size,
     )
     if spec is not None:
-        msg.spec.CopyFrom(spec_to_pb(spec))
+        msg.spec.CopyFrom(_shown_spec_pb(spec))
         msg.spec.ClearField("result_key")  # a secret of the submitter and the workers
     if result is not None:
         msg.result.CopyFrom(result_to_pb(result))
         msg.has_result = True
     return msg
+
+
+def _shown_spec_pb(spec: JobSpec) -> pb.JobSpec:
+    """The spec as clients are shown it: env values, the values of secret-looking options and
+    the pickled arguments withheld. Assignments to agents carry the whole spec (spec_to_pb)."""
+    m = spec_to_pb(spec)
+    if not spec.function:
+        argv = redact_argv([*m.entrypoint, *m.args])
+        n = len(m.entrypoint)
+        del m.entrypoint[:], m.args[:]
+        m.entrypoint.extend(argv[:n])
+        m.args.extend(argv[n:])
+    shown_env = redact_env(m.env)
+    m.env.clear()
+    m.env.update(shown_env)
+    m.function_args = b""
+    return m
 
 
 def job_status_from_pb(m: pb.Job) -> JobStatus:

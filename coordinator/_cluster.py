@@ -39,6 +39,7 @@ from client.model import (
     WorkerStatus,
     first_failure,
 )
+from client.redaction import describe_command
 from coordinator._codec import decode, encode
 from coordinator._ranks import GroupRanks, NodeRole, assign_worker_ranks
 
@@ -302,6 +303,8 @@ class _StopKind(enum.Enum):
     FAILURE = "failure"
     MEMBERSHIP = "membership"
     CANCEL = "cancel"
+    INPUT = "input"
+    """The spec itself cannot run: the job fails without spending its restart budget."""
 
 
 @dataclass
@@ -918,6 +921,53 @@ class Cluster:
         self._member_stopped(job, member, now)
         return self._finish(now)
 
+    def assign_undeliverable(
+        self, name: str, job_id: str, round_: int, why: str, now: float
+    ) -> list[Effect]:
+        """The round's assignment to node `name` could not be sent (say, over the message limit).
+
+        The spec is what makes it unsendable, so every round would fail alike: an input failure
+        of the job, which ends it without spending its budget, and never a lost node. The node
+        never received the round, so it counts as stopped and is not asked to stop it.
+        """
+        self._reschedule = True
+        job = self._jobs.get(job_id)
+        if job is None or job.round != round_ or not self._assigned(job):
+            return self._finish(now)
+        member = job.member(name)
+        if member is None or member.stopped:
+            return self._finish(now)
+        reason = f"the assignment for node {name} cannot be sent: {_clip(why, 1000)}"
+        member.stopped = True
+        for w in member.workers.values():
+            if w.phase in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
+                job.set_phase(w, _WorkerPhase.FAILED)
+                job.failures[w.global_rank] = _stamp(
+                    ProcessFailure(
+                        global_rank=w.global_rank,
+                        local_rank=w.local_rank,
+                        pid=0,
+                        exitcode=-1,
+                        message=reason,
+                        timestamp=now,
+                        category=FailureCategory.INPUT,
+                    ),
+                    name,
+                    w,
+                    job,
+                )
+        self._event(job, now, "assign_undeliverable", reason, node=name)
+        if job.state == JobState.STOPPING:
+            if job.stop_kind != _StopKind.CANCEL:
+                job.stop_kind, job.stop_reason = _StopKind.INPUT, reason
+                self._set_reason(job, reason, now)
+            if all(m.stopped for m in job.members):
+                self._after_stop(job, now)
+        else:
+            self._begin_stop(job, _StopKind.INPUT, reason, now)
+        self._changed(job)
+        return self._finish(now)
+
     def tick(self, now: float) -> list[Effect]:
         """Time passed: leases, last calls, join timeouts, barrier and stop deadlines, retention."""
         self._retain(now)
@@ -1419,6 +1469,8 @@ class Cluster:
             self._end(job, JobState.SUCCEEDED, WorkerState.SUCCEEDED, reason, now)
         elif kind == _StopKind.CANCEL:
             self._end(job, JobState.CANCELED, WorkerState.STOPPED, reason, now)
+        elif kind == _StopKind.INPUT:
+            self._end(job, JobState.FAILED, WorkerState.FAILED, reason, now, with_failures=True)
         elif kind == _StopKind.FAILURE:
             if job.attempt < job.spec.max_restarts:
                 job.attempt += 1
@@ -1943,13 +1995,18 @@ def _first_line(text: str) -> str:
 
 
 def _describe_spec(spec: JobSpec) -> str:
-    what = spec.function or " ".join(spec.argv)[:200]
+    # Events are shown and logged: the program and counts, never an argument or an env value.
+    what = (
+        f"{spec.function[:200]!r} with {len(spec.env)} env variable(s)"
+        if spec.function
+        else describe_command(spec.argv, len(spec.env))
+    )
     nodes = (
         f"{spec.min_nodes}"
         if spec.min_nodes == spec.max_nodes
         else f"{spec.min_nodes}:{spec.max_nodes}"
     )
     return (
-        f"submitted {what!r}: {nodes} nodes x {spec.nproc_per_node} workers, "
+        f"submitted {what}: {nodes} nodes x {spec.nproc_per_node} workers, "
         f"max_restarts={spec.max_restarts}"
     )

@@ -20,8 +20,10 @@ from typing import Any, TypeVar
 
 import grpc
 
+from client.assignment import RoundAssignment
 from client.model import JobSpec, SpecError, is_job_id, is_name
 from client.wire import (
+    check_spec_size,
     event_to_pb,
     failure_from_pb,
     job_to_pb,
@@ -69,7 +71,11 @@ WATCH_KEEPALIVE_S = 5.0
 EVENT_SEQ_KEY = "event_seq_reserved"
 EVENT_SEQ_BLOCK = 10_000
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+MAX_NODE_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The largest message a node's stream carries: the server's send limit and the agent's receive
+limit (coordinator/server.py, nodeagent/session.py). A bigger one fails the whole stream."""
 WRITE_WAIT_S = 30.0
+"""How long a reader waits for the state it would see to be on disk."""
 RESULT_CHUNK_BYTES = 1024 * 1024
 """Largest piece of a return value in one GetResult message."""
 JOB_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -81,7 +87,6 @@ EVENTS_PAGE_MAX = 1000
 """Most events in one GetEvents response or WatchJob update."""
 EVENTS_PAGE_BYTES = 1024 * 1024
 """About the most event bytes in one GetEvents response or WatchJob update."""
-"""How long a reader waits for the state it would see to be on disk."""
 
 
 @dataclass
@@ -448,6 +453,33 @@ class CoordinatorService:
             )
         else:
             msg = pb.CoordinatorMessage(release=pb.Release(job_id=eff.job_id, round=eff.round))
+        if (
+            isinstance(eff, AssignRound)
+            and _assign_size_bound(eff.assignment) > MAX_NODE_MESSAGE_BYTES
+            and msg.ByteSize() > MAX_NODE_MESSAGE_BYTES
+        ):
+            # Writing it would end the node's stream and lose the node, and the job would then
+            # re-form on the next one: the job fails instead, and the node stays.
+            why = (
+                f"the assignment is {msg.ByteSize():,} bytes, over the node message limit of "
+                f"{MAX_NODE_MESSAGE_BYTES:,}"
+            )
+            logger.error(
+                "job %s round %d: not sending the assignment to node %s: %s",
+                eff.assignment.job_id,
+                eff.assignment.round,
+                eff.node,
+                why,
+            )
+            # After the effects being applied now, so none of them follows the stop it causes.
+            asyncio.get_running_loop().call_soon(
+                self._assign_undeliverable,
+                eff.node,
+                eff.assignment.job_id,
+                eff.assignment.round,
+                why,
+            )
+            return
         if self._store is not None and (
             self._held or self._dirty_jobs or self._pending_events or self._dirty_nodes
         ):
@@ -455,6 +487,10 @@ class CoordinatorService:
             self._urgent.set()
             return
         s.send(msg)
+
+    def _assign_undeliverable(self, node: str, job_id: str, round_: int, why: str) -> None:
+        if self.cluster.has_job(job_id):
+            self.apply(self.cluster.assign_undeliverable(node, job_id, round_, why, self.now()))
 
     async def wait_changed(self, job_id: str, seen_version: int, timeout: float) -> int:
         """Wait until the job's version moves past `seen_version` (or timeout); return it."""
@@ -495,6 +531,7 @@ class CoordinatorService:
         try made. When the write fails the job is withdrawn before anything of it ran, and the
         client hears UNAVAILABLE: a retry with the same id submits it again.
         """
+        check_spec_size(spec)
         if request_id and not REQUEST_ID.fullmatch(request_id):
             raise SpecError(
                 "request_id", f"must be 1-128 of [A-Za-z0-9_.-], got {request_id[:80]!r}"
@@ -1029,6 +1066,21 @@ def _event_page(events: Sequence[Any]) -> tuple[list[pb.Event], bool]:
             return page, True
         page.append(msg)
     return page, False
+
+
+def _assign_size_bound(a: RoundAssignment) -> int:
+    """More than the encoded Assign can be, from lengths alone: measuring the message itself
+    costs as much as encoding it, once per node of a round.
+
+    A character is at most 4 bytes, an item's tags and lengths at most 16, a worker's ranks 64.
+    """
+    spec = a.spec
+    items = [*spec.command, *([] if spec.function else [str(x) for x in spec.args])]
+    items += [spec.function, spec.name, spec.role, spec.cwd, spec.redirects, spec.tee]
+    items += [spec.scale_up, a.job_id, a.master_addr, a.run_id]
+    chars = sum(map(len, items)) + sum(len(k) + len(v) for k, v in spec.env.items())
+    count = len(items) + 2 * len(spec.env)
+    return 4 * chars + 16 * count + len(spec.function_args) + 64 * len(a.workers) + 1024
 
 
 def _ignore_outcome(task: asyncio.Task[Any]) -> None:

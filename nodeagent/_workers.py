@@ -34,6 +34,7 @@ from client.model import (
     WorkerState,
     signal_name,
 )
+from client.redaction import redact_argv
 from nodeagent._errorfile import (
     ErrorFileResult,
     build_failure,
@@ -510,7 +511,10 @@ class WorkerGroup:
                 if fd is not None:
                     w.pumps.append(self._make_pump(loop, fd, path, stream, w.launch))
             logger.info(
-                "%s started pid %d: %s", self._ctx(w.launch), handle.pid, " ".join(w.launch.argv)
+                "%s started pid %d: %s",
+                self._ctx(w.launch),
+                handle.pid,
+                " ".join(redact_argv(w.launch.argv)),  # an option's secret stays out of the log
             )
             w.supervisor = self._own(self._supervise(w), f"supervise-{handle.pid}")
         # From here on nothing awaits, so on_exit runs only after start() has returned.
