@@ -2,13 +2,17 @@
 
 Blocking calls over a gRPC channel. Every call has a deadline; only idempotent calls are
 retried. Results come back as domain objects, never protobuf messages. Function arguments are
-pickled here and return values unpickled here: the coordinator only ever sees bytes.
+pickled here; return values are unpickled here only by the `Job` that submitted them, after
+their tag checks out against the job's key (`client.results`): the coordinator only ever sees
+bytes, and a result looked up without the key is never unpickled.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
+import secrets
 import sys
 import time
 import uuid
@@ -20,7 +24,17 @@ from typing import Any, TextIO, TypeVar
 import grpc
 
 from client._terminal import strip_terminal_controls
-from client.model import JobEvent, JobSpec, JobStatus, NodeInfo, RunResult
+from client.model import (
+    MAX_RESULT_BYTES_PER_JOB,
+    MAX_RETURN_VALUE_BYTES,
+    RESULT_KEY_BYTES,
+    JobEvent,
+    JobSpec,
+    JobStatus,
+    NodeInfo,
+    RunResult,
+)
+from client.results import ReturnValueError, verified_load
 from client.security import Security
 from client.wire import (
     check_spec_size,
@@ -33,7 +47,7 @@ from client.wire import (
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
-__all__ = ["Client", "GelasticError", "Job", "submit"]
+__all__ = ["Client", "GelasticError", "Job", "ReturnValueError", "submit"]
 
 DEFAULT_COORDINATOR = "127.0.0.1:29400"
 CALL_TIMEOUT_S = 30.0
@@ -45,6 +59,8 @@ SUBMIT_RETRY_CODES = (
 """What a submit retries on, with the same request id."""
 RETRIES = 5
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+MAX_EVENT_PAGES = 1000
+"""Most GetEvents pages one `events()` call reads (a job keeps at most 10,000 events)."""
 
 T = TypeVar("T")
 
@@ -130,6 +146,10 @@ class Client:
         if spec.is_function and not spec.function_args:
             payload = pickle.dumps((tuple(spec.args), dict(spec.kwargs)), protocol=4)
             spec = replace(spec, function_args=payload)
+        if spec.is_function and not spec.result_key:
+            # Only this Job and the job's workers know it: they alone can make a return value
+            # this process will unpickle.
+            spec = replace(spec, result_key=secrets.token_bytes(RESULT_KEY_BYTES))
         spec.validate()
         check_spec_size(spec)  # the coordinator refuses it too; this names the field sooner
         # One id for every try: a retry after a timeout or an internal error returns the job the
@@ -140,10 +160,12 @@ class Client:
             idempotent=True,
             retry_on=SUBMIT_RETRY_CODES,
         )
-        return Job(self, resp.job_id)
+        return Job(self, resp.job_id, result_key=spec.result_key)
 
-    def job(self, job_id: str) -> Job:
-        return Job(self, job_id)
+    def job(self, job_id: str, *, result_key: bytes = b"") -> Job:
+        """A handle on a job by id. Without the job's `result_key` its return values are
+        never unpickled (see `RunResult.raw_return_values`); with it they are verified first."""
+        return Job(self, job_id, result_key=result_key)
 
     def get_job(self, job_id: str) -> pb.Job:
         req = pb.GetJobRequest(job_id=job_id)
@@ -177,12 +199,65 @@ class Client:
         return job_status_from_pb(resp)
 
     def events(self, job_id: str, after_seq: int = 0) -> list[JobEvent]:
-        req = pb.GetEventsRequest(job_id=job_id, after_seq=after_seq)
-        resp = self._call(
-            lambda: self._stub.GetEvents(req, timeout=self.timeout, metadata=self._md),
-            idempotent=True,
-        )
-        return [event_from_pb(e) for e in resp.events]
+        """Every event after `after_seq`, read a bounded page at a time."""
+        out: list[JobEvent] = []
+        for _ in range(MAX_EVENT_PAGES):
+            resp = self._call(
+                functools.partial(
+                    self._stub.GetEvents,
+                    pb.GetEventsRequest(job_id=job_id, after_seq=after_seq),
+                    timeout=self.timeout,
+                    metadata=self._md,
+                ),
+                idempotent=True,
+            )
+            out.extend(event_from_pb(e) for e in resp.events)
+            if not resp.more or not resp.events or resp.events[-1].seq <= after_seq:
+                break
+            after_seq = resp.events[-1].seq
+        return out
+
+    def get_result(self, job_id: str, sizes: dict[int, int]) -> dict[int, bytes]:
+        """The tagged return values of a job, by rank, streamed by GetResult; never loaded.
+
+        `sizes` is what the job's summary says; the bytes must match it, stay within the
+        per-rank and per-job limits, and arrive in order, or GelasticError is raised.
+        """
+        if any(n < 0 or n > MAX_RETURN_VALUE_BYTES for n in sizes.values()) or (
+            sum(sizes.values()) > MAX_RESULT_BYTES_PER_JOB
+        ):
+            raise GelasticError(
+                None,
+                f"job {job_id}: return values of {sum(sizes.values())} bytes over "
+                f"{len(sizes)} ranks are over the limits; not fetched",
+            )
+        req = pb.GetResultRequest(job_id=job_id)
+
+        def fetch() -> dict[int, bytes]:
+            parts: dict[int, bytearray] = {}
+            call = self._stub.GetResult(req, timeout=self.timeout, metadata=self._md)
+            try:
+                for chunk in call:
+                    rank = int(chunk.rank)
+                    buf = parts.setdefault(rank, bytearray())
+                    if (
+                        rank not in sizes
+                        or chunk.total != sizes[rank]
+                        or chunk.offset != len(buf)
+                        or len(buf) + len(chunk.data) > sizes[rank]
+                    ):
+                        raise GelasticError(
+                            None, f"job {job_id}: GetResult sent bytes of rank {rank} out of order"
+                        )
+                    buf.extend(chunk.data)
+            finally:
+                call.cancel()
+            return {r: bytes(b) for r, b in parts.items()}
+
+        values = self._call(fetch, idempotent=True)
+        if {r: len(v) for r, v in values.items()} != sizes:
+            raise GelasticError(None, f"job {job_id}: GetResult sent incomplete return values")
+        return values
 
     def watch(self, job_id: str, timeout: float | None = None) -> Iterator[pb.JobUpdate]:
         req = pb.WatchJobRequest(job_id=job_id)
@@ -219,9 +294,10 @@ class Client:
 class Job:
     """A submitted job. Cheap to create; every method asks the coordinator."""
 
-    def __init__(self, client: Client, job_id: str) -> None:
+    def __init__(self, client: Client, job_id: str, *, result_key: bytes = b"") -> None:
         self.client = client
         self.job_id = job_id
+        self._result_key = result_key
 
     def __repr__(self) -> str:
         return f"Job({self.job_id!r})"
@@ -230,9 +306,28 @@ class Job:
         return job_status_from_pb(self.client.get_job(self.job_id))
 
     def poll(self) -> RunResult | None:
-        """The RunResult once the job is terminal, else None."""
+        """The RunResult once the job is terminal, else None.
+
+        Return values are loaded only when this handle holds the job's key (it submitted the
+        job) and each rank's tag checks out; a bad or missing tag raises ReturnValueError.
+        Without the key, `return_values` is empty and `raw_return_values` holds the bytes.
+        """
         msg = self.client.get_job(self.job_id)
-        return _result_of(msg)
+        return self._complete(_result_of(msg), msg.state)
+
+    def _complete(self, result: RunResult | None, state: int) -> RunResult | None:
+        if result is None or not result.return_value_sizes:
+            return result
+        if state != pb.JOB_STATE_SUCCEEDED:
+            return result
+        raw = self.client.get_result(self.job_id, dict(result.return_value_sizes))
+        values: dict[int, Any] = {}
+        if self._result_key:
+            for rank in sorted(raw):
+                values[rank] = verified_load(
+                    raw[rank], key=self._result_key, job_id=self.job_id, rank=rank
+                )
+        return replace(result, return_values=values, raw_return_values=raw)
 
     def wait(
         self, timeout: float | None = None, *, progress: bool = False, out: TextIO | None = None
@@ -252,7 +347,7 @@ class Job:
                 for update in self.client.watch(self.job_id, timeout=remaining):
                     if printer is not None:
                         printer.show(update)
-                    result = _result_of(update.job)
+                    result = self._complete(_result_of(update.job), update.job.state)
                     if result is not None:
                         if printer is not None:
                             printer.done()
@@ -349,13 +444,10 @@ def progress_line(status: JobStatus) -> str:
 
 
 def _result_of(job: pb.Job) -> RunResult | None:
+    """The result summary of a job message: never any return value bytes, never unpickled."""
     if not job.has_result:
         return None
-    raw = result_from_pb(job.result, job_id=job.job_id, name=job.name)
-    values: dict[int, Any] = {}
-    for rank, blob in raw.return_values.items():
-        values[rank] = pickle.loads(blob)
-    return replace(raw, return_values=values)
+    return result_from_pb(job.result, job_id=job.job_id, name=job.name)
 
 
 def submit(

@@ -22,6 +22,12 @@ def format_result(result: RunResult) -> str:
         for rank in sorted(result.return_values):
             text = indent_continuation(_short_repr(result.return_values[rank]), "    ")
             lines.append(f"  rank {rank}: {text}")
+    elif result.return_value_sizes:
+        sizes = ", ".join(
+            f"rank {r}: {result.return_value_sizes[r]} bytes"
+            for r in sorted(result.return_value_sizes)
+        )
+        lines.append(f"return values (not loaded, no key to verify them): {sizes}")
     if result.state == WorkerState.FAILED or result.failures:
         lines.append(format_failures(result, name))
     return "\n".join(lines)

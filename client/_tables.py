@@ -203,6 +203,14 @@ def result_text(result: RunResult, state: str) -> str:
             if len(text) > MAX_REPR_CHARS:
                 text = text[:MAX_REPR_CHARS] + f"... ({len(text)} chars)"
             lines.append(f"  rank {rank}: {text}")
+    elif result.return_value_sizes:
+        lines.append("return values (not loaded):")
+        for rank in sorted(result.return_value_sizes):
+            lines.append(f"  rank {rank}: {result.return_value_sizes[rank]} bytes")
+        lines.append(
+            "  they are pickles: `gelastic result --trusted-load` unpickles and prints them, "
+            "which runs code chosen by whoever wrote them"
+        )
     if result.failures:
         lines.append(result.format_failures())
     return "\n".join(lines)

@@ -24,8 +24,10 @@ from client.errors import (
 )
 
 __all__ = [
+    "MAX_RESULT_BYTES_PER_JOB",
     "MAX_RETURN_VALUE_BYTES",
     "MAX_SPEC_BYTES",
+    "RESULT_KEY_BYTES",
     "AttemptSummary",
     "FailureCategory",
     "JobEvent",
@@ -60,6 +62,11 @@ spec (an assignment, a job with its spec) must stay far below the 16 MiB gRPC me
 however many workers it lists; the per-field limits below only bound each piece."""
 MAX_FUNCTION_ARGS_BYTES = MAX_SPEC_BYTES
 MAX_RETURN_VALUE_BYTES = 4 * 1024 * 1024
+"""Largest return value one rank may report (tagged bytes, as the worker wrote them)."""
+MAX_RESULT_BYTES_PER_JOB = 32 * 1024 * 1024
+"""Largest sum of the return values of all ranks of one job; going over fails the job."""
+RESULT_KEY_BYTES = 32
+"""Length of the key a function job's workers tag their return values with."""
 MAX_ARGV_ITEMS = 4096
 MAX_STRING = 64 * 1024
 MAX_ENV_ITEMS = 1024
@@ -262,6 +269,9 @@ class JobSpec:
     """Set from `entrypoint` when it names a function; "pkg.module:qualname"."""
     function_args: bytes = b""
     """Pickled (args, kwargs) of a function entrypoint, as sent over the wire."""
+    result_key: bytes = field(default=b"", repr=False)
+    """Function entrypoints: the key the workers tag their return values with. Made by
+    `Client.submit`; a secret of the submitter and the job's workers, never shown."""
 
     def __post_init__(self) -> None:
         ep = self.entrypoint
@@ -321,6 +331,11 @@ class JobSpec:
                 "args",
                 f"pickled arguments are {len(self.function_args)} bytes, "
                 f"over the limit of {MAX_FUNCTION_ARGS_BYTES}",
+            )
+        if self.result_key and (not self.function or len(self.result_key) != RESULT_KEY_BYTES):
+            raise SpecError(
+                "result_key",
+                f"must be {RESULT_KEY_BYTES} bytes, and only for a function entrypoint",
             )
         _count("nproc_per_node", self.nproc_per_node, 1, MAX_NPROC_PER_NODE)
         _count("min_nodes", self.min_nodes, 1, MAX_NODES)
@@ -419,6 +434,12 @@ class RunResult:
 
     `return_values` and `failures` are keyed by global rank and never share a key; workers
     that gelastic stopped on purpose are in neither.
+
+    `return_values` holds loaded values only when they were verified: the result of a `Job`
+    that this process submitted (it holds the job's key). A result fetched without the key (a
+    job looked up by id, `gelastic result`) is never unpickled: `return_values` is empty and
+    `raw_return_values` holds the tagged bytes; `client.results.trusted_load` loads one, and
+    `client.results.verified_load` checks it against the key first.
     """
 
     state: WorkerState
@@ -428,6 +449,10 @@ class RunResult:
     reason: str = ""
     job_id: str = ""
     name: str = ""
+    raw_return_values: dict[int, bytes] = field(default_factory=dict, repr=False)
+    """The return values as the workers wrote them (tag + pickle), by global rank; not loaded."""
+    return_value_sizes: dict[int, int] = field(default_factory=dict)
+    """Size in bytes of each rank's return value, as jobs, lists and watches report it."""
 
     def is_failed(self) -> bool:
         return self.state == WorkerState.FAILED

@@ -87,6 +87,7 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         cwd=spec.cwd,
         stderr_tail_lines=spec.stderr_tail_lines,
         unhealthy_timeout_ms=_ms(spec.unhealthy_timeout),
+        result_key=spec.result_key,
     )
 
 
@@ -154,6 +155,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         stderr_tail_lines=opt_i("stderr_tail_lines", d.stderr_tail_lines),
         unhealthy_timeout=opt_s("unhealthy_timeout_ms", d.unhealthy_timeout),
         function_args=msg.function_args,
+        result_key=msg.result_key,
     )
 
 
@@ -226,11 +228,12 @@ def _attempt_from_pb(m: pb.AttemptSummary) -> AttemptSummary:
 
 
 def result_to_pb(r: RunResult) -> pb.RunResult:
-    """Return values travel as the pickled bytes the workers produced."""
+    """The summary of a result: return values by size only; their bytes travel by GetResult."""
     root = r.root_cause
+    sizes = {int(k): len(v) for k, v in r.return_values.items() if isinstance(v, bytes)}
     return pb.RunResult(
         state=_WORKER_STATES[r.state],
-        return_values={int(k): bytes(v) for k, v in r.return_values.items()},
+        return_value_sizes=sizes or {int(k): int(v) for k, v in r.return_value_sizes.items()},
         failures={int(k): failure_to_pb(f) for k, f in r.failures.items()},
         root_cause_rank=root.global_rank if root is not None else -1,
         attempts=[_attempt_to_pb(a) for a in r.attempts],
@@ -239,10 +242,10 @@ def result_to_pb(r: RunResult) -> pb.RunResult:
 
 
 def result_from_pb(m: pb.RunResult, job_id: str = "", name: str = "") -> RunResult:
-    """Return values stay pickled bytes here; the client unpickles them."""
+    """A result summary: no return values, only their sizes (the client fetches the bytes)."""
     return RunResult(
         state=_WORKER_STATES_BACK.get(m.state, WorkerState.UNKNOWN),
-        return_values={int(k): bytes(v) for k, v in m.return_values.items()},
+        return_value_sizes={int(k): int(v) for k, v in m.return_value_sizes.items()},
         failures={int(k): failure_from_pb(f) for k, f in m.failures.items()},
         attempts=tuple(_attempt_from_pb(a) for a in m.attempts),
         reason=m.reason,
@@ -288,6 +291,7 @@ def job_to_pb(status: JobStatus, result: RunResult | None, spec: JobSpec | None 
     )
     if spec is not None:
         msg.spec.CopyFrom(_shown_spec_pb(spec))
+        msg.spec.ClearField("result_key")  # a secret of the submitter and the workers
     if result is not None:
         msg.result.CopyFrom(result_to_pb(result))
         msg.has_result = True

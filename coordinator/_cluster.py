@@ -23,6 +23,7 @@ from typing import Any
 
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import (
+    MAX_RESULT_BYTES_PER_JOB,
     MAX_RETURN_VALUE_BYTES,
     AttemptSummary,
     FailureCategory,
@@ -1258,6 +1259,8 @@ class Cluster:
             return
         member.seen_exits.add(key)
         report = _sanitized(report, now)
+        if report.return_value is not None:
+            report = _within_result_budget(job, w.global_rank, report)
         w.exitcode = report.exitcode
         if report.pid:
             w.pid = report.pid
@@ -1927,6 +1930,37 @@ def _sanitized(report: WorkerExitReport, now: float) -> WorkerExitReport:
         )
         value = None
     return replace(report, failure=f, return_value=value, timestamp=ts)
+
+
+def _within_result_budget(job: _Job, rank: int, report: WorkerExitReport) -> WorkerExitReport:
+    """The report with its return value kept only where one belongs and the job can hold it.
+
+    A command job has no return values, whatever an agent says; a function job's ranks together
+    may keep at most MAX_RESULT_BYTES_PER_JOB, and the rank that goes over fails the job.
+    """
+    value = report.return_value
+    if value is None or not job.spec.is_function:
+        return replace(report, return_value=None)
+    held = sum(len(v) for r, v in job.return_values.items() if r != rank)
+    if held + len(value) <= MAX_RESULT_BYTES_PER_JOB:
+        return report
+    return replace(
+        report,
+        return_value=None,
+        failure=report.failure
+        or ProcessFailure(
+            global_rank=report.global_rank,
+            local_rank=report.local_rank,
+            pid=report.pid,
+            exitcode=report.exitcode,
+            message=(
+                f"the return values of the job's ranks add up to {held + len(value)} bytes "
+                f"with this rank's {len(value)}, over the per-job limit of "
+                f"{MAX_RESULT_BYTES_PER_JOB} bytes; return less, or write it to a file"
+            ),
+            timestamp=report.timestamp,
+        ),
+    )
 
 
 def _stamp(f: ProcessFailure, node: str, w: _Worker, job: _Job) -> ProcessFailure:

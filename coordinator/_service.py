@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -77,6 +77,17 @@ MAX_NODE_MESSAGE_BYTES = 16 * 1024 * 1024
 limit (coordinator/server.py, nodeagent/session.py). A bigger one fails the whole stream."""
 WRITE_WAIT_S = 30.0
 """How long a reader waits for the state it would see to be on disk."""
+RESULT_CHUNK_BYTES = 1024 * 1024
+"""Largest piece of a return value in one GetResult message."""
+JOB_MESSAGE_BYTES = 4 * 1024 * 1024
+"""About the most one job's GetJob/WatchJob/CancelJob message holds; see `_bounded_job`."""
+FAILURES_KEPT_IN_JOB = 1000
+"""Failures a job message lists when it must be shortened (root cause first, then earliest)."""
+SHORT_TEXT = 1024
+EVENTS_PAGE_MAX = 1000
+"""Most events in one GetEvents response or WatchJob update."""
+EVENTS_PAGE_BYTES = 1024 * 1024
+"""About the most event bytes in one GetEvents response or WatchJob update."""
 LOG_WINDOW_CHUNKS = 16
 """Log chunks an agent may send for one request before the coordinator grants more (each chunk
 at most LOG_CHUNK_MAX_BYTES): what one log stream can hold in the coordinator's memory."""
@@ -532,8 +543,12 @@ class CoordinatorService:
 
     def job_message(self, job_id: str, *, with_spec: bool = False) -> pb.Job:
         c = self.cluster
-        return job_to_pb(
-            c.job_status(job_id), c.job_result(job_id), c.job_spec(job_id) if with_spec else None
+        return _bounded_job(
+            job_to_pb(
+                c.job_status(job_id),
+                c.job_result(job_id),
+                c.job_spec(job_id) if with_spec else None,
+            )
         )
 
     # ---- submit ----------------------------------------------------------------------------
@@ -898,12 +913,12 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
             after = 0
             while True:
                 await svc.written([job_id])
-                events = svc.cluster.job_events(job_id, after)
+                events, more = _event_page(svc.cluster.job_events(job_id, after))
                 if events:
                     after = events[-1].seq
-                yield pb.JobUpdate(
-                    job=svc.job_message(job_id), events=[event_to_pb(e) for e in events]
-                )
+                yield pb.JobUpdate(job=svc.job_message(job_id), events=events)
+                if more:
+                    continue  # the rest of a long timeline, a page per update
                 if svc.cluster.job_state(job_id).is_terminal():
                     return
                 version = await svc.wait_changed(job_id, version, WATCH_KEEPALIVE_S)
@@ -927,7 +942,9 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
             await _abort_for(context, exc)
             raise
         # No await since the wait: what is read now of these jobs is on disk.
-        return pb.ListJobsResponse(jobs=[self._svc.job_message(j) for j in ids if c.has_job(j)])
+        return pb.ListJobsResponse(
+            jobs=[_list_entry(self._svc.job_message(j)) for j in ids if c.has_job(j)]
+        )
 
     async def ListNodes(
         self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext
@@ -953,8 +970,33 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         try:
             _check_job_ref(self._svc, request.job_id)
             await self._svc.written([request.job_id])
-            events = self._svc.cluster.job_events(request.job_id, request.after_seq)
-            return pb.GetEventsResponse(events=[event_to_pb(e) for e in events])
+            events, more = _event_page(
+                self._svc.cluster.job_events(request.job_id, request.after_seq)
+            )
+            return pb.GetEventsResponse(events=events, more=more)
+        except Exception as exc:
+            await _abort_for(context, exc)
+            raise
+
+    async def GetResult(
+        self, request: pb.GetResultRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ResultChunk]:
+        try:
+            _check_job_ref(self._svc, request.job_id)
+            await self._svc.written([request.job_id])
+            result = self._svc.cluster.job_result(request.job_id)
+            values = dict(result.return_values) if result is not None else {}
+            for rank in sorted(values):
+                data = values[rank]
+                if not isinstance(data, bytes):
+                    continue
+                for offset in range(0, max(len(data), 1), RESULT_CHUNK_BYTES):
+                    yield pb.ResultChunk(
+                        rank=rank,
+                        offset=offset,
+                        total=len(data),
+                        data=data[offset : offset + RESULT_CHUNK_BYTES],
+                    )
         except Exception as exc:
             await _abort_for(context, exc)
             raise
@@ -1054,6 +1096,85 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
             logger.exception("node %s session reader failed", session.name)
         finally:
             session.close()
+
+
+def _list_entry(msg: pb.Job) -> pb.Job:
+    """A job as ListJobs shows it: its result reduced to state, reason and sizes."""
+    if msg.has_result:
+        r = msg.result
+        summary = pb.RunResult(
+            state=r.state,
+            reason=r.reason,
+            root_cause_rank=r.root_cause_rank,
+            return_value_sizes=r.return_value_sizes,
+        )
+        msg.result.CopyFrom(summary)
+    return msg
+
+
+def _shorten(f: pb.ProcessFailure) -> None:
+    f.traceback = ""
+    f.stderr_tail = ""
+    if len(f.message) > SHORT_TEXT:
+        f.message = f.message[:SHORT_TEXT] + " [...]"
+
+
+def _bounded_job(msg: pb.Job) -> pb.Job:
+    """`msg` cut down to about JOB_MESSAGE_BYTES when its failures make it bigger.
+
+    Each step keeps the most useful part: first the attempts' failures lose their tracebacks
+    and stderr tails, then the result's failures other than the root cause, then only the
+    first and the latest attempts stay, then only the root cause and the earliest failures.
+    """
+    if msg.ByteSize() <= JOB_MESSAGE_BYTES:
+        return msg
+    r = msg.result
+    for a in r.attempts:
+        for f in a.failures:
+            _shorten(f)
+    if msg.ByteSize() <= JOB_MESSAGE_BYTES:
+        return msg
+    for f in r.failures.values():
+        if not f.root_cause:
+            _shorten(f)
+    if msg.ByteSize() <= JOB_MESSAGE_BYTES:
+        return msg
+    if len(r.attempts) > 2:
+        kept = [
+            _copy(pb.AttemptSummary(), r.attempts[0]),
+            _copy(pb.AttemptSummary(), r.attempts[-1]),
+        ]
+        del r.attempts[:]
+        r.attempts.extend(kept)
+    if msg.ByteSize() <= JOB_MESSAGE_BYTES or len(r.failures) <= FAILURES_KEPT_IN_JOB:
+        return msg
+    order = sorted(r.failures.items(), key=lambda kv: (not kv[1].root_cause, kv[1].timestamp))
+    keep = {rank: _copy(pb.ProcessFailure(), f) for rank, f in order[:FAILURES_KEPT_IN_JOB]}
+    r.ClearField("failures")
+    for rank, f in keep.items():
+        r.failures[rank].CopyFrom(f)
+    return msg
+
+
+M = TypeVar("M", pb.AttemptSummary, pb.ProcessFailure)
+
+
+def _copy(into: M, source: M) -> M:
+    into.CopyFrom(source)
+    return into
+
+
+def _event_page(events: Sequence[Any]) -> tuple[list[pb.Event], bool]:
+    """The first events that fit one response (at least one), and whether more follow."""
+    page: list[pb.Event] = []
+    size = 0
+    for e in events:
+        msg = event_to_pb(e)
+        size += msg.ByteSize()
+        if page and (len(page) >= EVENTS_PAGE_MAX or size > EVENTS_PAGE_BYTES):
+            return page, True
+        page.append(msg)
+    return page, False
 
 
 def _assign_size_bound(a: RoundAssignment) -> int:

@@ -17,6 +17,8 @@ Usage::
 from __future__ import annotations
 
 import faulthandler
+import hashlib
+import hmac
 import importlib
 import importlib.machinery
 import importlib.util
@@ -44,6 +46,12 @@ _USAGE = (
 # torch's own writers (`@record`) use protocol-agnostic json; return values use at least 4 so
 # large objects (> 4 GiB) and out-of-band friendly types round-trip.
 _PICKLE_PROTOCOL = max(4, pickle.DEFAULT_PROTOCOL)
+# The args file and the tagged return value; kept in step with nodeagent._launch
+# (function_args_file) and client.results (MAGIC, result_tag).
+_ARGS_MAGIC = b"GELASTIC-ARGS/1\n"
+_RESULT_MAGIC = b"GELASTIC-RV/1\x00"
+_RESULT_DOMAIN = b"gelastic.v1 return value\x00"
+_MAX_ARGS_HEADER = 4096
 RELEASE_PG_TIMEOUT_S = 10.0
 """How long the end of a successful worker waits for its gloo process group to be destroyed."""
 
@@ -168,13 +176,35 @@ def _resolve_function(ref: str) -> Any:
     return obj
 
 
+def _read_args_file(path: str) -> tuple[bytes, bytes, str, int]:
+    """(pickled args, result key, job id, global rank) from the agent's args file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data.startswith(_ARGS_MAGIC):
+        return data, b"", "", -1  # a bare pickle: nothing to tag the return value with
+    end = data.find(b"\n", len(_ARGS_MAGIC), len(_ARGS_MAGIC) + _MAX_ARGS_HEADER)
+    if end < 0:
+        raise ValueError(f"the args file {path} has no valid header")
+    header = json.loads(data[len(_ARGS_MAGIC) : end].decode("utf-8"))
+    key = bytes.fromhex(str(header.get("result_key", "")))
+    return data[end + 1 :], key, str(header.get("job_id", "")), int(header.get("rank", -1))
+
+
+def _tagged(pickled: bytes, key: bytes, job_id: str, rank: int) -> bytes:
+    # HMAC-SHA256 over a domain prefix, the job id, the rank and the bytes, so a value can be
+    # neither changed nor moved to another rank or job by anyone without the job's key.
+    msg = _RESULT_DOMAIN + job_id.encode("utf-8") + b"\x00" + str(rank).encode() + b"\x00"
+    tag = hmac.new(key, msg + pickled, hashlib.sha256).digest() if key else bytes(32)
+    return _RESULT_MAGIC + tag + pickled
+
+
 def _run_function(opts: _Options) -> None:
     fn = _resolve_function(opts.target)
     args: Any = ()
     kwargs: Any = {}
+    key, job_id, rank = b"", "", -1
     if opts.args_file:
-        with open(opts.args_file, "rb") as f:
-            payload = f.read()
+        payload, key, job_id, rank = _read_args_file(opts.args_file)
         if payload:
             args, kwargs = pickle.loads(payload)
     result = fn(*args, **kwargs)
@@ -185,7 +215,7 @@ def _run_function(opts: _Options) -> None:
         sys.stderr.write(message + "\n")
         _write_error_file(opts.error_file, message, traceback.format_exc())
         sys.exit(1)
-    _atomic_write(opts.return_file, data)
+    _atomic_write(opts.return_file, _tagged(data, key, job_id, rank))
 
 
 def _new_main(filename: str | None) -> types.ModuleType:

@@ -24,11 +24,12 @@ hosts the store, as before.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 
@@ -111,8 +112,9 @@ class WorkerLaunch:
     """Where a function entrypoint's pickled return value lands; None for commands."""
     args_file: Path | None
     """Where the pickled (args, kwargs) of a function entrypoint must be written first."""
-    args_bytes: bytes | None
-    """Content of `args_file`; written by the group before spawning."""
+    args_bytes: bytes | None = field(repr=False)
+    """Content of `args_file` (`function_args_file`; holds the job's result key); written by
+    the group before spawning."""
     redirect: int
     """torchrun Std mask: streams that go to the log file only."""
     tee: int
@@ -279,6 +281,22 @@ def uses_agent_store(spec: JobSpec) -> bool:
     if spec.is_function:
         return True
     return bool(spec.argv) and bool(_PYTHON_NAME.fullmatch(os.path.basename(spec.argv[0])))
+
+
+ARGS_MAGIC = b"GELASTIC-ARGS/1\n"
+"""First line of a function worker's args file; the bootstrap reads the format back."""
+
+
+def function_args_file(spec: JobSpec, job_id: str, global_rank: int) -> bytes:
+    """The args file of one function worker: a magic line, one JSON line, the pickled args.
+
+    The JSON line carries what the worker's bootstrap tags the return value with: the job's
+    result key (hex; "" when the submitter made none), the job id and the worker's global rank.
+    The file is the only place the key is given to the worker (never env or argv), so it is
+    written 0600 in the worker's 0700 directory.
+    """
+    header = {"job_id": job_id, "rank": int(global_rank), "result_key": spec.result_key.hex()}
+    return ARGS_MAGIC + json.dumps(header).encode("utf-8") + b"\n" + spec.function_args
 
 
 def _substitute(args: Sequence[str], local_rank: int) -> list[str]:
@@ -490,7 +508,11 @@ def build_launch_plan(
                 error_file=error_file,
                 return_file=return_file,
                 args_file=args_file,
-                args_bytes=spec.function_args if args_file is not None else None,
+                args_bytes=(
+                    function_args_file(spec, assignment.job_id, ranks.global_rank)
+                    if args_file is not None
+                    else None
+                ),
                 redirect=redirects.get(ranks.local_rank, 0),
                 tee=tees.get(ranks.local_rank, 0),
                 prefix=tee_prefix(

@@ -731,19 +731,23 @@ class WorkerGroup:
             p.finish()
 
     def _read_return_value(self, launch: WorkerLaunch) -> tuple[bytes | None, str | None]:
+        # Opaque tagged bytes (the client checks the tag); a command job has none to read.
         path = launch.return_file
-        if path is None:
+        if path is None or not launch.is_function:
             return None, None
         try:
-            size = path.stat().st_size
+            with path.open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                data = f.read(MAX_RETURN_VALUE_BYTES + 1) if size <= MAX_RETURN_VALUE_BYTES else b""
         except FileNotFoundError:
             return None, None
+        size = max(size, len(data))
         if size > MAX_RETURN_VALUE_BYTES:
             return None, (
                 f"the return value is {size} bytes, {size - MAX_RETURN_VALUE_BYTES} bytes over "
                 f"the limit of {MAX_RETURN_VALUE_BYTES} bytes"
             )
-        return path.read_bytes(), None
+        return data, None
 
     def _read_failure_files(self, launch: WorkerLaunch) -> tuple[ErrorFileResult, str]:
         ef = read_error_file(launch.error_file)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -186,6 +187,8 @@ def test_json_view_of_values_json_cannot_carry() -> None:
         "reason": "",
         "job_id": "",
         "name": "",
+        "raw_return_values": {},
+        "return_value_sizes": {},
     }
 
 
@@ -292,9 +295,15 @@ def test_submit_watch_a_function_prints_its_return_values(shared: LocalCluster) 
     assert out["state"] == "SUCCEEDED"
     # operator.add("1", "2") on every rank, unpickled by the CLI.
     assert out["result"]["return_values"] == {"0": "12", "1": "12"}
+    # Another process has no key: it shows sizes and loads nothing unless told to.
     proc = gelastic("result", out["job_id"], cluster=shared)
     assert proc.returncode == 0, proc.stderr
+    assert "not loaded" in proc.stdout and "'12'" not in proc.stdout
+    assert re.search(r"rank 0: \d+ bytes", proc.stdout), proc.stdout
+    proc = gelastic("result", "--trusted-load", out["job_id"], cluster=shared)
+    assert proc.returncode == 0, proc.stderr
     assert "rank 0: '12'" in proc.stdout and "rank 1: '12'" in proc.stdout
+    assert "warning" in proc.stderr
 
 
 def test_submit_module_runs_python_dash_m(shared: LocalCluster) -> None:

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from client import Client, GelasticError, JobSpec, JobState, WorkerState
+from client.results import tagged
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -36,7 +37,7 @@ def client(coordinator: Coordinator) -> Client:
 async def test_two_by_two_job_succeeds_with_return_values(
     coordinator: Coordinator, client: Client
 ) -> None:
-    spec = JobSpec(entrypoint=["python", "train.py"], nproc_per_node=2, min_nodes=2, max_nodes=2)
+    spec = JobSpec(entrypoint="pkg.mod:fn", nproc_per_node=2, min_nodes=2, max_nodes=2)
     job = await asyncio.to_thread(client.submit, spec)
     status = await asyncio.to_thread(job.status)
     assert status.state == JobState.QUEUED
@@ -59,7 +60,12 @@ async def test_two_by_two_job_succeeds_with_return_values(
                 asg,
                 lr,
                 0,
-                return_value=pickle.dumps({"rank": asg.workers[lr].global_rank}),
+                return_value=tagged(
+                    asg.spec.result_key,
+                    job.job_id,
+                    asg.workers[lr].global_rank,
+                    pickle.dumps({"rank": asg.workers[lr].global_rank}),
+                ),
                 has_return_value=True,
             )
             await node.outbox.put(msg)

@@ -28,9 +28,7 @@ async def test_held_exits_bigger_than_a_message_still_reach_a_restarted_coordina
     config = CoordinatorConfig(
         state_dir=str(tmp_path / "state"), port=0, lease=30.0, heartbeat_interval=1.0
     )
-    spec = JobSpec(
-        entrypoint=["python", "train.py"], nproc_per_node=WORKERS, min_nodes=1, max_nodes=1
-    )
+    spec = JobSpec(entrypoint="pkg.mod:fn", nproc_per_node=WORKERS, min_nodes=1, max_nodes=1)
     async with Coordinator(config) as c:
         job_id = await c.service.submit(spec)
         node = FakeNode(c.address, "node-a", "127.0.0.1", slots=WORKERS)

@@ -25,6 +25,7 @@ import pytest
 
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import MAX_RETURN_VALUE_BYTES, JobSpec, WorkerState
+from client.results import verified_load
 from nodeagent._reaper import reap_previous, record_workers
 from nodeagent._sentinel import MARK_ENV
 from nodeagent._workers import WorkerExit, WorkerGroup
@@ -381,17 +382,23 @@ async def test_python_modes_look_like_plain_python(h: Harness, command: list[str
 
 
 async def test_function_returns_values(h: Harness) -> None:
+    key = bytes(range(32))
     spec = JobSpec(
         entrypoint="workloads.functions:return_dict",
         function_args=pickle.dumps(((5,), {"y": 7})),
         nproc_per_node=2,
         cwd=str(TESTS_DIR),
+        result_key=key,
     )
     g, exits = h.group(spec)
     await h.start(g)
     done = await exits.wait(2)
     assert [e.failure for e in done] == [None, None]
-    values = [pickle.loads(e.return_value) for e in done if e.return_value is not None]
+    values = [
+        verified_load(e.return_value, key=key, job_id="job1", rank=e.global_rank)
+        for e in done
+        if e.return_value is not None
+    ]
     assert values == [{"x": 5, "y": 7, "rank": r, "sum": 12} for r in (0, 1)]
 
 

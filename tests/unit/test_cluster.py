@@ -128,7 +128,7 @@ def test_port_reserved_assigns_every_node_its_ranks_and_the_master() -> None:
 
 def test_workers_start_then_all_exit_0_succeeds_through_the_barrier() -> None:
     d = Driver()
-    d.submit("j", min_nodes=2, max_nodes=2, nproc_per_node=2)
+    d.submit("j", min_nodes=2, max_nodes=2, nproc_per_node=2, entrypoint="pkg.mod:fn")
     d.connect("a", addr="10.0.0.1", slots=2)
     d.connect("b", addr="10.0.0.2", slots=2)
     d.settle()
@@ -352,7 +352,7 @@ def test_collateral_failure_after_the_root_cause_is_labelled_not_root() -> None:
 
 
 def test_restart_re_rendezvous_with_attempt_1_on_every_node_then_succeeds() -> None:
-    d = running_job(nodes=2, nproc=2, max_restarts=1)
+    d = running_job(nodes=2, nproc=2, max_restarts=1, entrypoint="pkg.mod:fn")
     d.clear()
     d.exit("n1", 0, 1)
     d.settle()
@@ -573,7 +573,7 @@ def test_new_node_while_running_below_max_re_forms() -> None:
 def test_ranks_that_all_exit_0_while_a_scale_up_stop_is_in_flight_succeed() -> None:
     # Regression: the job was re-formed and run again from scratch although every rank of the
     # round had already exited 0.
-    d = running_job(nodes=2, nproc=1, min_nodes=1, max_nodes=3)
+    d = running_job(nodes=2, nproc=1, min_nodes=1, max_nodes=3, entrypoint="pkg.mod:fn")
     for n in d.nodes.values():
         n.auto_stop = False
     d.connect("n9")
@@ -952,7 +952,7 @@ def test_unknown_and_duplicate_jobs_raise() -> None:
 
 
 def test_reconnect_with_the_current_round_re_attaches_and_applies_exits_in_order() -> None:
-    d = running_job(nodes=2, nproc=2)
+    d = running_job(nodes=2, nproc=2, entrypoint="pkg.mod:fn")
     a = d.assignment("n1")
     inc = d.nodes["n1"].incarnation
     pids = d.nodes["n1"].running[("j", 1)]

@@ -12,6 +12,7 @@ import pytest
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import JobSpec
 from nodeagent._launch import (
+    ARGS_MAGIC,
     BOOTSTRAP_PATH,
     STORE_HOST_PATH,
     attempt_dir,
@@ -237,7 +238,8 @@ def test_function_entrypoint() -> None:
         f"{d}/return.pkl",
         "--",
     )
-    assert w.args_bytes == payload
+    assert w.args_bytes is not None and w.args_bytes.endswith(payload)
+    assert w.args_bytes.startswith(ARGS_MAGIC)
     assert w.return_file == Path(d) / "return.pkl"
     assert w.is_function and w.program == "pkg.mod:fn"
 

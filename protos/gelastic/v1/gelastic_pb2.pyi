@@ -57,7 +57,7 @@ FAILURE_CATEGORY_INFRA: FailureCategory
 FAILURE_CATEGORY_INPUT: FailureCategory
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "role", "entrypoint", "function", "args", "function_args", "nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "env", "redirects", "tee", "join_timeout_ms", "last_call_timeout_ms", "exit_barrier_timeout_ms", "stop_grace_ms", "restart_backoff_ms", "scale_up", "watchdog", "cwd", "stderr_tail_lines", "unhealthy_timeout_ms")
+    __slots__ = ("name", "role", "entrypoint", "function", "args", "function_args", "nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "env", "redirects", "tee", "join_timeout_ms", "last_call_timeout_ms", "exit_barrier_timeout_ms", "stop_grace_ms", "restart_backoff_ms", "scale_up", "watchdog", "cwd", "stderr_tail_lines", "unhealthy_timeout_ms", "result_key")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class JobSpec(_message.Message):
     CWD_FIELD_NUMBER: _ClassVar[int]
     STDERR_TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
     UNHEALTHY_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_KEY_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: str
     entrypoint: _containers.RepeatedScalarFieldContainer[str]
@@ -111,7 +112,8 @@ class JobSpec(_message.Message):
     cwd: str
     stderr_tail_lines: int
     unhealthy_timeout_ms: int
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., function: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., function_args: _Optional[bytes] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., redirects: _Optional[str] = ..., tee: _Optional[str] = ..., join_timeout_ms: _Optional[int] = ..., last_call_timeout_ms: _Optional[int] = ..., exit_barrier_timeout_ms: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., restart_backoff_ms: _Optional[int] = ..., scale_up: _Optional[str] = ..., watchdog: _Optional[bool] = ..., cwd: _Optional[str] = ..., stderr_tail_lines: _Optional[int] = ..., unhealthy_timeout_ms: _Optional[int] = ...) -> None: ...
+    result_key: bytes
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., function: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., function_args: _Optional[bytes] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., redirects: _Optional[str] = ..., tee: _Optional[str] = ..., join_timeout_ms: _Optional[int] = ..., last_call_timeout_ms: _Optional[int] = ..., exit_barrier_timeout_ms: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., restart_backoff_ms: _Optional[int] = ..., scale_up: _Optional[str] = ..., watchdog: _Optional[bool] = ..., cwd: _Optional[str] = ..., stderr_tail_lines: _Optional[int] = ..., unhealthy_timeout_ms: _Optional[int] = ..., result_key: _Optional[bytes] = ...) -> None: ...
 
 class ProcessFailure(_message.Message):
     __slots__ = ("node", "global_rank", "local_rank", "pid", "exitcode", "signal", "error_file", "message", "traceback", "timestamp", "attempt", "round", "root_cause", "category", "stderr_tail", "role_rank", "role")
@@ -170,7 +172,7 @@ class AttemptSummary(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., round: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., end_reason: _Optional[str] = ..., failures: _Optional[_Iterable[_Union[ProcessFailure, _Mapping]]] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ...) -> None: ...
 
 class RunResult(_message.Message):
-    __slots__ = ("state", "return_values", "failures", "root_cause_rank", "attempts", "reason")
+    __slots__ = ("state", "return_values", "failures", "root_cause_rank", "attempts", "reason", "return_value_sizes")
     class ReturnValuesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -185,19 +187,28 @@ class RunResult(_message.Message):
         key: int
         value: ProcessFailure
         def __init__(self, key: _Optional[int] = ..., value: _Optional[_Union[ProcessFailure, _Mapping]] = ...) -> None: ...
+    class ReturnValueSizesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     STATE_FIELD_NUMBER: _ClassVar[int]
     RETURN_VALUES_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     ROOT_CAUSE_RANK_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    RETURN_VALUE_SIZES_FIELD_NUMBER: _ClassVar[int]
     state: WorkerState
     return_values: _containers.ScalarMap[int, bytes]
     failures: _containers.MessageMap[int, ProcessFailure]
     root_cause_rank: int
     attempts: _containers.RepeatedCompositeFieldContainer[AttemptSummary]
     reason: str
-    def __init__(self, state: _Optional[_Union[WorkerState, str]] = ..., return_values: _Optional[_Mapping[int, bytes]] = ..., failures: _Optional[_Mapping[int, ProcessFailure]] = ..., root_cause_rank: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[AttemptSummary, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+    return_value_sizes: _containers.ScalarMap[int, int]
+    def __init__(self, state: _Optional[_Union[WorkerState, str]] = ..., return_values: _Optional[_Mapping[int, bytes]] = ..., failures: _Optional[_Mapping[int, ProcessFailure]] = ..., root_cause_rank: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[AttemptSummary, _Mapping]]] = ..., reason: _Optional[str] = ..., return_value_sizes: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("node", "addr", "group_rank", "nproc", "done")
@@ -390,10 +401,30 @@ class GetEventsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., after_seq: _Optional[int] = ...) -> None: ...
 
 class GetEventsResponse(_message.Message):
-    __slots__ = ("events",)
+    __slots__ = ("events", "more")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[Event]
-    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
+    more: bool
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class GetResultRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ResultChunk(_message.Message):
+    __slots__ = ("rank", "offset", "total", "data")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    offset: int
+    total: int
+    data: bytes
+    def __init__(self, rank: _Optional[int] = ..., offset: _Optional[int] = ..., total: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class ReadLogsRequest(_message.Message):
     __slots__ = ("job_id", "rank", "stream", "attempt", "follow")

@@ -74,6 +74,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ReadLogsRequest.SerializeToString,
                 response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.LogData.FromString,
                 _registered_method=True)
+        self.GetResult = channel.unary_stream(
+                '/gelastic.v1.Coordinator/GetResult',
+                request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetResultRequest.SerializeToString,
+                response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ResultChunk.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -127,6 +132,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetResult(self, request, context):
+        """The return values of a job that succeeded, streamed; empty for any other job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +181,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReadLogs,
                     request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ReadLogsRequest.FromString,
                     response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.LogData.SerializeToString,
+            ),
+            'GetResult': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetResult,
+                    request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetResultRequest.FromString,
+                    response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ResultChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +404,33 @@ class Coordinator:
             '/gelastic.v1.Coordinator/ReadLogs',
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ReadLogsRequest.SerializeToString,
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.LogData.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetResult(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/gelastic.v1.Coordinator/GetResult',
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetResultRequest.SerializeToString,
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ResultChunk.FromString,
             options,
             channel_credentials,
             insecure,
