@@ -171,7 +171,10 @@ class _Cluster:
                 await a.node.close()
             await self.coord.stop(0.5)
 
-        self.loop.run_until_complete(main())
+        try:
+            self.loop.run_until_complete(main())
+        finally:
+            self.loop.close()
 
     def on_loop(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the cluster's loop (where its state lives) and return what it returns."""

@@ -55,7 +55,10 @@ class _Server:
             await self.stop_event.wait()
             await self.coord.stop(0.5)
 
-        self.loop.run_until_complete(main())
+        try:
+            self.loop.run_until_complete(main())
+        finally:
+            self.loop.close()
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.stop_event.set)
