@@ -50,7 +50,7 @@ from coordinator._cluster import (
 )
 from coordinator._codec import encode
 from coordinator._errors import RequestError, status_for
-from coordinator._store import Store
+from coordinator._store import StateStore
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
@@ -107,7 +107,7 @@ class CoordinatorService:
         self,
         config: ClusterConfig | None = None,
         clock: Callable[[], float] = time.time,
-        store: Store | None = None,
+        store: StateStore | None = None,
         reconnect_grace: float = RECONNECT_GRACE_S,
     ) -> None:
         self.cluster = Cluster(config)
@@ -505,13 +505,17 @@ class CoordinatorService:
         except Exception as exc:
             if c.has_job(job_id) and job_id in self._unwritten_jobs:
                 c.withdraw(job_id)
+                # A write whose outcome is unknown (etcd: no answer in time) may have landed:
+                # the next write deletes the job, so a restart cannot bring it back.
+                self._forget_jobs.add(job_id)
                 self._dirty_jobs.discard(job_id)
                 self._pending_events = [e for e in self._pending_events if e[1] != job_id]
                 self._unwritten_jobs.discard(job_id)
                 self._job_versions.pop(job_id, None)
                 raise RequestError(
                     grpc.StatusCode.UNAVAILABLE,
-                    "the coordinator could not write the job to disk; it was not queued",
+                    f"the coordinator could not write the job to its store; it was not queued: "
+                    f"{str(exc)[:300]}",
                 ) from exc
             raise
         self.apply(c.confirm_written(job_id, self.now()))
