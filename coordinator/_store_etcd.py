@@ -54,7 +54,7 @@ from coordinator._store import (
 from protos.etcd import rpc_pb2 as epb
 from protos.etcd import rpc_pb2_grpc as epb_grpc
 
-__all__ = ["EtcdSettings", "EtcdStore", "parse_etcd_url"]
+__all__ = ["EtcdRefused", "EtcdSettings", "EtcdStore", "parse_etcd_url"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,10 @@ _HOST = re.compile(r"[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]")
 _PARTS = "__parts__"
 
 T = TypeVar("T")
+
+
+class EtcdRefused(StoreUnavailable):
+    """etcd answered, and refused: asking again (or another member) will not help."""
 
 
 @dataclass(frozen=True)
@@ -259,6 +263,9 @@ class EtcdStore:
                 self._migrate()
                 break
             except StoreUnavailable as exc:
+                if isinstance(exc, EtcdRefused):
+                    self.close()
+                    raise
                 if time.monotonic() >= deadline:
                     self.close()
                     raise StoreUnavailable(
@@ -282,6 +289,8 @@ class EtcdStore:
         for i in range(n):
             index = (self._current + i) % n
             for attempt in range(2):
+                if self.settings.user and not self._token:
+                    self._authenticate(index)
                 metadata = [("token", self._token)] if self._token else []
                 try:
                     result = fn(self._stubs[index], metadata)
@@ -309,7 +318,7 @@ class EtcdStore:
                         grpc.StatusCode.UNAUTHENTICATED,
                     ):
                         # etcd refused the request itself: another member would as well.
-                        raise StoreUnavailable(
+                        raise EtcdRefused(
                             f"etcd refused the request ({code.name}: {details[:300]})"
                         ) from None
                     errors.append(
@@ -329,7 +338,12 @@ class EtcdStore:
         except grpc.RpcError as exc:
             code = exc.code() if isinstance(exc, grpc.Call) else None
             details = (exc.details() if isinstance(exc, grpc.Call) else "") or ""
-            raise StoreUnavailable(
+            error = (
+                EtcdRefused
+                if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
+                else StoreUnavailable
+            )
+            raise error(
                 f"could not authenticate to etcd as {self.settings.user!r} "
                 f"({code.name if code else exc}: {details[:200]})"
             ) from None

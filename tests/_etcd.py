@@ -45,9 +45,12 @@ def _free_port() -> int:
 class EtcdServer:
     """One etcd process; `restart()` brings it back on the same ports and data."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, tls: tuple[str, str, str] | None = None) -> None:
+        """`tls`: (CA, server certificate, server key) PEM files; clients then need a
+        certificate that CA signed (etcd's --client-cert-auth)."""
         self.binary = etcd_binary()
         self.workdir = workdir
+        self.tls = tls
         self.data_dir = workdir / "data"
         self.client_port = _free_port()
         self.peer_port = _free_port()
@@ -65,7 +68,7 @@ class EtcdServer:
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("etcd is still running")
         self.workdir.mkdir(parents=True, exist_ok=True)
-        client = f"http://{self.endpoint}"
+        client = f"{'https' if self.tls else 'http'}://{self.endpoint}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         argv = [
             self.binary,
@@ -86,6 +89,10 @@ class EtcdServer:
             "--log-level",
             "warn",
         ]
+        if self.tls:
+            ca, cert, key = self.tls
+            argv += ["--cert-file", cert, "--key-file", key]
+            argv += ["--trusted-ca-file", ca, "--client-cert-auth"]
         self._log = open(self.workdir / "etcd.log", "ab")  # noqa: SIM115 - closed in stop()
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
         self.proc = subprocess.Popen(
@@ -93,9 +100,27 @@ class EtcdServer:
         )
         self._wait_ready()
 
+    def channel(self, client_cert: tuple[str, str] | None = None) -> grpc.Channel:
+        """A channel to this etcd (`client_cert`: PEM certificate and key, under TLS)."""
+        if not self.tls:
+            return grpc.insecure_channel(self.endpoint)
+        cert, key = client_cert or (self.tls[1], self.tls[2])
+        creds = grpc.ssl_channel_credentials(
+            Path(self.tls[0]).read_bytes(), Path(key).read_bytes(), Path(cert).read_bytes()
+        )
+        return grpc.secure_channel(self.endpoint, creds)
+
+    def enable_auth(self, root_password: str) -> None:
+        """Turn on etcd's authentication, with user root (role root) as the only user."""
+        with self.channel() as ch:
+            auth = epb_grpc.AuthStub(ch)
+            auth.UserAdd(epb.AuthUserAddRequest(name="root", password=root_password), timeout=5)
+            auth.UserGrantRole(epb.AuthUserGrantRoleRequest(user="root", role="root"), timeout=5)
+            auth.AuthEnable(epb.AuthEnableRequest(), timeout=5)
+
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        with grpc.insecure_channel(self.endpoint) as ch:
+        with self.channel() as ch:
             stub = epb_grpc.KVStub(ch)
             while True:
                 assert self.proc is not None
@@ -105,7 +130,12 @@ class EtcdServer:
                     # A linearizable read answers only once the member has a leader.
                     stub.Range(epb.RangeRequest(key=b"health"), timeout=1.0)
                     return
-                except grpc.RpcError:
+                except grpc.RpcError as exc:
+                    if isinstance(exc, grpc.Call) and exc.code() in (
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        grpc.StatusCode.UNAUTHENTICATED,
+                    ):
+                        return  # it answers: auth is on (a restart of an etcd with auth)
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"etcd did not get ready: {self.log()}") from None
                     time.sleep(0.05)
