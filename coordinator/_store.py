@@ -257,7 +257,8 @@ class Store:
                         doc = json.loads(data)
                         if not isinstance(doc, dict):
                             raise ValueError(f"a JSON {type(doc).__name__}, not an object")
-                    except ValueError as exc:
+                    except (ValueError, RecursionError) as exc:
+                        # RecursionError: JSON nested deeper than the parser goes.
                         bad.append((table, k, f"not readable: {exc}"))
                         continue
                     keys.append(k)

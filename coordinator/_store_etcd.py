@@ -567,7 +567,8 @@ class EtcdStore:
                             name = _unq(rest)
                             nodes.append((name, doc))
                             self._loaded[("nodes", name)] = kv.key
-                    except (ValueError, KeyError, TypeError) as exc:
+                    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+                        # RecursionError: JSON nested deeper than the parser goes.
                         bad.append((kv.key, f"not readable: {exc}"))
             orphans = set(parts) - used_parts
         if bad:
