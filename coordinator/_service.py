@@ -50,7 +50,7 @@ from coordinator._cluster import (
 )
 from coordinator._codec import encode
 from coordinator._errors import RequestError, status_for
-from coordinator._store import StateStore
+from coordinator._store import StateStore, StoreUnavailable
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
@@ -229,8 +229,11 @@ class CoordinatorService:
                     await asyncio.to_thread(
                         store.save, jobs, events, nodes, meta, forget_jobs, forget_nodes, cuts
                     )
-                except Exception:
-                    logger.exception("could not write the coordinator state; will retry")
+                except Exception as exc:
+                    if isinstance(exc, StoreUnavailable):  # no traceback each second it is down
+                        logger.error("could not write the coordinator state; will retry: %s", exc)
+                    else:
+                        logger.exception("could not write the coordinator state; will retry")
                     self._dirty_jobs.update(j for j, _, _, _ in jobs)
                     self._pending_events = events + self._pending_events
                     self._dirty_nodes.update(n for n, _ in nodes or ())
@@ -289,6 +292,7 @@ class CoordinatorService:
             except Exception:
                 await asyncio.sleep(1.0)
                 self._flush_wanted.set()
+                continue  # a failed write is no batch to pause after: try again
             # A flush of a huge job costs O(ranks): pause in proportion so that a burst of
             # worker messages never spends more than a fifth of the loop on writing state. While
             # messages or readers wait on the write, the pause is only that proportion.

@@ -60,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 5.0
 """Deadline of one etcd call."""
+RECONNECT_WAIT_S = 1.5
+"""How long a call waits for a connection to a member that could not be reached just before."""
 CONNECT_WAIT_S = 30.0
 """How long opening the store waits for etcd to answer before it gives up."""
 MAX_TXN_OPS = 128
@@ -69,9 +71,10 @@ PART_BYTES = 512 * 1024
 """A value larger than this is written in pieces of this size."""
 MAX_VALUE_BYTES = 512 * 1024 * 1024
 """A value larger than this is refused: no job should ever need it."""
-RANGE_PAGE = 500
+RANGE_PAGE = 100
 PART_PAGE = 8
-MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+MAX_RECEIVE_BYTES = 160 * 1024 * 1024
+"""A page of RANGE_PAGE keys fits even when every value is at etcd's 1.5 MiB request limit."""
 MAX_ENDPOINTS = 16
 MAX_PASSWORD_BYTES = 4096
 QUARANTINE_DATA_BYTES = 256 * 1024
@@ -80,6 +83,14 @@ _HOST = re.compile(r"[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]")
 _PARTS = "__parts__"
 
 T = TypeVar("T")
+
+
+class _MemberFailed(Exception):
+    def __init__(self, reason: str, unreachable: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.unreachable = unreachable
+        """UNAVAILABLE: the call may never have reached the member (nothing listened)."""
 
 
 class EtcdRefused(StoreUnavailable):
@@ -244,7 +255,7 @@ class EtcdStore:
             ("grpc.keepalive_timeout_ms", 5_000),
             # Reconnect promptly once a restarted member listens again.
             ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 2_000),
+            ("grpc.max_reconnect_backoff_ms", 1_000),
         ]
         for ep in settings.endpoints:
             if creds is not None:
@@ -282,51 +293,81 @@ class EtcdStore:
     def describe(self) -> str:
         return f"etcd {self.settings.url()}"
 
-    def _call(self, fn: Callable[[epb_grpc.KVStub, list[tuple[str, str]]], T]) -> T:
-        """Run one call on the first member that answers; StoreUnavailable when none does."""
-        errors = []
+    def _call(self, fn: Callable[[epb_grpc.KVStub, list[tuple[str, str]], dict[str, Any]], T]) -> T:
+        """Run one call on the first member that answers; StoreUnavailable when none does.
+
+        When no member could be connected to, one more round waits (briefly) for a connection:
+        a member that just came back is answered by a channel still in its reconnect backoff.
+        """
+        errors: list[str] = []
         n = len(self._channels)
-        for i in range(n):
-            index = (self._current + i) % n
-            for attempt in range(2):
+        unreachable = 0
+        for round_ in range(2):
+            if round_ == 1 and unreachable < n:
+                break
+            options: dict[str, Any] = (
+                {"timeout": self._timeout}
+                if round_ == 0
+                else {"timeout": RECONNECT_WAIT_S, "wait_for_ready": True}
+            )
+            for i in range(n):
+                index = (self._current + i) % n
+                try:
+                    return self._try(fn, index, options)
+                except _MemberFailed as exc:
+                    errors.append(f"{self.settings.endpoints[index]}: {exc.reason}")
+                    unreachable += round_ == 0 and exc.unreachable
+        raise StoreUnavailable(f"etcd is unavailable ({'; '.join(errors)[:600]})")
+
+    def _try(
+        self,
+        fn: Callable[[epb_grpc.KVStub, list[tuple[str, str]], dict[str, Any]], T],
+        index: int,
+        options: dict[str, Any],
+    ) -> T:
+        """fn's result on member `index`; _MemberFailed when that member did not answer."""
+        for attempt in range(2):
+            try:
                 if self.settings.user and not self._token:
                     self._authenticate(index)
                 metadata = [("token", self._token)] if self._token else []
-                try:
-                    result = fn(self._stubs[index], metadata)
-                    self._current = index
-                    return result
-                except grpc.RpcError as exc:
-                    code = exc.code() if isinstance(exc, grpc.Call) else None
-                    details = (exc.details() if isinstance(exc, grpc.Call) else "") or ""
-                    if (
-                        self.settings.user
-                        and attempt == 0
-                        and (
-                            code == grpc.StatusCode.UNAUTHENTICATED
-                            or "auth token" in details
-                            or "user name is empty" in details
-                        )
-                    ):
-                        self._authenticate(index)
-                        continue
-                    if code in (
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        grpc.StatusCode.PERMISSION_DENIED,
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        grpc.StatusCode.UNAUTHENTICATED,
-                    ):
-                        # etcd refused the request itself: another member would as well.
-                        raise EtcdRefused(
-                            f"etcd refused the request ({code.name}: {details[:300]})"
-                        ) from None
-                    errors.append(
-                        f"{self.settings.endpoints[index]}: {code.name if code else exc}"
-                        f" {details[:200]}"
+                result = fn(self._stubs[index], metadata, options)
+                self._current = index
+                return result
+            except EtcdRefused:
+                raise
+            except StoreUnavailable as exc:  # this member did not answer Authenticate
+                raise _MemberFailed(str(exc), False) from None
+            except grpc.RpcError as exc:
+                code = exc.code() if isinstance(exc, grpc.Call) else None
+                details = (exc.details() if isinstance(exc, grpc.Call) else "") or ""
+                if (
+                    self.settings.user
+                    and attempt == 0
+                    and (
+                        code == grpc.StatusCode.UNAUTHENTICATED
+                        or "auth token" in details
+                        or "user name is empty" in details
                     )
-                    break
-        raise StoreUnavailable(f"etcd is unavailable ({'; '.join(errors)[:600]})")
+                ):
+                    self._token = ""  # expired or unknown to etcd: fetch a new one, once
+                    continue
+                if code in (
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                ):
+                    # etcd refused the request itself: another member would as well.
+                    raise EtcdRefused(
+                        f"etcd refused the request ({code.name}: {details[:300]})"
+                    ) from None
+                raise _MemberFailed(
+                    f"{code.name if code else exc} {details[:200]}",
+                    code == grpc.StatusCode.UNAVAILABLE,
+                ) from None
+        raise _MemberFailed("refused the renewed token", False)
 
     def _authenticate(self, index: int) -> None:
         stub = epb_grpc.AuthStub(self._channels[index])
@@ -365,7 +406,7 @@ class EtcdStore:
 
     def _read(self, req: epb.RangeRequest) -> epb.RangeResponse:
         resp: epb.RangeResponse = self._call(
-            lambda kv, md: kv.Range(req, timeout=self._timeout, metadata=md)
+            lambda kv, md, options: kv.Range(req, metadata=md, **options)
         )
         return resp
 
@@ -387,7 +428,7 @@ class EtcdStore:
             )
         req = epb.TxnRequest(compare=compare, success=ops)
         resp: epb.TxnResponse = self._call(
-            lambda kv, md: kv.Txn(req, timeout=self._timeout, metadata=md)
+            lambda kv, md, options: kv.Txn(req, metadata=md, **options)
         )
         if not resp.succeeded:
             raise StoreFenced(

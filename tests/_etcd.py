@@ -45,12 +45,18 @@ def _free_port() -> int:
 class EtcdServer:
     """One etcd process; `restart()` brings it back on the same ports and data."""
 
-    def __init__(self, workdir: Path, tls: tuple[str, str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        tls: tuple[str, str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         """`tls`: (CA, server certificate, server key) PEM files; clients then need a
         certificate that CA signed (etcd's --client-cert-auth)."""
         self.binary = etcd_binary()
         self.workdir = workdir
         self.tls = tls
+        self.extra_args = extra_args
         self.data_dir = workdir / "data"
         self.client_port = _free_port()
         self.peer_port = _free_port()
@@ -93,6 +99,7 @@ class EtcdServer:
             ca, cert, key = self.tls
             argv += ["--cert-file", cert, "--key-file", key]
             argv += ["--trusted-ca-file", ca, "--client-cert-auth"]
+        argv += self.extra_args
         self._log = open(self.workdir / "etcd.log", "ab")  # noqa: SIM115 - closed in stop()
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
         self.proc = subprocess.Popen(

@@ -370,6 +370,32 @@ def test_tls_and_auth_to_etcd(tmp_path: Path) -> None:
         etcd.stop()
 
 
+def test_an_auth_token_etcd_no_longer_knows_is_renewed(tmp_path: Path) -> None:
+    etcd = EtcdServer(tmp_path / "etcd")
+    etcd.start()
+    try:
+        etcd.enable_auth("root-secret-1234")
+        pw = tmp_path / "etcd.password"
+        pw.write_text("root-secret-1234")
+        store = _store(etcd.url("gelastic"), user="root", password_file=str(pw))
+        try:
+            store.save([("job-1", 1.0, "QUEUED", {"v": 1})], [])
+            token = store._token
+            assert token
+            etcd.restart()  # etcd keeps its tokens in memory: this one is gone
+            with etcd.channel() as ch, pytest.raises(grpc.RpcError, match="auth token"):
+                epb_grpc.KVStub(ch).Range(
+                    epb.RangeRequest(key=b"x"), timeout=5, metadata=[("token", token)]
+                )
+            store.save([("job-1", 1.0, "RUNNING", {"v": 2})], [])
+            assert store._token != token
+            assert store.load().jobs == [{"v": 2}]
+        finally:
+            store.close()
+    finally:
+        etcd.stop()
+
+
 @pytest.mark.parametrize(
     "url",
     [
