@@ -187,10 +187,10 @@ def _lock_state_dir(state_dir: str) -> int | None:
 def _open_store(config: CoordinatorConfig) -> tuple[int | None, StateStore]:
     """(state dir lock, store) for the configured store."""
     etcd = config.etcd_settings()
-    if etcd is not None:
-        return None, EtcdStore(etcd)
-    fd = _lock_state_dir(config.state_dir)
-    return fd, Store(config.state_dir)
+    fd = None if etcd is not None else _lock_state_dir(config.state_dir)
+    store: StateStore = EtcdStore(etcd) if etcd is not None else Store(config.state_dir)
+    logger.info("coordinator state: %s", store.describe())
+    return fd, store
 
 
 class Coordinator:
