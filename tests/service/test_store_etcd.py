@@ -325,6 +325,19 @@ async def test_submit_and_cancel_answer_unavailable_while_etcd_is_down_and_resum
         etcd.stop()
 
 
+def test_a_member_that_does_not_answer_is_left_for_the_next(
+    etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
+) -> None:
+    dead = EtcdServer(tmp_path / "dead")  # never started: nothing listens on its port
+    prefix = parse_etcd_url(etcd_url)[1]
+    store = _store(f"etcd://{dead.endpoint},{etcd_server.endpoint}/{prefix}")
+    try:
+        store.save([("job-1", 1.0, "QUEUED", {"v": 1})], [])
+        assert store.load().jobs == [{"v": 1}]
+    finally:
+        store.close()
+
+
 def test_the_coordinator_waits_a_bounded_time_for_etcd_at_start(tmp_path: Path) -> None:
     etcd = EtcdServer(tmp_path / "etcd")  # never started: nothing listens on its port
     started = time.monotonic()
