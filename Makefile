@@ -7,10 +7,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PROTO  := protos/gelastic/v1/gelastic.proto
+ETCD_PROTO := protos/etcd/rpc.proto
 
-.PHONY: setup netns-tools protos check-protos fmt lint typecheck test test-fast fuzz demo bench clean
+.PHONY: setup netns-tools etcd-server protos check-protos fmt lint typecheck test test-fast fuzz demo bench clean
 
-setup: $(STAMP) netns-tools
+setup: $(STAMP) netns-tools etcd-server
 
 # The network-fault test builds namespaces with `ip`; install it when we may (root, apt). Checked
 # on every `make test`, not only when the virtualenv is made: under CI that test fails, not skips,
@@ -20,6 +21,13 @@ netns-tools:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null) \
 		|| echo "note: iproute2 is not installed; the network-namespace test will skip (and fail under CI)"; }
 
+# The etcd store's tests start a real etcd (Debian's etcd-server, 3.4.x on bookworm); installed
+# like `ip` above. Under CI those tests fail, not skip, without it.
+etcd-server:
+	@command -v etcd >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null) \
+		|| echo "note: etcd is not installed; the etcd store tests will skip (and fail under CI)"; }
+
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -28,18 +36,20 @@ $(STAMP): pyproject.toml
 
 protos: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. $(ETCD_PROTO)
 
 # Regenerate into a scratch tree and fail on any difference from the committed code.
 check-protos: $(STAMP)
 	@rm -rf .protos-check && mkdir -p .protos-check
 	@$(PY) -m grpc_tools.protoc -I. --python_out=.protos-check --pyi_out=.protos-check \
-		--grpc_python_out=.protos-check $(PROTO)
-	@for f in gelastic_pb2.py gelastic_pb2.pyi gelastic_pb2_grpc.py; do \
-		diff -q .protos-check/protos/gelastic/v1/$$f protos/gelastic/v1/$$f >/dev/null || \
-		{ echo "check-protos: protos/gelastic/v1/$$f is out of date; run 'make protos'"; rm -rf .protos-check; exit 1; }; \
+		--grpc_python_out=.protos-check $(PROTO) $(ETCD_PROTO)
+	@for f in gelastic/v1/gelastic_pb2.py gelastic/v1/gelastic_pb2.pyi gelastic/v1/gelastic_pb2_grpc.py \
+		etcd/rpc_pb2.py etcd/rpc_pb2.pyi etcd/rpc_pb2_grpc.py; do \
+		diff -q .protos-check/protos/$$f protos/$$f >/dev/null || \
+		{ echo "check-protos: protos/$$f is out of date; run 'make protos'"; rm -rf .protos-check; exit 1; }; \
 	done
 	@rm -rf .protos-check
-	@echo "check-protos: generated code matches $(PROTO)"
+	@echo "check-protos: generated code matches $(PROTO) $(ETCD_PROTO)"
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format .
@@ -55,7 +65,7 @@ typecheck: $(STAMP)
 # -rsx: every skip and expected failure prints its reason. The ci hypothesis profile is derandomized (tests/conftest.py).
 # Exit 5 (no test collected) fails like any other: a suite that ran nothing checked nothing.
 PYTEST_ARGS ?= tests
-test: $(STAMP) netns-tools check-protos lint typecheck
+test: $(STAMP) netns-tools etcd-server check-protos lint typecheck
 	GELASTIC_HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -rsx -p no:cacheprovider $(PYTEST_ARGS); \
 		rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests (exit 5): failing"; \
 		exit $$rc

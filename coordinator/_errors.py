@@ -6,6 +6,7 @@ import grpc
 
 from client.model import SpecError
 from coordinator._cluster import JobNotFound, NodeNameInUse
+from coordinator._store import StoreFenced, StoreUnavailable
 
 __all__ = ["RequestError", "status_for"]
 
@@ -27,6 +28,8 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
         return grpc.StatusCode.INVALID_ARGUMENT, f"invalid spec: {exc}"
     if isinstance(exc, JobNotFound):
         return grpc.StatusCode.NOT_FOUND, f"no job with id {exc.args[0]!r}"
+    if isinstance(exc, StoreUnavailable | StoreFenced):
+        return grpc.StatusCode.UNAVAILABLE, f"the coordinator could not write its state: {exc}"
     if isinstance(exc, NodeNameInUse):
         return grpc.StatusCode.ALREADY_EXISTS, str(exc)
     return None

@@ -54,7 +54,7 @@ from coordinator._cluster import (
 )
 from coordinator._codec import encode
 from coordinator._errors import RequestError, status_for
-from coordinator._store import Store
+from coordinator._store import StateStore, StoreUnavailable
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
@@ -152,7 +152,7 @@ class CoordinatorService:
         self,
         config: ClusterConfig | None = None,
         clock: Callable[[], float] = time.time,
-        store: Store | None = None,
+        store: StateStore | None = None,
         reconnect_grace: float = RECONNECT_GRACE_S,
     ) -> None:
         self.cluster = Cluster(config)
@@ -277,8 +277,11 @@ class CoordinatorService:
                     await asyncio.to_thread(
                         store.save, jobs, events, nodes, meta, forget_jobs, forget_nodes, cuts
                     )
-                except Exception:
-                    logger.exception("could not write the coordinator state; will retry")
+                except Exception as exc:
+                    if isinstance(exc, StoreUnavailable):  # no traceback each second it is down
+                        logger.error("could not write the coordinator state; will retry: %s", exc)
+                    else:
+                        logger.exception("could not write the coordinator state; will retry")
                     self._dirty_jobs.update(j for j, _, _, _ in jobs)
                     self._pending_events = events + self._pending_events
                     self._dirty_nodes.update(n for n, _ in nodes or ())
@@ -337,6 +340,7 @@ class CoordinatorService:
             except Exception:
                 await asyncio.sleep(1.0)
                 self._flush_wanted.set()
+                continue  # a failed write is no batch to pause after: try again
             # A flush of a huge job costs O(ranks): pause in proportion so that a burst of
             # worker messages never spends more than a fifth of the loop on writing state. While
             # messages or readers wait on the write, the pause is only that proportion.
@@ -589,13 +593,17 @@ class CoordinatorService:
         except Exception as exc:
             if c.has_job(job_id) and job_id in self._unwritten_jobs:
                 c.withdraw(job_id)
+                # A write whose outcome is unknown (etcd: no answer in time) may have landed:
+                # the next write deletes the job, so a restart cannot bring it back.
+                self._forget_jobs.add(job_id)
                 self._dirty_jobs.discard(job_id)
                 self._pending_events = [e for e in self._pending_events if e[1] != job_id]
                 self._unwritten_jobs.discard(job_id)
                 self._job_versions.pop(job_id, None)
                 raise RequestError(
                     grpc.StatusCode.UNAVAILABLE,
-                    "the coordinator could not write the job to disk; it was not queued",
+                    f"the coordinator could not write the job to its store; it was not queued: "
+                    f"{str(exc)[:300]}",
                 ) from exc
             raise
         self.apply(c.confirm_written(job_id, self.now()))

@@ -1,8 +1,15 @@
-"""The coordinator's durable state: one SQLite database (WAL) in the state directory.
+"""The coordinator's durable state: the store interface, and its SQLite implementation.
+
+`StateStore` is what the service writes through; it never knows which store it has. Two
+implementations keep one promise: `save` returns only once the write is committed, so callers
+that must not answer before their write is durable (submit, cancel) wait for the flush.
+
+- `Store`: one SQLite database (WAL) in the state directory, the default.
+- `coordinator._store_etcd.EtcdStore`: keys under a prefix in an etcd v3 cluster, for a
+  coordinator whose state must outlive its host.
 
 Jobs are stored as one JSON document each (rewritten when the job changes), events are appended,
-nodes are the registry as last seen. Writes are batched into one transaction; callers that must
-not answer before their write is on disk (submit, cancel) wait for the flush.
+nodes are the registry as last seen. Writes are batched into one transaction.
 """
 
 from __future__ import annotations
@@ -16,9 +23,18 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["SCHEMA_VERSION", "Store", "StoredState", "default_state_dir"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Fence",
+    "StateStore",
+    "Store",
+    "StoreFenced",
+    "StoreUnavailable",
+    "StoredState",
+    "default_state_dir",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +108,62 @@ class StoredState:
     """The row keys of `jobs`, `events` and `nodes`, in the same order (for `quarantine`)."""
 
 
+@dataclass(frozen=True)
+class Fence:
+    """A condition every write is made on: the key still has this creation revision.
+
+    A coordinator that leads holds a key whose creation revision is its term; a write guarded
+    by it fails once another coordinator took over (the key was deleted and made again).
+    """
+
+    key: bytes
+    create_revision: int
+
+
+class StoreUnavailable(ConnectionError):
+    """The store cannot be reached or did not answer in time; nothing is known to be written."""
+
+
+class StoreFenced(Exception):
+    """A guarded write was refused: the fence no longer holds (another coordinator leads)."""
+
+
+class StateStore(Protocol):
+    """What the coordinator writes its state through. Every method is thread-safe, blocking
+    and bounded in time; the service calls `save` through `asyncio.to_thread`."""
+
+    def describe(self) -> str:
+        """Where the state lives, for messages (never a secret)."""
+        ...
+
+    def load(self) -> StoredState:
+        """Everything stored; unreadable records are quarantined, not returned."""
+        ...
+
+    def quarantine(self, rows: Iterable[tuple[str, Any, str]]) -> None:
+        """Move records (table, key from StoredState, why) aside where an operator can read them."""
+        ...
+
+    def save(
+        self,
+        jobs: Iterable[tuple[str, float, str, dict[str, Any]]],
+        events: Iterable[tuple[int, str, dict[str, Any]]],
+        nodes: Iterable[tuple[str, dict[str, Any]]] | None = None,
+        meta: dict[str, str] | None = None,
+        forget_jobs: Iterable[str] = (),
+        forget_nodes: Iterable[str] = (),
+        cut_events: Iterable[tuple[str, int, int]] = (),
+    ) -> None:
+        """Write a batch; returns only once it is committed, raises if it may not be."""
+        ...
+
+    def set_fence(self, fence: Fence | None) -> None:
+        """Make every later write conditional on `fence` (None: unconditional)."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class Store:
     """A thread-safe handle on the database; every method is one transaction."""
 
@@ -120,6 +192,14 @@ class Store:
         # The log file shrinks back after each checkpoint instead of staying at its peak.
         self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
         self._migrate()
+
+    def describe(self) -> str:
+        return f"SQLite database {self.path}"
+
+    def set_fence(self, fence: Fence | None) -> None:
+        # One writer by construction: the state dir is locked by the process that opened it.
+        if fence is not None:
+            raise ValueError("a SQLite store has one writer; it takes no fence")
 
     def _migrate(self) -> None:
         with self._lock:
@@ -177,7 +257,8 @@ class Store:
                         doc = json.loads(data)
                         if not isinstance(doc, dict):
                             raise ValueError(f"a JSON {type(doc).__name__}, not an object")
-                    except ValueError as exc:
+                    except (ValueError, RecursionError) as exc:
+                        # RecursionError: JSON nested deeper than the parser goes.
                         bad.append((table, k, f"not readable: {exc}"))
                         continue
                     keys.append(k)

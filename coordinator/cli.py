@@ -46,6 +46,17 @@ def _parser() -> argparse.ArgumentParser:
         help="durable state directory, or :memory: (default %(default)s)",
     )
     s.add_argument(
+        "--store",
+        default=d.store,
+        help="where the state lives: sqlite (in --state-dir, the default) or "
+        "etcd://HOST:PORT[,HOST:PORT...]/PREFIX",
+    )
+    s.add_argument("--etcd-ca", default="", help="PEM CA of the etcd members (TLS to etcd)")
+    s.add_argument("--etcd-cert", default="", help="PEM client certificate for etcd")
+    s.add_argument("--etcd-key", default="", help="PEM private key of --etcd-cert")
+    s.add_argument("--etcd-user", default="", help="etcd user to authenticate as")
+    s.add_argument("--etcd-password-file", default="", help="file holding --etcd-user's password")
+    s.add_argument(
         "--retain-jobs",
         type=int,
         default=d.retain_jobs,
@@ -136,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         lease=args.lease,
         insecure=args.insecure,
         state_dir=args.state_dir,
+        store=args.store,
+        etcd_ca=args.etcd_ca,
+        etcd_cert=args.etcd_cert,
+        etcd_key=args.etcd_key,
+        etcd_user=args.etcd_user,
+        etcd_password_file=args.etcd_password_file,
         reconnect_grace=args.reconnect_grace,
         retain_jobs=args.retain_jobs,
         retain_seconds=args.retain_seconds,

@@ -18,7 +18,8 @@ from coordinator._auth import ServerTLS, TokenInterceptor
 from coordinator._cluster import ClusterConfig
 from coordinator._probes import Probes
 from coordinator._service import CoordinatorService
-from coordinator._store import MEMORY, Store, default_state_dir
+from coordinator._store import MEMORY, StateStore, Store, default_state_dir
+from coordinator._store_etcd import EtcdSettings, EtcdStore, parse_etcd_url
 
 if TYPE_CHECKING:
     from coordinator._metrics import CoordinatorMetrics
@@ -46,6 +47,18 @@ class CoordinatorConfig:
     """Allow listening on a non-loopback address without authentication, or without TLS."""
     state_dir: str = field(default_factory=default_state_dir)
     """Where the durable state lives (SQLite); ":memory:" keeps nothing across restarts."""
+    store: str = ""
+    """The store: "" or "sqlite" = SQLite in state_dir; "etcd://HOST:PORT[,...]/PREFIX" = etcd."""
+    etcd_ca: str = ""
+    """PEM CA of the etcd members' certificates (TLS to etcd)."""
+    etcd_cert: str = ""
+    """PEM client certificate for etcd."""
+    etcd_key: str = ""
+    """PEM private key of etcd_cert."""
+    etcd_user: str = ""
+    """etcd user to authenticate as ("" = none)."""
+    etcd_password_file: str = ""
+    """File holding etcd_user's password."""
     reconnect_grace: float = 15.0
     """After a restart, seconds a known node has to reconnect before it counts as lost."""
     retain_jobs: int = 10_000
@@ -75,6 +88,25 @@ class CoordinatorConfig:
     metrics_host: str = "127.0.0.1"
     """Address to serve the metrics on."""
 
+    def etcd_settings(self) -> EtcdSettings | None:
+        """The etcd store's settings (None: SQLite). Raises ValueError naming the bad value."""
+        if self.store in ("", "sqlite"):
+            if self.etcd_ca or self.etcd_cert or self.etcd_key or self.etcd_user:
+                raise ValueError("the --etcd-* options need --store etcd://...")
+            return None
+        endpoints, prefix = parse_etcd_url(self.store)
+        settings = EtcdSettings(
+            endpoints,
+            prefix,
+            ca_file=self.etcd_ca,
+            cert_file=self.etcd_cert,
+            key_file=self.etcd_key,
+            user=self.etcd_user,
+            password_file=self.etcd_password_file,
+        )
+        settings.validate()
+        return settings
+
     def tokens(self) -> tuple[str, str]:
         """(agent token, client token); empty when not configured. Raises ValueError."""
         shared = read_token(self.token_file) if self.token_file else ""
@@ -103,6 +135,7 @@ class CoordinatorConfig:
             raise ValueError(f"retain_jobs: must be 0-10000000, got {self.retain_jobs}")
         if not 0 <= self.retain_seconds <= 10 * 365 * 86400:
             raise ValueError(f"retain_seconds: must be 0 to 10 years, got {self.retain_seconds}")
+        self.etcd_settings()
         if not 0 < self.start_timeout <= 7 * 86400:
             raise ValueError(f"start_timeout: must be in (0, 7 days] s, got {self.start_timeout}")
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -149,14 +182,22 @@ def _lock_state_dir(state_dir: str) -> int | None:
     return fd
 
 
+def _open_store(config: CoordinatorConfig) -> tuple[int | None, StateStore]:
+    """(state dir lock, store) for the configured store."""
+    etcd = config.etcd_settings()
+    fd = None if etcd is not None else _lock_state_dir(config.state_dir)
+    store: StateStore = EtcdStore(etcd) if etcd is not None else Store(config.state_dir)
+    logger.info("coordinator state: %s", store.describe())
+    return fd, store
+
+
 class Coordinator:
     """`async with Coordinator(config) as c:` serves until the block ends."""
 
     def __init__(self, config: CoordinatorConfig | None = None) -> None:
         self.config = config or CoordinatorConfig()
         self.config.validate()
-        self._lock_fd = _lock_state_dir(self.config.state_dir)
-        self.store = Store(self.config.state_dir)
+        self._lock_fd, self.store = _open_store(self.config)
         self.service = CoordinatorService(
             ClusterConfig(
                 heartbeat_interval=self.config.heartbeat_interval,

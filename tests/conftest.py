@@ -16,8 +16,13 @@ GELASTIC_HYPOTHESIS_MAX_EXAMPLES overrides the base budget of any profile (a sho
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import settings
+
+from tests._etcd import EtcdServer
 
 PROFILE_ENV = "GELASTIC_HYPOTHESIS_PROFILE"
 MAX_EXAMPLES_ENV = "GELASTIC_HYPOTHESIS_MAX_EXAMPLES"
@@ -61,3 +66,20 @@ def pytest_report_header() -> str:
         f"(max_examples={settings().max_examples}, "
         f"derandomize={settings().derandomize})"
     )
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """One real etcd for the session (tests keep apart by key prefix); see tests/_etcd.py."""
+    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def etcd_url(etcd_server: EtcdServer) -> str:
+    """An etcd store URL with a prefix of this test's own."""
+    return etcd_server.url(f"t/{uuid.uuid4().hex}")

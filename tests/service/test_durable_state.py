@@ -1,4 +1,7 @@
-"""Submit is idempotent and durable: a retry never makes a second job, a failed write runs none."""
+"""Submit is idempotent and durable: a retry never makes a second job, a failed write runs none.
+
+Every test runs against both stores: SQLite in a state dir and a real etcd (tests/_etcd.py).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ import pytest
 
 from client import Client, JobSpec
 from client.wire import spec_to_pb
+from coordinator._store import StateStore, Store
+from coordinator._store_etcd import EtcdStore
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -20,13 +25,29 @@ from tests.service._fakes import FakeNode
 SPEC = JobSpec(entrypoint=["python", "train.py"], nproc_per_node=1, min_nodes=1, max_nodes=1)
 
 
-def _config(state_dir: Path) -> CoordinatorConfig:
-    return CoordinatorConfig(state_dir=str(state_dir), port=0, lease=30.0, heartbeat_interval=1.0)
+@pytest.fixture(params=["sqlite", "etcd"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The --store of the test's coordinator: "sqlite" (in tmp_path/state) or an etcd URL."""
+    if request.param == "etcd":
+        url: str = request.getfixturevalue("etcd_url")
+        return url
+    return "sqlite"
+
+
+def _config(state_dir: Path, store: str = "sqlite") -> CoordinatorConfig:
+    return CoordinatorConfig(
+        state_dir=str(state_dir), store=store, port=0, lease=30.0, heartbeat_interval=1.0
+    )
+
+
+def _open_store(state_dir: Path, store: str) -> StateStore:
+    settings = _config(state_dir, store).etcd_settings()
+    return Store(str(state_dir)) if settings is None else EtcdStore(settings)
 
 
 @pytest.fixture
-async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
-    async with Coordinator(_config(tmp_path / "state")) as c:
+async def coordinator(tmp_path: Path, store: str) -> AsyncIterator[Coordinator]:
+    async with Coordinator(_config(tmp_path / "state", store)) as c:
         yield c
 
 
@@ -77,10 +98,10 @@ async def test_a_malformed_request_id_is_refused(coordinator: Coordinator, bad: 
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_a_request_id_survives_a_restart(tmp_path: Path) -> None:
-    async with Coordinator(_config(tmp_path / "state")) as c:
+async def test_a_request_id_survives_a_restart(tmp_path: Path, store: str) -> None:
+    async with Coordinator(_config(tmp_path / "state", store)) as c:
         first = await _submit(c, "req-1")
-    async with Coordinator(_config(tmp_path / "state")) as c:
+    async with Coordinator(_config(tmp_path / "state", store)) as c:
         assert (await _submit(c, "req-1")).job_id == first.job_id
         assert await _job_ids(c) == [first.job_id]
 
@@ -116,12 +137,13 @@ async def test_the_client_retries_a_submit_with_one_request_id(
     assert await _job_ids(coordinator) == [job.job_id]
 
 
-async def test_event_numbers_are_never_given_twice_across_a_crash(tmp_path: Path) -> None:
+async def test_event_numbers_are_never_given_twice_across_a_crash(
+    tmp_path: Path, store: str
+) -> None:
     from coordinator._service import CoordinatorService
-    from coordinator._store import Store
 
-    store = Store(str(tmp_path / "state"))
-    svc = CoordinatorService(store=store)
+    first = _open_store(tmp_path / "state", store)
+    svc = CoordinatorService(store=first)
     svc.start()
     job_id = await svc.submit(SPEC, "req-1")
     written = max(e.seq for e in svc.cluster.job_events(job_id))
@@ -133,10 +155,10 @@ async def test_event_numbers_are_never_given_twice_across_a_crash(tmp_path: Path
     for task in (svc._tick_task, svc._flush_task):
         task.cancel()
     await asyncio.gather(svc._tick_task, svc._flush_task, return_exceptions=True)
-    store.close()
+    first.close()
 
-    store = Store(str(tmp_path / "state"))
-    again = CoordinatorService(store=store)
+    second = _open_store(tmp_path / "state", store)
+    again = CoordinatorService(store=second)
     again.start()
     try:
         seqs = [e.seq for e in again.cluster.job_events(job_id)]
@@ -146,7 +168,7 @@ async def test_event_numbers_are_never_given_twice_across_a_crash(tmp_path: Path
         assert min(e.seq for e in again.cluster.job_events(other)) > unwritten
     finally:
         await again.stop()
-        store.close()
+        second.close()
 
 
 async def test_retention_deletes_rows_and_gives_the_space_back(tmp_path: Path) -> None:
