@@ -350,8 +350,11 @@ class CoordinatorService:
             # write: they are what a user waits for (a round's Assign, a job's end).
             self._urgent.clear()
             if not (self._held or self._readers_waiting):
+                # asyncio.timeout, not wait_for: on 3.11, wait_for swallows a cancel that lands
+                # in the step where the wait ends, and stop() would then wait on this forever.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._urgent.wait(), max(0.0, FLUSH_INTERVAL_S - cost))
+                    async with asyncio.timeout(max(0.0, FLUSH_INTERVAL_S - cost)):
+                        await self._urgent.wait()
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         pb_grpc.add_CoordinatorServicer_to_server(_CoordinatorServicer(self), server)
