@@ -63,18 +63,22 @@ def test_etcd_killed_mid_job_then_back_loses_nothing(
     etcd.stop(signal.SIGKILL)
     gate.open("finish")
     gate.wait("finish", 4)
+    token = Path(cluster.token_file).read_text().strip()
+    auth = (("authorization", f"Bearer {token}"),)
     with grpc.insecure_channel(cluster.address) as ch:
         stub = pb_grpc.CoordinatorStub(ch)
         with pytest.raises(grpc.RpcError) as err:
             stub.Submit(
-                pb.SubmitRequest(spec=spec_to_pb(spec), request_id="while-down"), timeout=30
+                pb.SubmitRequest(spec=spec_to_pb(spec), request_id="while-down"),
+                timeout=30,
+                metadata=auth,
             )
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
         details = err.value.details() or ""  # type: ignore[attr-defined]
         assert "etcd is unavailable" in details and "not queued" in details, details
         # The workers are done, but the job's end is not written: it is not reported.
         try:
-            seen = stub.GetJob(pb.GetJobRequest(job_id=job.job_id), timeout=5)
+            seen = stub.GetJob(pb.GetJobRequest(job_id=job.job_id), timeout=5, metadata=auth)
             assert seen.state not in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED), seen.state
         except grpc.RpcError as exc:
             assert exc.code() in (  # type: ignore[attr-defined]

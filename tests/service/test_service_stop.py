@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from coordinator import _service
 from coordinator._service import CoordinatorService
 from coordinator._store import Store
 
 ROUNDS = 200
 
 
-async def test_stop_ends_the_flush_loop_even_when_a_wake_up_races_the_cancel() -> None:
+async def test_stop_ends_the_flush_loop_even_when_a_wake_up_races_the_cancel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A long batching pause, so that a slow flush on a busy machine still leaves one to catch.
+    monkeypatch.setattr(_service, "FLUSH_INTERVAL_S", 30.0)
     for _ in range(ROUNDS):
         svc = CoordinatorService(store=Store(":memory:"))
         svc.start()
@@ -24,7 +31,7 @@ async def test_stop_ends_the_flush_loop_even_when_a_wake_up_races_the_cancel() -
         svc._flush_wanted.set()
         # Let the loop flush (nothing to write) and reach its batching pause: it waits on
         # `_urgent` then.
-        for _ in range(1000):
+        for _ in range(5000):
             if svc._urgent._waiters:  # type: ignore[attr-defined]
                 break
             await asyncio.sleep(0.001)
