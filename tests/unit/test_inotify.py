@@ -82,3 +82,12 @@ def test_a_malformed_event_buffer_is_dropped_not_raised(tmp_path: Path) -> None:
     assert seen == []
     w._parse(struct.pack("iIII", 1, 0x8, 0, 16) + b"error.json".ljust(16, b"\0"))
     assert seen == [tmp_path / "error.json"]
+
+
+def test_a_queue_overflow_announces_every_watched_file(tmp_path: Path) -> None:
+    seen: list[Path] = []
+    w = ErrorFileWatch(seen.append)
+    w._by_wd[1] = (tmp_path / "0", {b"error.json"})
+    w._by_wd[2] = (tmp_path / "1", {b"error.json"})
+    w._parse(struct.pack("iIII", -1, 0x4000, 0, 0))  # IN_Q_OVERFLOW: events were lost
+    assert sorted(seen) == [tmp_path / "0" / "error.json", tmp_path / "1" / "error.json"]
