@@ -283,6 +283,8 @@ class _Worker:
     cpu_percent: float = 0.0
     rss_bytes: int = 0
     proc_state: str = ""
+    early: bool = False
+    """Its failure was reported when recorded; its exit only completes it (exit code)."""
 
 
 @dataclass
@@ -892,6 +894,50 @@ class Cluster:
         self._apply_exit(job, member, report, now)
         return self._finish(now)
 
+    def worker_failing(
+        self,
+        name: str,
+        incarnation: str,
+        job_id: str,
+        round_: int,
+        local_rank: int,
+        failure: ProcessFailure,
+        now: float,
+    ) -> list[Effect]:
+        """A worker recorded its failure and is still tearing down: it failed, now.
+
+        The round starts stopping at once, as for a failed exit. The exit that follows completes
+        this failure (exit code, signal) and counts no second failure nor a second restart; a
+        notice for a worker already gone, or for another round, changes nothing.
+        """
+        node = self._live(name, incarnation)
+        if node is None:
+            return []
+        node.last_seen = now
+        job, member = self._fenced(node, job_id, round_, now)
+        if job is None or member is None:
+            return self._finish(now)
+        w = member.workers.get(local_rank)
+        if w is None or w.early or w.phase not in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
+            return self._finish(now)
+        if failure.pid and w.pid and failure.pid != w.pid:
+            return self._finish(now)  # not the process this round started
+        report = _sanitized(
+            WorkerExitReport(
+                local_rank=local_rank,
+                global_rank=w.global_rank,
+                pid=failure.pid,
+                exitcode=failure.exitcode,
+                failure=failure,
+                timestamp=failure.timestamp,
+            ),
+            now,
+        )
+        assert report.failure is not None
+        w.early = True
+        self._record_failure(job, member, w, report.failure, now)
+        return self._finish(now)
+
     def group_stopped(
         self,
         name: str,
@@ -1264,6 +1310,9 @@ class Cluster:
         w.exitcode = report.exitcode
         if report.pid:
             w.pid = report.pid
+        if w.early and w.phase == _WorkerPhase.FAILED:
+            self._complete_failure(job, member, w, report, now)
+            return
         if report.stopped_by_agent and job.state == JobState.STOPPING:
             job.set_phase(w, _WorkerPhase.STOPPED)
             return
@@ -1299,7 +1348,6 @@ class Cluster:
                 self._member_done(job, member, now)
             self._changed(job)
             return
-        job.set_phase(w, _WorkerPhase.FAILED)
         failure = report.failure or ProcessFailure(
             global_rank=w.global_rank,
             local_rank=w.local_rank,
@@ -1308,14 +1356,20 @@ class Cluster:
             message=f"Process exited with exit code {report.exitcode} (pid {report.pid})",
             timestamp=report.timestamp or now,
         )
+        self._record_failure(job, member, w, failure, now)
+
+    def _record_failure(
+        self, job: _Job, member: _Member, w: _Worker, failure: ProcessFailure, now: float
+    ) -> None:
+        job.set_phase(w, _WorkerPhase.FAILED)
         failure = _stamp(failure, member.node, w, job)
         job.failures[w.global_rank] = failure
+        how = "recorded its error, still exiting" if w.early else _exit_text(failure)
         self._event(
             job,
             now,
             "worker_failed",
-            f"rank {w.global_rank} failed on {member.node} ({_exit_text(failure)}): "
-            f"{_first_line(failure.message)}",
+            f"rank {w.global_rank} failed on {member.node} ({how}): {_first_line(failure.message)}",
             node=member.node,
             rank=w.global_rank,
         )
@@ -1323,10 +1377,38 @@ class Cluster:
             self._begin_stop(
                 job,
                 _StopKind.FAILURE,
-                f"rank {w.global_rank} failed on {member.node} ({_exit_text(failure)}); "
-                f"{_then(job)}",
+                f"rank {w.global_rank} failed on {member.node} ({how}); {_then(job)}",
                 now,
             )
+        self._changed(job)
+
+    def _complete_failure(
+        self, job: _Job, member: _Member, w: _Worker, report: WorkerExitReport, now: float
+    ) -> None:
+        """The exit of a worker whose failure came at record time: add how it ended.
+
+        The recorded message, traceback and time stay (the first complete record wins).
+        """
+        known = job.failures.get(w.global_rank)
+        if known is None:
+            return
+        exited = report.failure
+        job.failures[w.global_rank] = replace(
+            known,
+            exitcode=report.exitcode,
+            pid=report.pid or known.pid,
+            signal=exited.signal if exited is not None else known.signal,
+            stderr_tail=exited.stderr_tail if exited is not None else known.stderr_tail,
+        )
+        self._event(
+            job,
+            now,
+            "worker_exited",
+            f"rank {w.global_rank} on {member.node} exited "
+            f"({_exit_text(job.failures[w.global_rank])}) after recording its failure",
+            node=member.node,
+            rank=w.global_rank,
+        )
         self._changed(job)
 
     def _start_timed_out(self, job: _Job, now: float) -> None:

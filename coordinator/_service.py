@@ -15,7 +15,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import grpc
@@ -696,6 +696,15 @@ class CoordinatorService:
         elif kind == "worker_exited":
             e = msg.worker_exited
             effects = c.worker_exited(name, inc, e.job_id, e.round, _exit_from_pb(e.exit), now)
+        elif kind == "worker_failing":
+            f = msg.worker_failing
+            failure = replace(
+                failure_from_pb(f.failure),
+                local_rank=f.local_rank,
+                global_rank=f.global_rank,
+                pid=f.pid,
+            )
+            effects = c.worker_failing(name, inc, f.job_id, f.round, f.local_rank, failure, now)
         elif kind == "group_stopped":
             g = msg.group_stopped
             effects = c.group_stopped(name, inc, g.job_id, g.round, list(g.unkillable_pids), now)

@@ -42,6 +42,7 @@ from nodeagent._errorfile import (
     read_stderr_tail,
 )
 from nodeagent._health import HealthJudge, HealthSample, HealthSampler
+from nodeagent._inotify import ErrorFileWatch
 from nodeagent._launch import (
     ROUND_MARKER,
     STDERR,
@@ -268,6 +269,10 @@ class _Worker:
     """Why the agent itself killed this worker (watchdog, health); makes the exit a failure."""
     unhealthy: bool = False
     supervisor: asyncio.Task[Any] | None = None
+    early: ErrorFileResult | None = None
+    """The error file as first read complete while the worker still ran (reported at once)."""
+    early_reading: bool = False
+    early_recheck: bool = False
 
     @property
     def pid(self) -> int:
@@ -297,6 +302,7 @@ class WorkerGroup:
         agent_cwd: str | None = None,
         drain_timeout: float = 2.0,
         health_interval: float | None = None,
+        on_failing: Callable[[ProcessFailure], None] | None = None,
     ) -> None:
         self.assignment = assignment
         self.spec = assignment.spec
@@ -327,6 +333,9 @@ class WorkerGroup:
         self._phase = _Phase.NEW
         self._stop_task: asyncio.Task[list[int]] | None = None
         self._setup_failed = False
+        self._on_failing = on_failing
+        self._error_watch: ErrorFileWatch | None = None
+        self._by_error_file: dict[Path, _Worker] = {}
         self.log_dir: Path | None = None
         self.plan: list[WorkerLaunch] = []
 
@@ -481,6 +490,7 @@ class WorkerGroup:
                 )
             self._phase = _Phase.RUNNING
             return {}
+        self._watch_error_files()
         loop = asyncio.get_running_loop()
         not_started: list[tuple[_Worker, int, str, FailureCategory]] = []
         store_error = self._start_store_host()
@@ -769,11 +779,14 @@ class WorkerGroup:
             # on purpose". A worker that fails by itself meanwhile, e.g. on the collective its
             # crashed peer broke, is a real (collateral) failure and must be reported as one.
             stopped = stopping and w.kill_reason is None and (rc == 0 or -rc in _STOP_SIGNALS)
+            # A worker that recorded its failure is a failure however it ends (the stop that its
+            # own early report caused usually cuts its teardown short).
+            stopped = stopped and w.early is None
             failure: ProcessFailure | None = None
             value: bytes | None = None
             if stopped:
                 pass
-            elif rc == 0 and w.kill_reason is None:
+            elif rc == 0 and w.kill_reason is None and w.early is None:
                 try:
                     value, problem = await asyncio.to_thread(self._read_return_value, launch)
                 except OSError as e:
@@ -792,6 +805,8 @@ class WorkerGroup:
                     )
             else:
                 ef, tail = await asyncio.to_thread(self._read_failure_files, launch)
+                if w.early is not None:
+                    ef = w.early  # the first complete record wins; the exit adds its code
                 failure = self._failure(
                     w,
                     exitcode=rc,
@@ -826,6 +841,63 @@ class WorkerGroup:
                 timestamp=observed,
             ),
         )
+
+    # -- first error at record time ---------------------------------------------------------
+
+    def _watch_error_files(self) -> None:
+        """Watch each worker's error file, so a recorded failure is reported before the exit.
+
+        Without inotify (or a callback) nothing is watched: the failure is known at the exit.
+        """
+        if self._on_failing is None or not self._workers:
+            return
+        watch = ErrorFileWatch(self._on_error_file)
+        try:
+            if not watch.start():
+                return
+        except Exception:
+            logger.exception("%s cannot watch the error files", self._ctx())
+            return
+        self._error_watch = watch
+        for w in self._workers:
+            if watch.watch(w.launch.error_file):
+                self._by_error_file[w.launch.error_file] = w
+
+    def _on_error_file(self, path: Path) -> None:
+        w = self._by_error_file.get(path)
+        if w is None or w.handle is None or w.reported or w.early is not None:
+            return
+        if w.early_reading:
+            w.early_recheck = True  # written again while being read: read once more if need be
+            return
+        w.early_reading = True
+        self._own(self._read_early(w), f"error-file-{w.pid}")
+
+    async def _read_early(self, w: _Worker) -> None:
+        try:
+            for _ in range(2):
+                w.early_recheck = False
+                # The same bounded reader as at the exit.
+                ef = await asyncio.to_thread(read_error_file, w.launch.error_file)
+                if ef.usable or not w.early_recheck:
+                    break
+        finally:
+            w.early_reading = False
+        if not ef.usable or w.reported or w.early is not None or self._on_failing is None:
+            return  # an incomplete or malformed file: the exit reports what it holds
+        w.early = ef
+        # The exit code is not known yet: 1, an uncaught exception's, until the exit says.
+        failure = self._failure(w, exitcode=1, observed=time.time(), error_file=ef, stderr_tail="")
+        logger.warning(
+            "%s recorded its failure (pid %d still running): %s",
+            self._ctx(w.launch),
+            w.pid,
+            failure.message,
+        )
+        try:
+            self._on_failing(failure)
+        except Exception:
+            logger.exception("%s on_failing callback failed", self._ctx(w.launch))
 
     # -- watchdog and health -----------------------------------------------------------------
 
@@ -944,6 +1016,8 @@ class WorkerGroup:
             return
         await self.stop(grace)
         self._phase = _Phase.CLOSED
+        if self._error_watch is not None:
+            self._error_watch.close()
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()

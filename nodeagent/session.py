@@ -135,6 +135,8 @@ class _Held:
     group: WorkerGroup | None = None
     pids: dict[int, int] = field(default_factory=dict)
     exits: list[WorkerExit] = field(default_factory=list)
+    failing: dict[int, ProcessFailure] = field(default_factory=dict)
+    """Failures recorded by workers still running (local rank -> failure), sent before the exit."""
     stopped: bool = False
     stopping: asyncio.Task[None] | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
@@ -387,6 +389,10 @@ class NodeAgent:
         """The held exits (and then the stops) of every group, one bounded message each."""
         out = []
         for (job_id, round_), h in self._held.items():
+            exited = {ex.local_rank for ex in h.exits}
+            for lr, failure in h.failing.items():
+                if lr not in exited:  # the coordinator ignores one it already has
+                    out.append(_failing_msg(job_id, round_, failure))
             for ex in h.exits:
                 out.append(
                     pb.NodeMessage(
@@ -564,11 +570,16 @@ class NodeAgent:
                 )
             )
 
+        def on_failing(failure: ProcessFailure) -> None:
+            held.failing[failure.local_rank] = failure
+            self._send(_failing_msg(a.job_id, a.round, failure))
+
         group = WorkerGroup(
             a,
             node_name=self.config.name,
             log_root=self.log_root,
             on_exit=on_exit,
+            on_failing=on_failing,
             run_dir=self.state_dir,
             pid_registry=self._registry,
         )
@@ -760,6 +771,19 @@ def _global(held: _Held, local_rank: int) -> int:
         if w.local_rank == local_rank:
             return w.global_rank
     return -1
+
+
+def _failing_msg(job_id: str, round_: int, f: ProcessFailure) -> pb.NodeMessage:
+    return pb.NodeMessage(
+        worker_failing=pb.WorkerFailing(
+            job_id=job_id,
+            round=round_,
+            local_rank=f.local_rank,
+            global_rank=f.global_rank,
+            pid=f.pid,
+            failure=failure_to_pb(f),
+        )
+    )
 
 
 def _exit_to_pb(e: WorkerExit) -> pb.WorkerExit:

@@ -578,6 +578,22 @@ class WorkerExited(_message.Message):
     exit: WorkerExit
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., exit: _Optional[_Union[WorkerExit, _Mapping]] = ...) -> None: ...
 
+class WorkerFailing(_message.Message):
+    __slots__ = ("job_id", "round", "local_rank", "global_rank", "pid", "failure")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    local_rank: int
+    global_rank: int
+    pid: int
+    failure: ProcessFailure
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., local_rank: _Optional[int] = ..., global_rank: _Optional[int] = ..., pid: _Optional[int] = ..., failure: _Optional[_Union[ProcessFailure, _Mapping]] = ...) -> None: ...
+
 class GroupStopped(_message.Message):
     __slots__ = ("job_id", "round", "unkillable_pids")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -601,7 +617,7 @@ class LogChunk(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class NodeMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "port_reserved", "workers_started", "worker_exited", "group_stopped", "log_chunk")
+    __slots__ = ("hello", "heartbeat", "port_reserved", "workers_started", "worker_exited", "group_stopped", "log_chunk", "worker_failing")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PORT_RESERVED_FIELD_NUMBER: _ClassVar[int]
@@ -609,6 +625,7 @@ class NodeMessage(_message.Message):
     WORKER_EXITED_FIELD_NUMBER: _ClassVar[int]
     GROUP_STOPPED_FIELD_NUMBER: _ClassVar[int]
     LOG_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FAILING_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     port_reserved: PortReserved
@@ -616,7 +633,8 @@ class NodeMessage(_message.Message):
     worker_exited: WorkerExited
     group_stopped: GroupStopped
     log_chunk: LogChunk
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., port_reserved: _Optional[_Union[PortReserved, _Mapping]] = ..., workers_started: _Optional[_Union[WorkersStarted, _Mapping]] = ..., worker_exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., group_stopped: _Optional[_Union[GroupStopped, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ...) -> None: ...
+    worker_failing: WorkerFailing
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., port_reserved: _Optional[_Union[PortReserved, _Mapping]] = ..., workers_started: _Optional[_Union[WorkersStarted, _Mapping]] = ..., worker_exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., group_stopped: _Optional[_Union[GroupStopped, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., worker_failing: _Optional[_Union[WorkerFailing, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("heartbeat_interval_ms", "lease_ms", "coordinator_id")
