@@ -46,9 +46,11 @@ from nodeagent._launch import (
     ROUND_MARKER,
     STDERR,
     STDOUT,
+    StandbyLaunch,
     StoreHostLaunch,
     WorkerLaunch,
     build_launch_plan,
+    build_standby_launch,
     build_store_host_launch,
     resolve_attempt_dir,
 )
@@ -524,6 +526,12 @@ class WorkerGroup:
         if any(w.handle is not None for w in self._workers):
             self._own(self._health_loop(), "health")
         return self.pids
+
+    def standby_launch(self) -> StandbyLaunch | None:
+        """How a standby of this group's job starts on this node (None: the job has none)."""
+        return build_standby_launch(
+            self.spec, agent_env=self._agent_env, python=self._python, agent_cwd=self._agent_cwd
+        )
 
     def _start_store_host(self) -> tuple[int, str, FailureCategory] | None:
         """Start the round's c10d store host, before the workers; why not, if it cannot start.
