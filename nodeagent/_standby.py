@@ -29,8 +29,9 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from nodeagent._launch import StandbyLaunch, WorkerLaunch
+from nodeagent._launch import StandbyLaunch, StoreHostLaunch, WorkerLaunch
 from nodeagent._process import ProcessHandle, RealProcess, spawn
+from nodeagent._store_host import WarmStoreHost
 
 __all__ = ["IDLE_S", "MAX_HANDOFF_BYTES", "StandbyPool", "encode_handoff"]
 
@@ -64,6 +65,8 @@ class _JobPool:
     want: int
     idle: list[_Standby] = field(default_factory=list)
     timer: asyncio.TimerHandle | None = None
+    store: WarmStoreHost | None = None
+    """A warm c10d store host, on the node that served the round's store."""
 
 
 class StandbyPool:
@@ -98,6 +101,29 @@ class StandbyPool:
             if standby is None:
                 return
             pool.idle.append(standby)
+
+    def fill_store(self, job_id: str, launch: StoreHostLaunch) -> None:
+        """Start a warm store host of `job_id` (after `fill`) unless one waits already."""
+        pool = self._jobs.get(job_id)
+        if pool is None or (pool.store is not None and pool.store.alive()):
+            return
+        if pool.store is not None:
+            pool.store.discard()
+        try:
+            pool.store = WarmStoreHost.start(launch)
+        except Exception:
+            pool.store = None
+            logger.exception("cannot start a warm c10d store host; the next one starts cold")
+            return
+        logger.info("started warm c10d store host pid %d", pool.store.process.pid)
+
+    def take_store(self, job_id: str) -> WarmStoreHost | None:
+        """The warm store host of `job_id`, now the caller's (None: start one cold)."""
+        pool = self._jobs.get(job_id)
+        if pool is None or pool.store is None:
+            return None
+        store, pool.store = pool.store, None
+        return store
 
     def _start(self, launch: StandbyLaunch) -> _Standby | None:
         rfd, wfd = os.pipe2(os.O_CLOEXEC)
@@ -198,6 +224,9 @@ class StandbyPool:
         self._cancel_timer(pool)
         for s in pool.idle:
             self._let_go(s)
+        if pool.store is not None:
+            pool.store.discard()
+            pool.store = None
         if pool.idle:
             logger.info("job %s: killed %d standby worker(s)", job_id, len(pool.idle))
         pool.idle = []
@@ -205,6 +234,7 @@ class StandbyPool:
     async def close(self) -> None:
         """Kill every standby and wait (bounded) until they are gone."""
         handles = [s.handle for pool in self._jobs.values() for s in pool.idle]
+        handles += [p.store.process for p in self._jobs.values() if p.store is not None]
         for job_id in list(self._jobs):
             self.discard(job_id)
         if handles:

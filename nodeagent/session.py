@@ -577,6 +577,7 @@ class NodeAgent:
             run_dir=self.state_dir,
             pid_registry=self._registry,
             spawner=self._standbys.spawner(a.job_id),
+            warm_store=lambda _launch: self._standbys.take_store(a.job_id),
         )
         held.group = group
         try:
@@ -614,6 +615,9 @@ class NodeAgent:
         if launch is None or self._closing:
             return
         self._standbys.fill(a.job_id, launch, a.spec.nproc_per_node)
+        store = held.group.store_launch if held.group is not None else None
+        if store is not None:
+            self._standbys.fill_store(a.job_id, store)
 
     def _stop(self, m: pb.Stop) -> None:
         held = self._held.get((m.job_id, m.round))
