@@ -8,6 +8,7 @@ and its output lands in the rank's log files.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import pickle
@@ -218,3 +219,46 @@ def test_discarded_standbys_are_gone_and_an_oversized_handoff_starts_cold(tmp_pa
 
     with pytest.raises(ValueError):
         encode_handoff(_L(), ("py", "b"))  # type: ignore[arg-type]
+
+
+def test_a_warm_store_host_serves_the_round_it_is_handed(tmp_path: Path) -> None:
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from nodeagent._launch import STORE_HOST_PATH, StoreHostLaunch
+    from nodeagent._store_host import StoreHost, WarmStoreHost
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    launch = StoreHostLaunch(
+        argv=(sys.executable, STORE_HOST_PATH),
+        env=env,
+        cwd=str(tmp_path),
+        log_path=tmp_path / "store.log",
+        addr="127.0.0.1",
+        port=port,
+    )
+
+    async def main() -> None:
+        cold = {k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+        warm = WarmStoreHost.start(dataclasses.replace(launch, env=cold, port=1))
+        host = StoreHost.start(launch, ctx="[t]", warm=warm)
+        assert host.pid == warm.process.pid
+        watch = asyncio.ensure_future(host.watch())
+
+        def use() -> bytes:
+            client = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=30))
+            client.set("k", "v")
+            return bytes(client.get("k"))
+
+        assert await asyncio.to_thread(use) == b"v"
+        assert host.state == "ready"
+        assert await host.stop(2.0)
+        await watch
+        host.close()
+
+    asyncio.run(main())
