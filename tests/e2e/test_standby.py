@@ -127,3 +127,41 @@ def test_standbys_go_with_a_cancel_and_with_a_sigkilled_agent(
     )
     job.cancel()
     job.wait(60)
+
+
+_IGNORES_SIGTERM = """
+import os, signal, sys, time
+out = os.environ["OUT_DIR"]
+if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
+    sys.exit(0)
+if os.environ["RANK"] == "0":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open(os.path.join(out, "ignoring"), "w").close()
+    time.sleep(600)
+deadline = time.monotonic() + 60
+while not os.path.exists(os.path.join(out, "ignoring")) and time.monotonic() < deadline:
+    time.sleep(0.02)
+sys.exit(1)
+"""
+
+
+def test_workers_a_restart_replaces_are_not_given_the_full_stop_grace(
+    make_cluster: Any, tmp_path: Path
+) -> None:
+    c: LocalCluster = make_cluster(nodes=1)
+    job = c.client.submit(
+        JobSpec(
+            entrypoint=[PY, "-c", _IGNORES_SIGTERM],
+            nproc_per_node=2,
+            max_restarts=1,
+            stop_grace=60,
+            env={"OUT_DIR": str(tmp_path)},
+        )
+    )
+    result = job.wait(TIMEOUT)
+    assert result.state == WorkerState.SUCCEEDED, result.format_failures()
+    events = job.events()
+    failed = next(e.timestamp for e in events if e.kind == "worker_failed")
+    restarted = next(e.timestamp for e in events if e.kind == "workers_started" and e.round > 1)
+    # Rank 0 ignores SIGTERM: it is SIGKILLed after the short grace, not after stop_grace (60).
+    assert restarted - failed < 20, events
