@@ -262,3 +262,14 @@ def test_a_warm_store_host_serves_the_round_it_is_handed(tmp_path: Path) -> None
         host.close()
 
     asyncio.run(main())
+
+
+def test_preload_travels_on_the_wire_and_from_the_cli() -> None:
+    from client._cli_run import plan_run, run_parser
+    from client.wire import spec_from_pb, spec_to_pb
+
+    spec = JobSpec(entrypoint=["python", "x.py"], preload=("torch", "numpy"))
+    assert spec_from_pb(spec_to_pb(spec)).preload == ("torch", "numpy")
+    assert spec_from_pb(spec_to_pb(JobSpec(entrypoint=["python", "x.py"]))).preload == ()
+    args = run_parser().parse_args(["--preload", "torch", "--nproc-per-node", "2", "x.py"])
+    assert plan_run(args).spec.preload == ("torch",)
