@@ -194,6 +194,14 @@ def run_parser() -> argparse.ArgumentParser:
         help="seconds between SIGTERM and SIGKILL when workers are stopped (default 30)",
     )
     p.add_argument(
+        "--preload",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE (e.g. torch) in warm standby workers that take over on a restart "
+        "(repeatable; see docs/torchrun-migration.md)",
+    )
+    p.add_argument(
         "--quiet",
         "-q",
         action="store_true",
@@ -346,6 +354,7 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
         join_timeout=START_TIMEOUT_S,
         exit_barrier_timeout=START_TIMEOUT_S,
         stop_grace=args.shutdown_timeout,
+        preload=tuple(args.preload),
     )
     try:
         spec.validate()

@@ -296,6 +296,14 @@ def _parser() -> argparse.ArgumentParser:
         "--watchdog", action="store_true", help="serve torch's FileTimer at TORCHELASTIC_TIMER_FILE"
     )
     s.add_argument(
+        "--preload",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE (e.g. torch) in warm standby workers that take over on a restart "
+        "(repeatable; see docs/python-api.md)",
+    )
+    s.add_argument(
         "--watch",
         action="store_true",
         help="wait for the job with live progress; exit with its status",
@@ -406,6 +414,7 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
         scale_up=args.scale_up,
         watchdog=args.watchdog,
         cwd=args.cwd,
+        preload=tuple(args.preload),
     )
     if args.module:
         return JobSpec(entrypoint=[args.python, "-m", entry[0]], args=entry[1:], **common)

@@ -76,6 +76,9 @@ MAX_ENV_ITEMS = 1024
 _FUNCTION_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+MAX_PRELOAD = 32
+"""Most modules a spec may ask its standby workers to preload."""
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}(\.[A-Za-z_][A-Za-z0-9_]{0,127}){0,15}")
 _STD_MAPPING = re.compile(r"(\d+:[0123],)*(\d+:[0123])")
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,159}")
 
@@ -272,6 +275,9 @@ class JobSpec:
     result_key: bytes = field(default=b"", repr=False)
     """Function entrypoints: the key the workers tag their return values with. Made by
     `Client.submit`; a secret of the submitter and the job's workers, never shown."""
+    preload: tuple[str, ...] = ()
+    """Modules (e.g. ``("torch",)``) that warm standby interpreters import before their round;
+    empty (the default) starts every worker cold. See docs/python-api.md, "Standby workers"."""
 
     def __post_init__(self) -> None:
         ep = self.entrypoint
@@ -289,6 +295,7 @@ class JobSpec:
         if not self.function:
             object.__setattr__(self, "args", tuple(self.args))
         object.__setattr__(self, "env", dict(self.env))
+        object.__setattr__(self, "preload", tuple(self.preload))
         object.__setattr__(self, "kwargs", dict(self.kwargs))
 
     @property
@@ -369,6 +376,11 @@ class JobSpec:
         if not isinstance(self.cwd, str) or "\x00" in self.cwd or len(self.cwd) > 4096:
             raise SpecError("cwd", "invalid path")
         _count("stderr_tail_lines", self.stderr_tail_lines, 0, 10_000)
+        if len(self.preload) > MAX_PRELOAD:
+            raise SpecError("preload", f"at most {MAX_PRELOAD} modules, got {len(self.preload)}")
+        for mod in self.preload:
+            if not isinstance(mod, str) or not _MODULE_NAME.fullmatch(mod):
+                raise SpecError("preload", f"not a module name: {str(mod)[:80]!r}")
 
 
 def function_reference(fn: Callable[..., Any]) -> str:

@@ -88,6 +88,7 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         stderr_tail_lines=spec.stderr_tail_lines,
         unhealthy_timeout_ms=_ms(spec.unhealthy_timeout),
         result_key=spec.result_key,
+        preload=list(spec.preload),
     )
 
 
@@ -156,6 +157,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         unhealthy_timeout=opt_s("unhealthy_timeout_ms", d.unhealthy_timeout),
         function_args=msg.function_args,
         result_key=msg.result_key,
+        preload=tuple(msg.preload),
     )
 
 

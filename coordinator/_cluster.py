@@ -154,6 +154,9 @@ class StopRound:
     round: int
     grace: float
     reason: str
+    replaced: bool = False
+    """A new round of the job follows (a restart or a re-form), so the grace may be cut short;
+    False for the final stop, a cancel, and a stale round."""
 
 
 @dataclass(frozen=True)
@@ -299,6 +302,13 @@ class _Member:
     released: bool = False  # slots given back
     lost: bool = False
     seen_exits: set[tuple[int, int]] = field(default_factory=set)
+
+
+def _replaced(job: _Job) -> bool:
+    """Whether the stop under way leads to a new round of the job (restart or re-form)."""
+    if job.stop_kind == _StopKind.MEMBERSHIP:
+        return True
+    return job.stop_kind == _StopKind.FAILURE and job.attempt < job.spec.max_restarts
 
 
 class _StopKind(enum.Enum):
@@ -1524,7 +1534,14 @@ class Cluster:
         for m in job.members:
             if not m.stopped or (m.done and not m.released):
                 self._effects.append(
-                    StopRound(m.node, job.job_id, job.round, job.spec.stop_grace, reason)
+                    StopRound(
+                        m.node,
+                        job.job_id,
+                        job.round,
+                        job.spec.stop_grace,
+                        reason,
+                        _replaced(job),
+                    )
                 )
         if all(m.stopped for m in job.members):
             self._after_stop(job, now)
@@ -1812,7 +1829,14 @@ class Cluster:
             # The stop may have gone down with the old stream: say it again (the agent treats
             # a repeated stop of a stopping group as one).
             self._effects.append(
-                StopRound(node.name, job.job_id, job.round, job.spec.stop_grace, job.stop_reason)
+                StopRound(
+                    node.name,
+                    job.job_id,
+                    job.round,
+                    job.spec.stop_grace,
+                    job.stop_reason,
+                    _replaced(job),
+                )
             )
         self._event(
             job,

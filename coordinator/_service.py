@@ -485,6 +485,7 @@ class CoordinatorService:
                     round=eff.round,
                     grace_ms=round(eff.grace * 1000),
                     reason=eff.reason,
+                    replaced=eff.replaced,
                 )
             )
         else:

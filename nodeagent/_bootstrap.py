@@ -12,6 +12,13 @@ Usage::
         (--script PATH | --module NAME | --code CODE
          | --function MOD:QUALNAME --args-file PATH --return-file PATH)
         -- [target args...]
+
+    python [interpreter flags] _bootstrap.py --standby FD [--preload MODULE]...
+
+A standby (see nodeagent._standby) imports the preload modules, then blocks reading one JSON
+hand-off ``{"argv": [...], "env": {...}}`` (at most ``MAX_HANDOFF_BYTES``) from the inherited
+pipe FD that only its agent holds; it then takes that environment and runs as if started with
+that argv. EOF without a hand-off: it exits 0 at once.
 """
 
 from __future__ import annotations
@@ -52,6 +59,10 @@ _ARGS_MAGIC = b"GELASTIC-ARGS/1\n"
 _RESULT_MAGIC = b"GELASTIC-RV/1\x00"
 _RESULT_DOMAIN = b"gelastic.v1 return value\x00"
 _MAX_ARGS_HEADER = 4096
+MAX_HANDOFF_BYTES = 4 * 1024 * 1024
+"""Largest hand-off a standby reads; kept in step with nodeagent._standby."""
+# Kept by a standby through its hand-off: they name the agent and mark of this very process.
+_OWN_ENV = ("GELASTIC_AGENT_PID", "GELASTIC_WORKER_MARK")
 RELEASE_PG_TIMEOUT_S = 10.0
 """How long the end of a successful worker waits for its gloo process group to be destroyed."""
 
@@ -289,10 +300,82 @@ def _die_with_agent() -> None:
     module.arm(int(parent))
 
 
+def _read_handoff(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size <= MAX_HANDOFF_BYTES:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    os.close(fd)
+    if size > MAX_HANDOFF_BYTES:
+        _usage_error(f"standby hand-off over {MAX_HANDOFF_BYTES} bytes")
+    return b"".join(chunks)
+
+
+def parse_handoff(data: bytes) -> tuple[list[str], dict[str, str]]:
+    """(bootstrap argv, environment) of a hand-off; ValueError when it is not one."""
+    msg = json.loads(data.decode("utf-8"))
+    if not isinstance(msg, dict):
+        raise ValueError("the hand-off is not an object")
+    argv, env = msg.get("argv"), msg.get("env")
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise ValueError("the hand-off argv is not a list of strings")
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\x00" not in k + v
+        for k, v in env.items()
+    ):
+        raise ValueError("the hand-off env is not a mapping of names to strings")
+    return argv, env
+
+
+def _standby(argv: list[str]) -> list[str]:
+    """Preload, wait for the round's hand-off, take its env; returns the round's argv."""
+    fd = -1
+    preload: list[str] = []
+    i = 0
+    while i + 1 < len(argv):
+        if argv[i] == "--standby" and argv[i + 1].isdigit():
+            fd = int(argv[i + 1])
+        elif argv[i] == "--preload":
+            preload.append(argv[i + 1])
+        else:
+            _usage_error(f"unknown standby option {argv[i]}")
+        i += 2
+    if fd < 0 or i != len(argv):
+        _usage_error("--standby needs a pipe descriptor")
+    # Not this directory: a preload is found on the interpreter's own path, never among the
+    # agent's files; the hand-off puts the target's directory first, as a cold start does.
+    if sys.path and sys.path[0] and os.path.realpath(sys.path[0]) == os.path.realpath(_HERE):
+        del sys.path[0]
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # the target fails (or not) on its own import, as cold
+            sys.stderr.write(f"gelastic standby: cannot preload {name}: {type(e).__name__}: {e}\n")
+    data = _read_handoff(fd)
+    if not data:
+        sys.exit(0)  # the agent let this standby go unused
+    try:
+        round_argv, env = parse_handoff(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        _usage_error(f"bad standby hand-off: {e}")
+    own = {k: os.environ[k] for k in _OWN_ENV if k in os.environ}
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ.update(own)
+    return round_argv
+
+
 def main() -> None:
     _die_with_agent()
     faulthandler.enable(all_threads=True)
-    opts = _parse(sys.argv[1:])
+    argv = sys.argv[1:]
+    if argv[:1] == ["--standby"]:
+        argv = _standby(argv)
+    opts = _parse(argv)
     _fix_sys_path(opts)
     before = _file_key(opts.error_file) if opts.error_file else None
     try:

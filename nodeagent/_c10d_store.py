@@ -1,5 +1,9 @@
 """Serve one round's c10d store: `python _c10d_store.py AGENT_PID LISTEN_FD`.
 
+Warm (`_c10d_store.py AGENT_PID --standby CHANNEL_FD`): torch is imported first, then the round's
+MASTER_ADDR/PORT (JSON) and the listening socket (SCM_RIGHTS) come over the inherited unix
+socket CHANNEL_FD whose other end only the agent holds; it then serves as below.
+
 Group rank 0's agent runs this under the job's own interpreter, env and cwd, just before the
 round's workers, when they run with ``TORCHELASTIC_USE_AGENT_STORE=True`` (every rank a TCPStore
 client). It serves a real c10d TCPStore at MASTER_ADDR:MASTER_PORT on the listening socket the
@@ -17,8 +21,11 @@ agent itself never imports torch.
 
 from __future__ import annotations
 
+import array
 import importlib.util
+import json
 import os
+import socket
 import sys
 import threading
 from datetime import timedelta
@@ -55,21 +62,62 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
+_MAX_HANDOFF = 65536
+_HANDOFF_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "GELASTIC_JOB_ID",
+    "GELASTIC_ROUND",
+    "GELASTIC_NODE",
+)
+
+
+def _handoff(channel_fd: int) -> int:
+    """A warm host: the round's env (JSON) and its listening socket, from the agent only."""
+    chan = socket.socket(fileno=channel_fd)
+    msg, ancdata, _, _ = chan.recvmsg(
+        _MAX_HANDOFF, socket.CMSG_SPACE(array.array("i", [0]).itemsize)
+    )
+    fds = array.array("i")
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    chan.close()
+    if not msg:
+        os._exit(0)  # let go unused
+    env = json.loads(msg.decode("utf-8"))
+    if len(fds) != 1 or not isinstance(env, dict):
+        print("bad store host hand-off", file=sys.stderr)
+        os._exit(2)
+    for key in _HANDOFF_ENV:
+        value = env.get(key)
+        if isinstance(value, str) and "\x00" not in value:
+            os.environ[key] = value
+    return int(fds[0])
+
+
 def main() -> None:
-    if len(sys.argv) != 3 or not sys.argv[1].isdigit() or not sys.argv[2].isdigit():
-        print("usage: _c10d_store.py AGENT_PID LISTEN_FD", file=sys.stderr)
+    standby = len(sys.argv) == 4 and sys.argv[2] == "--standby" and sys.argv[3].isdigit()
+    if not standby and (
+        len(sys.argv) != 3 or not sys.argv[1].isdigit() or not sys.argv[2].isdigit()
+    ):
+        print("usage: _c10d_store.py AGENT_PID (LISTEN_FD | --standby CHANNEL_FD)", file=sys.stderr)
         os._exit(2)
     _die_with_agent(int(sys.argv[1]))
     _exit_on_eof()
-    listen_fd = int(sys.argv[2])
     # Run by path, sys.path[0] is the agent's package directory: not the workers' import path.
     if sys.path and os.path.realpath(sys.path[0] or ".") == _HERE:
         del sys.path[0]
+    no_torch = ""
     try:
         # By name: torch is the job's dependency, not the agent's (nor its type checker's).
         distributed = importlib.import_module("torch.distributed")
     except ImportError as e:
-        _say(f"no-torch {type(e).__name__}: {e}")
+        no_torch = f"{type(e).__name__}: {e}"
+    listen_fd = _handoff(int(sys.argv[3])) if standby else int(sys.argv[2])
+    if no_torch:
+        _say(f"no-torch {no_torch}")
         os._exit(0)
     store = distributed.TCPStore(
         host_name=os.environ["MASTER_ADDR"],

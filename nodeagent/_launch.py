@@ -41,11 +41,13 @@ __all__ = [
     "STDERR",
     "STDOUT",
     "STORE_HOST_PATH",
+    "StandbyLaunch",
     "StoreHostLaunch",
     "WorkerLaunch",
     "attempt_dir",
     "attempt_dir_name",
     "build_launch_plan",
+    "build_standby_launch",
     "build_store_host_launch",
     "find_attempt_dir",
     "parse_python_command",
@@ -139,6 +141,19 @@ class StoreHostLaunch:
     """Where the store host's stderr goes."""
     addr: str
     port: int
+
+
+@dataclass(frozen=True)
+class StandbyLaunch:
+    """A warm standby of a job on this node: its interpreter, the job's env, no round yet."""
+
+    prefix: tuple[str, ...]
+    """Interpreter, its flags and the bootstrap: what every worker argv of the job starts with."""
+    argv: tuple[str, ...]
+    """`prefix` plus the standby options (the pipe descriptor is appended when spawned)."""
+    env: dict[str, str]
+    cwd: str
+    preload: tuple[str, ...]
 
 
 def attempt_dir_name(attempt: int, round_: int, *, first_round_of_attempt: bool) -> str:
@@ -446,6 +461,39 @@ def build_store_host_launch(
         log_path=Path(log_dir) / STORE_HOST_LOG,
         addr=assignment.master_addr,
         port=assignment.master_port,
+    )
+
+
+def build_standby_launch(
+    spec: JobSpec,
+    *,
+    agent_env: Mapping[str, str],
+    python: str = sys.executable,
+    agent_cwd: str | None = None,
+) -> StandbyLaunch | None:
+    """How to start a standby of `spec`, or None when it has no preload or is not python.
+
+    The env is the job's (`_job_env`): what every worker gets before its per-round variables.
+    """
+    if not spec.preload:
+        return None
+    if spec.is_function:
+        interpreter: tuple[str, ...] = (python,)
+    else:
+        parsed = parse_python_command(spec.argv, python=python)
+        if parsed is None:
+            return None
+        interpreter = (parsed.interpreter, *parsed.flags)
+    prefix = (*interpreter, BOOTSTRAP_PATH)
+    options: list[str] = []
+    for name in spec.preload:
+        options += ["--preload", name]
+    return StandbyLaunch(
+        prefix=prefix,
+        argv=(*prefix, *options),
+        env=_job_env(spec, agent_env),
+        cwd=_cwd(spec, agent_cwd),
+        preload=tuple(spec.preload),
     )
 
 

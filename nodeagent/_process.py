@@ -31,7 +31,7 @@ import time
 import uuid
 from typing import Protocol
 
-from nodeagent._launch import BOOTSTRAP_PATH, WorkerLaunch
+from nodeagent._launch import BOOTSTRAP_PATH, StandbyLaunch, WorkerLaunch
 from nodeagent._sentinel import MARK_ENV, start_ticks
 
 __all__ = ["KILL_WAIT_S", "ProcessHandle", "RealProcess", "Sentinel", "current_sentinel", "spawn"]
@@ -217,7 +217,12 @@ class RealProcess:
             self._terminating.cancel()
 
 
-def spawn(launch: WorkerLaunch, *, sentinel: Sentinel | None = None) -> RealProcess:
+def spawn(
+    launch: WorkerLaunch | StandbyLaunch,
+    *,
+    sentinel: Sentinel | None = None,
+    pass_fds: tuple[int, ...] = (),
+) -> RealProcess:
     """Start one worker; raises OSError when the program or cwd cannot be used.
 
     No Python runs in the child between fork and exec (a `preexec_fn` in a process with threads
@@ -250,6 +255,7 @@ def spawn(launch: WorkerLaunch, *, sentinel: Sentinel | None = None) -> RealProc
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         close_fds=True,
+        pass_fds=pass_fds,
         start_new_session=True,
     )
     if guard is not None and mark is not None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 from typing import IO
@@ -22,7 +24,7 @@ from nodeagent._launch import StoreHostLaunch
 from nodeagent._process import AGENT_PID_ENV, RealProcess
 from nodeagent._reaper import PidRegistry
 
-__all__ = ["StoreHost", "StoreHostError"]
+__all__ = ["StoreHost", "StoreHostError", "WarmStoreHost", "warm_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,95 @@ def _listen(addr: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+class WarmStoreHost:
+    """A store host that imported torch and waits for a round (`StoreHost.start(warm=...)`).
+
+    Started with the job's store-host argv, env (no round variables) and cwd; its stderr goes to
+    `log_path` (the log of the round that started it). The round's MASTER_ADDR/PORT and the
+    listening socket reach it over a unix socket pair whose other end only the agent holds.
+    """
+
+    def __init__(
+        self,
+        key: tuple[object, ...],
+        process: RealProcess,
+        stdin: IO[bytes] | None,
+        status_fd: int | None,
+        channel: socket.socket | None,
+    ) -> None:
+        self.key = key
+        self.process = process
+        self.stdin = stdin
+        self.status_fd = status_fd
+        self.channel = channel
+
+    @classmethod
+    def start(
+        cls, launch: StoreHostLaunch, *, registry: PidRegistry | None = None
+    ) -> WarmStoreHost:
+        """From the event-loop thread; OSError when it cannot be started."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            log: IO[bytes] | int = open(launch.log_path, "ab")  # noqa: SIM115 - closed below
+        except OSError:
+            log = subprocess.DEVNULL
+        parent = os.getpid()
+        env = {k: v for k, v in launch.env.items() if k not in _ROUND_ENV}
+        env[AGENT_PID_ENV] = str(parent)
+        try:
+            fd = theirs.fileno()
+            popen = subprocess.Popen(
+                [*launch.argv, str(parent), "--standby", str(fd)],
+                env=env,
+                cwd=launch.cwd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                pass_fds=(fd,),
+                close_fds=True,
+                start_new_session=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+            if not isinstance(log, int):
+                log.close()
+        process = RealProcess(popen, asyncio.get_running_loop())
+        status_fd, _ = process.take_pipes()
+        stdin, popen.stdin = popen.stdin, None
+        if registry is not None:
+            registry.add(popen.pid, job_id=launch.env.get("GELASTIC_JOB_ID", ""))
+        return cls(warm_key(launch), process, stdin, status_fd, ours)
+
+    def alive(self) -> bool:
+        return self.process.is_alive() and self.channel is not None
+
+    def discard(self) -> None:
+        """Let it go: EOF on its stdin and its channel (it exits), SIGKILL for good measure."""
+        for f in (self.stdin, self.channel):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+        self.stdin = self.channel = None
+        if self.status_fd is not None:
+            os.close(self.status_fd)
+            self.status_fd = None
+        self.process.send_signal_group(signal.SIGKILL)
+
+
+_ROUND_ENV = frozenset(
+    {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GELASTIC_ROUND", "GELASTIC_NODE"}
+)
+
+
+def warm_key(launch: StoreHostLaunch) -> tuple[object, ...]:
+    """What a warm host must share with a round's launch to serve it."""
+    env = tuple(sorted((k, v) for k, v in launch.env.items() if k not in _ROUND_ENV))
+    return (launch.argv, launch.cwd, env)
 
 
 class StoreHost:
@@ -82,20 +173,33 @@ class StoreHost:
 
     @classmethod
     def start(
-        cls, launch: StoreHostLaunch, *, ctx: str, registry: PidRegistry | None = None
+        cls,
+        launch: StoreHostLaunch,
+        *,
+        ctx: str,
+        registry: PidRegistry | None = None,
+        warm: WarmStoreHost | None = None,
     ) -> StoreHost:
         """Listen on the store's port and start the host; from the event-loop thread.
 
+        With `warm` (alive, started for the same argv, cwd and job env) that host gets the
+        socket and the round's address instead of a new process being started.
         Raises `StoreHostError` when the port cannot be listened on, OSError when the program
         or cwd cannot be used (the workers, which use the same, then fail to start as well).
         """
         try:
             sock = _listen(launch.addr, launch.port)
         except OSError as e:
+            if warm is not None:
+                warm.discard()
             raise StoreHostError(
                 f"cannot listen on MASTER_ADDR:MASTER_PORT {launch.addr}:{launch.port} "
                 f"for the c10d store: {e.strerror or e}"
             ) from e
+        if warm is not None:
+            host = cls._adopt(launch, sock, warm, ctx, registry)
+            if host is not None:
+                return host
         try:
             log: IO[bytes] | int = open(launch.log_path, "ab")  # noqa: SIM115 - closed below
         except OSError:
@@ -135,6 +239,37 @@ class StoreHost:
             launch.port,
         )
         return cls(launch, process, stdin, status_fd, ctx, registry)
+
+    @classmethod
+    def _adopt(
+        cls,
+        launch: StoreHostLaunch,
+        sock: socket.socket,
+        warm: WarmStoreHost,
+        ctx: str,
+        registry: PidRegistry | None,
+    ) -> StoreHost | None:
+        if not warm.alive() or warm.key != warm_key(launch) or warm.channel is None:
+            warm.discard()
+            return None
+        env = {k: launch.env[k] for k in _ROUND_ENV | {"GELASTIC_JOB_ID"} if k in launch.env}
+        try:
+            socket.send_fds(warm.channel, [json.dumps(env).encode("utf-8")], [sock.fileno()])
+        except OSError as e:
+            logger.warning("%s the warm store host cannot take the round (%s)", ctx, e)
+            warm.discard()
+            return None  # the caller starts a cold host on the same socket
+        sock.close()  # the warm host holds it now
+        warm.channel.close()
+        warm.channel = None
+        logger.info(
+            "%s the warm c10d store host pid %d serves %s:%d",
+            ctx,
+            warm.process.pid,
+            launch.addr,
+            launch.port,
+        )
+        return cls(launch, warm.process, warm.stdin, warm.status_fd, ctx, registry)
 
     def _on_status(self) -> None:
         if self._status_fd is None:

@@ -47,15 +47,17 @@ from nodeagent._launch import (
     ROUND_MARKER,
     STDERR,
     STDOUT,
+    StandbyLaunch,
     StoreHostLaunch,
     WorkerLaunch,
     build_launch_plan,
+    build_standby_launch,
     build_store_host_launch,
     resolve_attempt_dir,
 )
 from nodeagent._process import ProcessHandle, spawn
 from nodeagent._reaper import PidRegistry
-from nodeagent._store_host import StoreHost, StoreHostError
+from nodeagent._store_host import StoreHost, StoreHostError, WarmStoreHost
 from nodeagent._watchdog import FileTimerServer
 
 __all__ = ["ConsoleWriter", "WorkerExit", "WorkerGroup", "WorkerHealth", "agent_console"]
@@ -303,8 +305,10 @@ class WorkerGroup:
         drain_timeout: float = 2.0,
         health_interval: float | None = None,
         on_failing: Callable[[ProcessFailure], None] | None = None,
+        warm_store: Callable[[StoreHostLaunch], WarmStoreHost | None] | None = None,
     ) -> None:
         self.assignment = assignment
+        self._warm_store = warm_store
         self.spec = assignment.spec
         self.node_name = node_name
         self.log_root = Path(log_root)
@@ -535,6 +539,17 @@ class WorkerGroup:
             self._own(self._health_loop(), "health")
         return self.pids
 
+    @property
+    def store_launch(self) -> StoreHostLaunch | None:
+        """The round's c10d store host launch on this node (None: this node serves none)."""
+        return self._store_launch
+
+    def standby_launch(self) -> StandbyLaunch | None:
+        """How a standby of this group's job starts on this node (None: the job has none)."""
+        return build_standby_launch(
+            self.spec, agent_env=self._agent_env, python=self._python, agent_cwd=self._agent_cwd
+        )
+
     def _start_store_host(self) -> tuple[int, str, FailureCategory] | None:
         """Start the round's c10d store host, before the workers; why not, if it cannot start.
 
@@ -544,8 +559,9 @@ class WorkerGroup:
         if self._store_launch is None or not self.plan:
             return None
         try:
+            warm = self._warm_store(self._store_launch) if self._warm_store is not None else None
             self._store = StoreHost.start(
-                self._store_launch, ctx=self._ctx(), registry=self._registry
+                self._store_launch, ctx=self._ctx(), registry=self._registry, warm=warm
             )
         except StoreHostError as e:
             logger.error("%s %s", self._ctx(), e)

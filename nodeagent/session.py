@@ -39,6 +39,7 @@ from nodeagent._launch import attempt_dirs
 from nodeagent._metrics import AgentMetrics
 from nodeagent._process import Sentinel
 from nodeagent._reaper import PidRegistry, reap_previous
+from nodeagent._standby import StandbyPool
 from nodeagent._workers import WorkerExit, WorkerGroup
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -53,6 +54,8 @@ LOG_OUTBOX_CHUNKS = 8
 """Log chunks queued for the stream at once, all log requests together: a reader of a log file
 waits for room here (and for the coordinator's credit), so logs never grow the outbox."""
 LOG_REQUESTS_MAX = 64
+REPLACED_STOP_GRACE_S = 0.5
+"""Grace between SIGTERM and SIGKILL for workers a new round of their job replaces."""
 """Log requests served at once; more are answered with an error."""
 LOG_CREDIT_MAX = 1024
 """Most chunks of credit one log request holds."""
@@ -171,6 +174,7 @@ class NodeAgent:
         self._main: asyncio.Task[None] | None = None
         self._log_tasks: dict[int, asyncio.Task[None]] = {}
         self._sentinel = Sentinel(token=self.incarnation)
+        self._standbys = StandbyPool()
         self._registry = PidRegistry(self._pid_file(), mark_prefix=self._sentinel.mark_prefix)
         self._heartbeat_interval = 1.0
         self._closing = False
@@ -197,6 +201,7 @@ class NodeAgent:
         self._closing = True
         held = list(self._held.values())
         await asyncio.gather(*(self._stop_group(h, grace) for h in held), return_exceptions=True)
+        await self._standbys.close()
         for t in [self._main, *self._tasks, *self._log_tasks.values()]:
             if t is not None:
                 t.cancel()
@@ -582,6 +587,8 @@ class NodeAgent:
             on_failing=on_failing,
             run_dir=self.state_dir,
             pid_registry=self._registry,
+            spawner=self._standbys.spawner(a.job_id),
+            warm_store=lambda _launch: self._standbys.take_store(a.job_id),
         )
         held.group = group
         try:
@@ -591,6 +598,7 @@ class NodeAgent:
         held.pids = dict(pids)
         if self._held.get(key) is not held:
             return
+        self._fill_standbys(held)
         self._send(
             pb.NodeMessage(
                 workers_started=pb.WorkersStarted(
@@ -611,6 +619,17 @@ class NodeAgent:
             {_global(held, lr): pid for lr, pid in pids.items()},
         )
 
+    def _fill_standbys(self, held: _Held) -> None:
+        """Warm standbys for the job's next round on this node (only a spec with `preload`)."""
+        a = held.assignment
+        launch = held.group.standby_launch() if held.group is not None else None
+        if launch is None or self._closing:
+            return
+        self._standbys.fill(a.job_id, launch, a.spec.nproc_per_node)
+        store = held.group.store_launch if held.group is not None else None
+        if store is not None:
+            self._standbys.fill_store(a.job_id, store)
+
     def _stop(self, m: pb.Stop) -> None:
         held = self._held.get((m.job_id, m.round))
         if held is None:
@@ -619,14 +638,23 @@ class NodeAgent:
             )
             return
         logger.info("job %s round %d: stopping (%s)", m.job_id, m.round, m.reason)
+        grace = m.grace_ms / 1000
+        if m.replaced:
+            # A new round replaces these workers: nothing of their teardown is kept, so they
+            # get only a short grace (the final stop and a cancel keep the spec's stop_grace).
+            grace = min(grace, REPLACED_STOP_GRACE_S)
+        else:
+            self._standbys.discard(m.job_id)
         if held.stopping is None:
             held.stopping = asyncio.get_running_loop().create_task(
-                self._stop_and_report(held, m.grace_ms / 1000)
+                self._stop_and_report(held, grace, replaced=m.replaced)
             )
 
-    async def _stop_and_report(self, held: _Held, grace: float) -> None:
+    async def _stop_and_report(self, held: _Held, grace: float, *, replaced: bool = False) -> None:
         unkillable = await self._stop_group(held, grace)
         a = held.assignment
+        if replaced and not any(k[0] == a.job_id and h is not held for k, h in self._held.items()):
+            self._standbys.idle(a.job_id)
         self._send(
             pb.NodeMessage(
                 group_stopped=pb.GroupStopped(
@@ -650,6 +678,7 @@ class NodeAgent:
 
     def _release(self, m: pb.Release) -> None:
         held = self._held.pop((m.job_id, m.round), None)
+        self._standbys.discard(m.job_id)  # released by the exit barrier: the job is done here
         if held is not None and held.group is not None:
             self._spawn(held.group.close(), "close-group")
 

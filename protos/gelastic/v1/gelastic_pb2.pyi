@@ -57,7 +57,7 @@ FAILURE_CATEGORY_INFRA: FailureCategory
 FAILURE_CATEGORY_INPUT: FailureCategory
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "role", "entrypoint", "function", "args", "function_args", "nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "env", "redirects", "tee", "join_timeout_ms", "last_call_timeout_ms", "exit_barrier_timeout_ms", "stop_grace_ms", "restart_backoff_ms", "scale_up", "watchdog", "cwd", "stderr_tail_lines", "unhealthy_timeout_ms", "result_key")
+    __slots__ = ("name", "role", "entrypoint", "function", "args", "function_args", "nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "env", "redirects", "tee", "join_timeout_ms", "last_call_timeout_ms", "exit_barrier_timeout_ms", "stop_grace_ms", "restart_backoff_ms", "scale_up", "watchdog", "cwd", "stderr_tail_lines", "unhealthy_timeout_ms", "result_key", "preload")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class JobSpec(_message.Message):
     STDERR_TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
     UNHEALTHY_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     RESULT_KEY_FIELD_NUMBER: _ClassVar[int]
+    PRELOAD_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: str
     entrypoint: _containers.RepeatedScalarFieldContainer[str]
@@ -113,7 +114,8 @@ class JobSpec(_message.Message):
     stderr_tail_lines: int
     unhealthy_timeout_ms: int
     result_key: bytes
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., function: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., function_args: _Optional[bytes] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., redirects: _Optional[str] = ..., tee: _Optional[str] = ..., join_timeout_ms: _Optional[int] = ..., last_call_timeout_ms: _Optional[int] = ..., exit_barrier_timeout_ms: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., restart_backoff_ms: _Optional[int] = ..., scale_up: _Optional[str] = ..., watchdog: _Optional[bool] = ..., cwd: _Optional[str] = ..., stderr_tail_lines: _Optional[int] = ..., unhealthy_timeout_ms: _Optional[int] = ..., result_key: _Optional[bytes] = ...) -> None: ...
+    preload: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., function: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., function_args: _Optional[bytes] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., redirects: _Optional[str] = ..., tee: _Optional[str] = ..., join_timeout_ms: _Optional[int] = ..., last_call_timeout_ms: _Optional[int] = ..., exit_barrier_timeout_ms: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., restart_backoff_ms: _Optional[int] = ..., scale_up: _Optional[str] = ..., watchdog: _Optional[bool] = ..., cwd: _Optional[str] = ..., stderr_tail_lines: _Optional[int] = ..., unhealthy_timeout_ms: _Optional[int] = ..., result_key: _Optional[bytes] = ..., preload: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProcessFailure(_message.Message):
     __slots__ = ("node", "global_rank", "local_rank", "pid", "exitcode", "signal", "error_file", "message", "traceback", "timestamp", "attempt", "round", "root_cause", "category", "stderr_tail", "role_rank", "role")
@@ -693,16 +695,18 @@ class Assign(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., group_rank: _Optional[int] = ..., group_world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerRanks, _Mapping]]] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class Stop(_message.Message):
-    __slots__ = ("job_id", "round", "grace_ms", "reason")
+    __slots__ = ("job_id", "round", "grace_ms", "reason", "replaced")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     GRACE_MS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     grace_ms: int
     reason: str
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., grace_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    replaced: bool
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., grace_ms: _Optional[int] = ..., reason: _Optional[str] = ..., replaced: _Optional[bool] = ...) -> None: ...
 
 class Release(_message.Message):
     __slots__ = ("job_id", "round")

@@ -1,0 +1,244 @@
+"""Warm standby workers: interpreters of a job that already imported its preload modules.
+
+A job whose spec names `preload` modules gets, on each agent that runs it, up to
+`nproc_per_node` standbys: the bootstrap started in standby mode (``--standby FD``) under the
+job's interpreter, flags, cwd and env, without any per-round variable (RANK, MASTER_ADDR,
+TORCHELASTIC_RESTART_COUNT, ...). Each imports the modules and blocks reading its hand-off from a
+pipe whose write end only the agent holds (inherited, never a path). When a later round of the
+job starts on this node, `StandbyPool.spawner` hands a standby the worker's bootstrap argv and
+full env (JSON, bounded); the standby takes that env and runs the entrypoint exactly as a cold
+worker would. It is the same process from then on: the `ProcessHandle` the group supervises,
+with the stdout/stderr pipes the group pumps into the rank's logs (what the standby printed
+while it waited lands there first).
+
+Standbys are spawned like workers (`nodeagent._process.spawn`): their own session, the
+parent-death signal armed by the bootstrap, and the worker mark, so the sentinel kills them
+with the agent, SIGKILL included. The pool kills a job's standbys when the job is done on this
+node (`discard`), when the agent stops (`close`), and when no round of the job came for
+`IDLE_S` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from nodeagent._launch import StandbyLaunch, StoreHostLaunch, WorkerLaunch
+from nodeagent._process import ProcessHandle, RealProcess, spawn
+from nodeagent._store_host import WarmStoreHost
+
+__all__ = ["IDLE_S", "MAX_HANDOFF_BYTES", "StandbyPool", "encode_handoff"]
+
+logger = logging.getLogger(__name__)
+
+MAX_HANDOFF_BYTES = 4 * 1024 * 1024
+"""Largest hand-off (kept in step with nodeagent._bootstrap)."""
+IDLE_S = 120.0
+"""A job's standbys are killed when no round of the job has held this node for this long."""
+_OWN_ENV = ("GELASTIC_AGENT_PID", "GELASTIC_WORKER_MARK")
+
+
+def encode_handoff(launch: WorkerLaunch, prefix: tuple[str, ...]) -> bytes:
+    """The hand-off of one worker to a standby started with `prefix`; ValueError if too big."""
+    env = {k: v for k, v in launch.env.items() if k not in _OWN_ENV}
+    data = json.dumps({"argv": list(launch.argv[len(prefix) :]), "env": env}).encode("utf-8")
+    if len(data) > MAX_HANDOFF_BYTES:
+        raise ValueError(f"the hand-off is {len(data)} bytes, over {MAX_HANDOFF_BYTES}")
+    return data
+
+
+@dataclass
+class _Standby:
+    handle: RealProcess
+    wfd: int | None
+
+
+@dataclass
+class _JobPool:
+    launch: StandbyLaunch
+    want: int
+    idle: list[_Standby] = field(default_factory=list)
+    timer: asyncio.TimerHandle | None = None
+    store: WarmStoreHost | None = None
+    """A warm c10d store host, on the node that served the round's store."""
+
+
+class StandbyPool:
+    """The standbys of every job on this agent. Call from the event-loop thread."""
+
+    def __init__(self, *, spawner: Callable[..., RealProcess] = spawn) -> None:
+        self._spawner = spawner
+        self._jobs: dict[str, _JobPool] = {}
+
+    def count(self, job_id: str) -> int:
+        """Live standbys of `job_id` waiting for a round."""
+        pool = self._jobs.get(job_id)
+        return 0 if pool is None else sum(1 for s in pool.idle if s.handle.is_alive())
+
+    def pids(self, job_id: str) -> list[int]:
+        pool = self._jobs.get(job_id)
+        return [] if pool is None else [s.handle.pid for s in pool.idle]
+
+    def fill(self, job_id: str, launch: StandbyLaunch, want: int) -> None:
+        """Start standbys of `job_id` until `want` wait (a new spec replaces the old ones)."""
+        pool = self._jobs.get(job_id)
+        if pool is not None and pool.launch != launch:
+            self.discard(job_id)
+            pool = None
+        if pool is None:
+            pool = self._jobs[job_id] = _JobPool(launch, want)
+        pool.want = want
+        self._cancel_timer(pool)
+        self._prune(pool)
+        while len(pool.idle) < pool.want:
+            standby = self._start(launch)
+            if standby is None:
+                return
+            pool.idle.append(standby)
+
+    def fill_store(self, job_id: str, launch: StoreHostLaunch) -> None:
+        """Start a warm store host of `job_id` (after `fill`) unless one waits already."""
+        pool = self._jobs.get(job_id)
+        if pool is None or (pool.store is not None and pool.store.alive()):
+            return
+        if pool.store is not None:
+            pool.store.discard()
+        try:
+            pool.store = WarmStoreHost.start(launch)
+        except Exception:
+            pool.store = None
+            logger.exception("cannot start a warm c10d store host; the next one starts cold")
+            return
+        logger.info("started warm c10d store host pid %d", pool.store.process.pid)
+
+    def take_store(self, job_id: str) -> WarmStoreHost | None:
+        """The warm store host of `job_id`, now the caller's (None: start one cold)."""
+        pool = self._jobs.get(job_id)
+        if pool is None or pool.store is None:
+            return None
+        store, pool.store = pool.store, None
+        return store
+
+    def _start(self, launch: StandbyLaunch) -> _Standby | None:
+        rfd, wfd = os.pipe2(os.O_CLOEXEC)
+        try:
+            standby = StandbyLaunch(
+                prefix=launch.prefix,
+                argv=(*launch.prefix, "--standby", str(rfd), *launch.argv[len(launch.prefix) :]),
+                env=launch.env,
+                cwd=launch.cwd,
+                preload=launch.preload,
+            )
+            handle = self._spawner(standby, pass_fds=(rfd,))
+        except Exception:
+            os.close(wfd)
+            logger.exception("cannot start a standby worker; workers start cold")
+            return None
+        finally:
+            os.close(rfd)
+        logger.info("started standby pid %d preloading %s", handle.pid, ",".join(launch.preload))
+        return _Standby(handle, wfd)
+
+    def _prune(self, pool: _JobPool) -> None:
+        alive = []
+        for s in pool.idle:
+            if s.handle.is_alive():
+                alive.append(s)
+            else:
+                self._let_go(s)
+        pool.idle = alive
+
+    def take(self, job_id: str, launch: WorkerLaunch) -> ProcessHandle | None:
+        """A standby of `job_id` now running `launch`, or None (then start it cold)."""
+        pool = self._jobs.get(job_id)
+        if pool is None or launch.cwd != pool.launch.cwd:
+            return None
+        prefix = pool.launch.prefix
+        if tuple(launch.argv[: len(prefix)]) != prefix:
+            return None
+        try:
+            data = encode_handoff(launch, prefix)
+        except ValueError:
+            logger.warning("hand-off too big; rank %d starts cold", launch.global_rank)
+            return None
+        while pool.idle:
+            s = pool.idle.pop(0)
+            if not s.handle.is_alive() or s.wfd is None:
+                self._let_go(s)
+                continue
+            try:
+                # The standby blocks reading: a hand-off above the pipe's buffer drains as it is
+                # written, and a standby that died meanwhile answers EPIPE.
+                os.write(s.wfd, data)
+            except OSError as e:
+                logger.warning("standby pid %d cannot take its hand-off: %s", s.handle.pid, e)
+                self._let_go(s)
+                continue
+            os.close(s.wfd)
+            s.wfd = None
+            return s.handle
+        return None
+
+    def spawner(self, job_id: str) -> Callable[[WorkerLaunch], ProcessHandle]:
+        """A `WorkerGroup` spawner: a standby when one fits, else a cold worker."""
+
+        def start(launch: WorkerLaunch) -> ProcessHandle:
+            handle = self.take(job_id, launch)
+            return handle if handle is not None else spawn(launch)
+
+        return start
+
+    def idle(self, job_id: str) -> None:
+        """No round of `job_id` holds this node now: kill its standbys after `IDLE_S`."""
+        pool = self._jobs.get(job_id)
+        if pool is None or pool.timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        pool.timer = loop.call_later(IDLE_S, self.discard, job_id)
+
+    def _cancel_timer(self, pool: _JobPool) -> None:
+        if pool.timer is not None:
+            pool.timer.cancel()
+            pool.timer = None
+
+    def _let_go(self, s: _Standby) -> None:
+        if s.wfd is not None:
+            os.close(s.wfd)  # EOF: a standby that is still waiting exits 0 by itself
+            s.wfd = None
+        s.handle.send_signal_group(signal.SIGKILL)  # it has run nothing of the user's round
+        for fd in s.handle.take_pipes():
+            if fd is not None:
+                os.close(fd)
+
+    def discard(self, job_id: str) -> None:
+        """Kill every standby of `job_id` (the job is done on this node)."""
+        pool = self._jobs.pop(job_id, None)
+        if pool is None:
+            return
+        self._cancel_timer(pool)
+        for s in pool.idle:
+            self._let_go(s)
+        if pool.store is not None:
+            pool.store.discard()
+            pool.store = None
+        if pool.idle:
+            logger.info("job %s: killed %d standby worker(s)", job_id, len(pool.idle))
+        pool.idle = []
+
+    async def close(self) -> None:
+        """Kill every standby and wait (bounded) until they are gone."""
+        handles = [s.handle for pool in self._jobs.values() for s in pool.idle]
+        handles += [p.store.process for p in self._jobs.values() if p.store is not None]
+        for job_id in list(self._jobs):
+            self.discard(job_id)
+        if handles:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(h.wait() for h in handles), return_exceptions=True), 5.0
+                )

@@ -1,0 +1,275 @@
+"""Standby workers: the hand-off protocol and a standby taking over a worker of a round.
+
+Real processes (the real bootstrap, no agent): a standby started by `StandbyPool` runs a
+script, a ``-m`` module and a function exactly as a cold worker does, with the round's env,
+and its output lands in the rank's log files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client.assignment import RoundAssignment, WorkerRanks
+from client.model import JobSpec, SpecError
+from nodeagent._bootstrap import parse_handoff
+from nodeagent._launch import build_standby_launch
+from nodeagent._process import spawn
+from nodeagent._standby import MAX_HANDOFF_BYTES, StandbyPool, encode_handoff
+from nodeagent._workers import WorkerExit, WorkerGroup
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = ROOT / "tests" / "workloads" / "standby_probe.py"
+PRELOAD = ("email.mime.text",)
+JOB = "job-7"
+
+
+def assignment(spec: JobSpec, *, attempt: int = 1, round_: int = 3) -> RoundAssignment:
+    n = spec.nproc_per_node
+    return RoundAssignment(
+        job_id=JOB,
+        round=round_,
+        attempt=attempt,
+        spec=spec,
+        group_rank=1,  # no store host on this node
+        group_world_size=2,
+        master_addr="127.0.0.1",
+        master_port=29511,
+        workers=tuple(WorkerRanks(i, 2 + i, 2 + i, 2 * n, 2 * n) for i in range(n)),
+        run_id="run-abc",
+    )
+
+
+def test_handoff_parsing_refuses_what_is_not_a_handoff() -> None:
+    assert parse_handoff(b'{"argv": ["--x"], "env": {"A": "1"}}') == (["--x"], {"A": "1"})
+    for bad in (
+        b"[]",
+        b'{"argv": "x", "env": {}}',
+        b'{"argv": [1], "env": {}}',
+        b'{"argv": [], "env": {"A=B": "1"}}',
+        b'{"argv": [], "env": {"A": 1}}',
+        b'{"argv": [], "env": {"A": "\\u0000"}}',
+        b'{"argv": []}',
+    ):
+        with pytest.raises(ValueError):
+            parse_handoff(bad)
+
+
+def test_preload_is_validated() -> None:
+    JobSpec(entrypoint=["python", "x.py"], preload=("torch", "torch.distributed")).validate()
+    for bad in (("torch; rm",), ("",), (".x",), ("a" * 200,), tuple(f"m{i}" for i in range(33))):
+        with pytest.raises(SpecError):
+            JobSpec(entrypoint=["python", "x.py"], preload=bad).validate()
+
+
+def test_no_standby_without_preload_or_for_a_non_python_command() -> None:
+    env: dict[str, str] = {}
+    assert build_standby_launch(JobSpec(entrypoint=["python", "x.py"]), agent_env=env) is None
+    assert (
+        build_standby_launch(JobSpec(entrypoint=["/bin/true"], preload=PRELOAD), agent_env=env)
+        is None
+    )
+
+
+async def _run_round(
+    tmp: Path, spec: JobSpec, pool: StandbyPool | None, *, attempt: int = 1
+) -> tuple[dict[int, WorkerExit], WorkerGroup]:
+    exits: dict[int, WorkerExit] = {}
+    done = asyncio.Event()
+
+    def on_exit(ex: WorkerExit) -> None:
+        exits[ex.global_rank] = ex
+        if len(exits) == spec.nproc_per_node:
+            done.set()
+
+    group = WorkerGroup(
+        assignment(spec, attempt=attempt),
+        node_name="nodeA",
+        log_root=tmp / "logs",
+        on_exit=on_exit,
+        console=None,
+        run_dir=tmp,
+        spawner=pool.spawner(JOB) if pool is not None else spawn,
+        agent_cwd=str(ROOT),
+    )
+    await group.start()
+    await asyncio.wait_for(done.wait(), 60)
+    await group.close()
+    return exits, group
+
+
+def _seen(out: Path, rank: int) -> dict[str, Any]:
+    return json.loads((out / f"{rank}.json").read_text())
+
+
+async def _wait_alive(pool: StandbyPool, n: int) -> None:
+    # fill() spawned them; they are live processes at once (the import runs in them).
+    assert pool.count(JOB) == n
+
+
+@pytest.mark.parametrize("kind", ["script", "module", "function"])
+def test_a_standby_runs_the_round_exactly_as_a_cold_worker(tmp_path: Path, kind: str) -> None:
+    entry: Any
+    if kind == "script":
+        entry = [sys.executable, str(PROBE), "a1", "${local_rank}"]
+    elif kind == "module":
+        entry = [sys.executable, "-m", "tests.workloads.standby_probe", "a1", "${local_rank}"]
+    else:
+        entry = "tests.workloads.standby_probe:probe"
+
+    def spec(out: Path, preload: tuple[str, ...]) -> JobSpec:
+        return JobSpec(
+            entrypoint=entry,
+            nproc_per_node=2,
+            env={"OUT_DIR": str(out), "JOB_VAR": "v"},
+            preload=preload,
+            function_args=pickle.dumps((("fn",), {})) if kind == "function" else b"",
+        )
+
+    cold_out, warm_out = tmp_path / "cold", tmp_path / "warm"
+    cold_out.mkdir()
+    warm_out.mkdir()
+
+    async def main() -> None:
+        cold_exits, _ = await _run_round(tmp_path / "c", spec(cold_out, ()), None)
+        pool = StandbyPool()
+        s = spec(warm_out, PRELOAD)
+        launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
+        assert launch is not None
+        pool.fill(JOB, launch, 2)
+        standby_pids = set(pool.pids(JOB))
+        assert len(standby_pids) == 2
+        warm_exits, group = await _run_round(tmp_path / "w", s, pool)
+        assert pool.count(JOB) == 0
+        assert {e.pid for e in warm_exits.values()} == standby_pids
+        for rank in (2, 3):
+            assert cold_exits[rank].succeeded, cold_exits[rank].failure
+            assert warm_exits[rank].succeeded, warm_exits[rank].failure
+            cold, warm = _seen(cold_out, rank), _seen(warm_out, rank)
+            assert cold["preloaded"] is False and warm["preloaded"] is True
+            for k in ("tag", "name", "main_file", "argv", "path0"):
+                assert warm[k] == cold[k], k
+            assert warm["fds"] == cold["fds"]  # the hand-off pipe is closed
+            assert warm["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+            assert warm["env"]["RANK"] == str(rank)
+            assert warm["env"]["LOCAL_RANK"] == str(rank - 2)
+            assert warm["env"]["JOB_VAR"] == "v"
+            log = group.plan[rank - 2].stdout_path.read_text()
+            assert f"probe rank {rank} out" in log
+            assert f"probe rank {rank} err" in group.plan[rank - 2].stderr_path.read_text()
+            if kind == "function":
+                assert pickle.loads(warm_exits[rank].return_value[46:]) == rank * 10  # type: ignore[index]
+        await pool.close()
+
+    asyncio.run(main())
+
+
+def test_a_failing_standby_worker_records_its_error_file(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    s = JobSpec(
+        entrypoint=[sys.executable, str(PROBE)],
+        nproc_per_node=1,
+        env={"OUT_DIR": str(out), "PROBE_FAIL": "2"},
+        preload=PRELOAD,
+    )
+
+    async def main() -> None:
+        pool = StandbyPool()
+        launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
+        assert launch is not None
+        pool.fill(JOB, launch, 1)
+        exits, group = await _run_round(tmp_path, s, pool)
+        failure = exits[2].failure
+        assert failure is not None and "probe rank 2 fails" in failure.message
+        assert group.plan[0].error_file.exists()
+        await pool.close()
+
+    asyncio.run(main())
+
+
+def test_discarded_standbys_are_gone_and_an_oversized_handoff_starts_cold(tmp_path: Path) -> None:
+    s = JobSpec(entrypoint=[sys.executable, str(PROBE)], nproc_per_node=2, preload=PRELOAD)
+
+    async def main() -> None:
+        pool = StandbyPool()
+        launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
+        assert launch is not None
+        pool.fill(JOB, launch, 2)
+        handles = [st.handle for st in pool._jobs[JOB].idle]
+        pool.discard(JOB)
+        codes = await asyncio.wait_for(asyncio.gather(*(h.wait() for h in handles)), 10)
+        assert all(c in (0, -9) for c in codes)
+        assert pool.count(JOB) == 0
+
+    asyncio.run(main())
+    plan_env = {"X": "y" * (MAX_HANDOFF_BYTES + 1)}
+
+    class _L:
+        argv = ("py", "b", "--script", "x")
+        env = plan_env
+
+    with pytest.raises(ValueError):
+        encode_handoff(_L(), ("py", "b"))  # type: ignore[arg-type]
+
+
+def test_a_warm_store_host_serves_the_round_it_is_handed(tmp_path: Path) -> None:
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from nodeagent._launch import STORE_HOST_PATH, StoreHostLaunch
+    from nodeagent._store_host import StoreHost, WarmStoreHost
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    launch = StoreHostLaunch(
+        argv=(sys.executable, STORE_HOST_PATH),
+        env=env,
+        cwd=str(tmp_path),
+        log_path=tmp_path / "store.log",
+        addr="127.0.0.1",
+        port=port,
+    )
+
+    async def main() -> None:
+        cold = {k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+        warm = WarmStoreHost.start(dataclasses.replace(launch, env=cold, port=1))
+        host = StoreHost.start(launch, ctx="[t]", warm=warm)
+        assert host.pid == warm.process.pid
+        watch = asyncio.ensure_future(host.watch())
+
+        def use() -> bytes:
+            client = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=30))
+            client.set("k", "v")
+            return bytes(client.get("k"))
+
+        assert await asyncio.to_thread(use) == b"v"
+        assert host.state == "ready"
+        assert await host.stop(2.0)
+        await watch
+        host.close()
+
+    asyncio.run(main())
+
+
+def test_preload_travels_on_the_wire_and_from_the_cli() -> None:
+    from client._cli_run import plan_run, run_parser
+    from client.wire import spec_from_pb, spec_to_pb
+
+    spec = JobSpec(entrypoint=["python", "x.py"], preload=("torch", "numpy"))
+    assert spec_from_pb(spec_to_pb(spec)).preload == ("torch", "numpy")
+    assert spec_from_pb(spec_to_pb(JobSpec(entrypoint=["python", "x.py"]))).preload == ()
+    args = run_parser().parse_args(["--preload", "torch", "--nproc-per-node", "2", "x.py"])
+    assert plan_run(args).spec.preload == ("torch",)
