@@ -100,7 +100,7 @@ def main() -> int:
         return 0
     hold_max = float(os.environ.get("BENCH_HOLD_MAX", "120"))
     deadline = time.monotonic() + hold_max
-    if RANK == int(os.environ.get("BENCH_CRASH_RANK", "1")):
+    if int(os.environ.get("BENCH_CRASH_RANK", "1")) == RANK:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         while _count_ready() < world:
             if time.monotonic() > deadline:
