@@ -508,3 +508,12 @@ def preload_spec(spec: Any) -> Any | None:
     if "preload" not in {f.name for f in dataclasses.fields(spec)}:
         return None
     return dataclasses.replace(spec, preload=("torch",))
+
+
+LARGE_TORCH_RUNS = 3
+"""Runs of a torch scenario's 8-worker size at most: 8 torch processes on 2 cores take long."""
+
+
+def size_runs(runs: int, workers: int) -> int:
+    """The runs of a torch scenario at a size of `workers` ranks (`--runs`; at most 3 from 8 on)."""
+    return min(runs, LARGE_TORCH_RUNS) if workers >= 8 else runs

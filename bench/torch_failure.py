@@ -36,6 +36,7 @@ from bench._common import (
     log,
     poll_result,
     read_event,
+    size_runs,
     torch_torchrun_group,
     worker_env,
 )
@@ -122,7 +123,8 @@ def run(runs: int, quick: bool) -> list[Measurement]:
             )
             codes_seen: set[str] = set()
             with gelastic_cluster(nodes=nodes, slots=nproc) as cluster:
-                for i in range(runs):
+                n_runs = size_runs(runs, nodes * nproc)
+                for i in range(n_runs):
                     p = _gelastic_run(cluster, dirs.new(f"gpoll{size}"), nodes, nproc, _by_poll)
                     g_poll.add(p)
                     msg = f"poll {p:.3f} s"
@@ -130,13 +132,13 @@ def run(runs: int, quick: bool) -> list[Measurement]:
                         w = _gelastic_run(cluster, dirs.new(f"gwait{size}"), nodes, nproc, _by_wait)
                         g_wait.add(w)
                         msg += f", wait {w:.3f} s"
-                    log(f"  {SCENARIO} run {i + 1}/{runs} gelastic {size}: {msg}")
+                    log(f"  {SCENARIO} run {i + 1}/{n_runs} gelastic {size}: {msg}")
                     first, codes = _torchrun_run(dirs.new(f"t{size}"), nodes, nproc)
                     t_first.add(first)
                     codes_seen.add(str(codes))
                     shown = "timed out" if first is None else f"{first:.3f} s"
                     log(
-                        f"  {SCENARIO} run {i + 1}/{runs} torchrun {size}: failing launcher exited {shown}"
+                        f"  {SCENARIO} run {i + 1}/{n_runs} torchrun {size}: failing launcher exited {shown}"
                     )
             t_first.note += (
                 f"; exit codes (None = killed at teardown) {', '.join(sorted(codes_seen))}"

@@ -38,6 +38,7 @@ from bench._common import (
     preload_spec,
     read_event,
     read_phase,
+    size_runs,
     torch_torchrun_group,
     wait_phase,
     worker_env,
@@ -132,7 +133,8 @@ def run(runs: int, quick: bool) -> list[Measurement]:
             preload = preload_spec(_spec(dirs.root, nodes, nproc)) is not None
             codes_seen: set[str] = set()
             with gelastic_cluster(nodes=nodes, slots=nproc) as cluster:
-                for i in range(runs):
+                n_runs = size_runs(runs, nodes * nproc)
+                for i in range(n_runs):
                     d = dirs.new(f"g{size}")
                     again, restart = _gelastic_run(cluster, _spec(d, nodes, nproc), d, count)
                     g_again.add(again)
@@ -145,7 +147,7 @@ def run(runs: int, quick: bool) -> list[Measurement]:
                         pa, _ = _gelastic_run(cluster, spec, d, count)
                         p_again.add(pa)
                         msg += f"; preload training again {pa:.3f} s"
-                    log(f"  {SCENARIO} run {i + 1}/{runs} gelastic {size}: {msg}")
+                    log(f"  {SCENARIO} run {i + 1}/{n_runs} gelastic {size}: {msg}")
                     time.sleep(0.2)
                     times, codes = _torchrun_run(dirs.new(f"t{size}"), nodes, nproc)
                     codes_seen.add(str(codes))
@@ -157,7 +159,7 @@ def run(runs: int, quick: bool) -> list[Measurement]:
                         else (f"training again {times[0]:.3f} s, restarted {times[1]:.3f} s")
                     )
                     log(
-                        f"  {SCENARIO} run {i + 1}/{runs} torchrun {size}: {shown}, exit codes {codes}"
+                        f"  {SCENARIO} run {i + 1}/{n_runs} torchrun {size}: {shown}, exit codes {codes}"
                     )
             t_again.note = f"launcher exit codes {', '.join(sorted(codes_seen))}"
             if not preload:

@@ -35,6 +35,7 @@ from bench._common import (
     poll_result,
     preload_spec,
     read_phase,
+    size_runs,
     torch_torchrun_group,
     worker_env,
 )
@@ -128,12 +129,13 @@ def run(runs: int, quick: bool) -> list[Measurement]:
                     d = dirs.new(f"warmup{size}")
                     _gelastic_run(cluster, _spec(d, nodes, nproc), d, nodes * nproc)
                     _torchrun_run(dirs.new(f"warmup-t{size}"), nodes, nproc)
-                for i in range(runs):
+                n_runs = size_runs(runs, nodes * nproc)
+                for i in range(n_runs):
                     d = dirs.new(f"g{size}")
                     times = _gelastic_run(cluster, _spec(d, nodes, nproc), d, nodes * nproc)
                     for p, m in g.items():
                         m.add(times[p])
-                    msg = f"  {SCENARIO} run {i + 1}/{runs} gelastic {size}: {_fmt(times)}"
+                    msg = f"  {SCENARIO} run {i + 1}/{n_runs} gelastic {size}: {_fmt(times)}"
                     d = dirs.new(f"p{size}")
                     spec = preload_spec(_spec(d, nodes, nproc))
                     if spec is not None:
@@ -144,7 +146,7 @@ def run(runs: int, quick: bool) -> list[Measurement]:
                     times = _torchrun_run(dirs.new(f"t{size}"), nodes, nproc)
                     for p, m in t.items():
                         m.add(times[p])
-                    log(f"  {SCENARIO} run {i + 1}/{runs} torchrun {size}: {_fmt(times)}")
+                    log(f"  {SCENARIO} run {i + 1}/{n_runs} torchrun {size}: {_fmt(times)}")
             if warm is None:
                 pre.note = PRELOAD_NA
             elif pre.median and t["ready"].median is not None:
