@@ -8,9 +8,9 @@ every job of a size lands on the same nodes; the clock starts right before `subm
 - `NxM submit -> all past init+all_reduce`: the last rank's `ready` stamp.
 - `NxM submit -> all torch imported`, `NxM submit -> all started`: the last rank's `torch` and
   `start` stamps, to tell interpreter start, torch import and gloo's rendezvous apart.
-- `NxM (preload, warm) submit -> all past init+all_reduce` (gelastic): the same spec with
-  `preload=("torch",)`, after an untimed job of that spec on the same nodes, so its standby
-  workers are warm. "n/a: preload not available" when JobSpec has no `preload` field.
+- `NxM (preload, warm) submit -> all past init+all_reduce` (gelastic): the spec with
+  `preload=("torch",)`, after an untimed job of the very same spec (same env: one BENCH_DIR,
+  emptied between runs) on the same nodes, so its standby workers are warm. "n/a: preload not available" when JobSpec has no `preload` field.
 
 torchrun runs the same script: one launcher per node with a c10d rendezvous, the clock starting
 right before the first is launched (torchrun has no standing agents).
@@ -101,6 +101,12 @@ def _torchrun_run(run_dir: Path, nodes: int, nproc: int) -> dict[str, float]:
     return _times(run_dir, t0, nodes * nproc)
 
 
+def _clear(run_dir: Path) -> None:
+    """Remove a finished run's stamps so the same directory (and spec) serves the next run."""
+    for p in run_dir.glob("*.json"):
+        p.unlink()
+
+
 def _fmt(times: dict[str, float]) -> str:
     return ", ".join(f"{phase} {times[phase]:.3f} s" for phase, _ in PHASES)
 
@@ -136,10 +142,11 @@ def run(runs: int, quick: bool) -> list[Measurement]:
                     for p, m in g.items():
                         m.add(times[p])
                     msg = f"  {SCENARIO} run {i + 1}/{n_runs} gelastic {size}: {_fmt(times)}"
-                    d = dirs.new(f"p{size}")
-                    spec = preload_spec(_spec(d, nodes, nproc))
-                    if spec is not None:
-                        ptimes = _gelastic_run(cluster, spec, d, nodes * nproc)
+                    if warm is not None:
+                        # The very same spec as the warm-up job (its BENCH_DIR emptied), so
+                        # nothing but the job itself tells it apart from the one before.
+                        _clear(warm_dir)
+                        ptimes = _gelastic_run(cluster, warm, warm_dir, nodes * nproc)
                         pre.add(ptimes["ready"])
                         msg += f"; preload ready {ptimes['ready']:.3f} s"
                     log(msg)
