@@ -30,10 +30,15 @@ SCENARIOS = (
     "coordinator_restart",
     "submit_throughput",
     "soak",
+    "torch_start",
+    "torch_recovery",
+    "torch_failure",
 )
 LONG_SCENARIOS = ("soak",)
 """Run only when named."""
-DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in LONG_SCENARIOS)
+TORCH_SCENARIOS = ("torch_start", "torch_recovery", "torch_failure")
+"""Workers that import torch and run gloo collectives: run only when named (heavier)."""
+DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in LONG_SCENARIOS + TORCH_SCENARIOS)
 DEFAULT_RUNS = 5
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_JSON = RESULTS / "results.json"
@@ -46,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         "scenarios",
         nargs="*",
         metavar="SCENARIO",
-        help=f"any of {', '.join(SCENARIOS)} (default: all but {', '.join(LONG_SCENARIOS)})",
+        help=f"any of {', '.join(SCENARIOS)} "
+        f"(default: all but {', '.join(LONG_SCENARIOS + TORCH_SCENARIOS)})",
     )
     parser.add_argument(
         "--runs", type=int, default=None, help=f"runs per scenario (default {DEFAULT_RUNS})"

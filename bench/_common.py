@@ -451,3 +451,69 @@ class TorchrunGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# ---- torch workers ----------------------------------------------------------------------------
+
+TORCH_WORKER = str(Path(__file__).resolve().parent / "_torch_worker.py")
+TORCH_PHASES = ("start", "torch", "ready")
+"""The stamps `_torch_worker.py` writes: its first line, torch imported, past init + all_reduce."""
+TORCH_ENV = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+"""Given to the torch workers of both systems (torchrun sets OMP_NUM_THREADS=1 itself)."""
+
+
+def read_phase(run_dir: Path, phase: str) -> list[Stamp]:
+    """The `phase` stamps (see TORCH_PHASES) of `_torch_worker.py`, oldest first."""
+    stamps = []
+    for p in run_dir.glob(f"{phase}-*.json"):
+        d = json.loads(p.read_text())
+        stamps.append(Stamp(d["t"], d["rank"], d["restart"], d["pid"], d["later"]))
+    return sorted(stamps, key=lambda s: s.t)
+
+
+def wait_phase(
+    run_dir: Path,
+    phase: str,
+    count: int,
+    timeout: float,
+    *,
+    later: bool = False,
+    alive: Callable[[], bool],
+) -> list[Stamp] | None:
+    """`wait_starts` for any phase: `count` stamps of `phase` (of later attempts with `later`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stamps = [s for s in read_phase(run_dir, phase) if s.later == later]
+        if len(stamps) >= count:
+            return stamps
+        if time.monotonic() >= deadline or not alive():
+            return None
+        time.sleep(0.02)
+
+
+def torch_torchrun_group(**kwargs: Any) -> TorchrunGroup:
+    """A TorchrunGroup (same arguments) that runs `_torch_worker.py` instead of `_worker.py`."""
+    group = TorchrunGroup(**kwargs)
+    group.argv[-1] = TORCH_WORKER
+    return group
+
+
+PRELOAD_NA = "n/a: preload not available"
+
+
+def preload_spec(spec: Any) -> Any | None:
+    """`spec` with `preload=("torch",)`, or None when this JobSpec has no `preload` field."""
+    import dataclasses
+
+    if "preload" not in {f.name for f in dataclasses.fields(spec)}:
+        return None
+    return dataclasses.replace(spec, preload=("torch",))
+
+
+LARGE_TORCH_RUNS = 3
+"""Runs of a torch scenario's 8-worker size at most: 8 torch processes on 2 cores take long."""
+
+
+def size_runs(runs: int, workers: int) -> int:
+    """The runs of a torch scenario at a size of `workers` ranks (`--runs`; at most 3 from 8 on)."""
+    return min(runs, LARGE_TORCH_RUNS) if workers >= 8 else runs

@@ -152,3 +152,25 @@ def test_quick_soak_writes_rows_and_passes_coordinator_args_on(tmp_path: Path) -
     else:
         assert (tmp_path / "soak.png").stat().st_size > 0
     _assert_nothing_left(mark)
+
+
+TORCH_TIMEOUT = 240
+
+
+@pytest.mark.timeout(TORCH_TIMEOUT + 60)
+@pytest.mark.skipif(not Path(TORCHRUN).exists(), reason="torchrun (gelastic[torch]) not installed")
+def test_quick_torch_failure_reports_the_raise_on_both_systems(tmp_path: Path) -> None:
+    """The torch scenarios run only when named; one of them at its smallest size keeps the torch
+    worker and its torchrun side working (a real gloo init + all_reduce per rank)."""
+    out = tmp_path / "torch.json"
+    mark = uuid.uuid4().hex
+    code, text = _run_bench(["torch_failure", "--quick", "--json", str(out)], mark, TORCH_TIMEOUT)
+    assert code == 0, text[-4000:]
+
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["scenarios"] == ["torch_failure"] and doc["meta"]["failed"] == []
+    metrics = {(m["metric"], m["system"]): m for m in doc["measurements"]}
+    for system in ("gelastic", "torchrun"):
+        m = metrics[("2x2 raise -> FAILED at the client (poll)", system)]
+        assert m["n"] == 1 and m["timeouts"] == 0 and m["median"] > 0, m
+    _assert_nothing_left(mark)
