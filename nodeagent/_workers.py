@@ -1009,7 +1009,18 @@ class WorkerGroup:
         live = [w for w in self._workers if w.handle is not None and not w.reported]
         if live:
             logger.info("%s stopping %d worker(s), grace %.1f s", self._ctx(), len(live), grace)
-        results = await asyncio.gather(*(w.handle.terminate(grace) for w in live if w.handle))
+        # A worker that already recorded its failure is ending on its own: it is not signalled,
+        # so its exit code is its own (the root cause's), for up to the job's stop_grace.
+        own_end = max(grace, self.spec.stop_grace)
+        results = await asyncio.gather(
+            *(
+                self._let_end(w.handle, own_end)
+                if w.early is not None and grace > 0
+                else w.handle.terminate(grace)
+                for w in live
+                if w.handle
+            )
+        )
         unkillable = [w.pid for w, ok in zip(live, results, strict=True) if not ok]
         # Let the exits of the workers that died be reported before returning.
         reporting = [
@@ -1025,6 +1036,14 @@ class WorkerGroup:
         if self._watchdog is not None:
             self._watchdog.close()
         return unkillable
+
+    @staticmethod
+    async def _let_end(handle: Any, bound: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(bound):
+                await handle.wait()
+                return True
+        return bool(await handle.terminate(0.0))
 
     async def close(self, grace: float = 0.0) -> None:
         """Stop what still runs (SIGKILL after `grace`), cancel every task, remove the FIFO."""

@@ -67,21 +67,43 @@ async def test_the_failure_is_reported_while_the_worker_runs_and_the_exit_comple
     assert len(failing.items) == 1  # the second write is not a second report
 
 
-async def test_a_worker_stopped_after_recording_its_failure_exits_as_a_failure(
+async def test_a_stop_leaves_a_worker_that_recorded_its_failure_to_end_on_its_own(
+    h: Harness,
+) -> None:
+    script = h.script("writer.py", _WRITER)
+    go = h.tmp / "go"
+    failing = Failing()
+    g, exits = h.group(JobSpec(entrypoint=[PY, script], args=[str(go)]), on_failing=failing)
+    await h.start(g)
+    await asyncio.wait_for(failing.changed.wait(), DEADLINE)
+    stopping = asyncio.ensure_future(g.stop(5.0))
+    # The stop is under way and the worker is still running: it was not signalled.
+    await asyncio.sleep(0)
+    assert not stopping.done()
+    go.touch()  # now it ends, with its own code
+    await asyncio.wait_for(stopping, DEADLINE)
+    (ex,) = await exits.wait(1)
+    assert not ex.stopped_by_agent and ex.failure is not None
+    assert ex.exitcode == 3 and ex.failure.signal == ""
+    assert ex.failure.message == "ValueError: first"
+
+
+async def test_a_worker_that_recorded_its_failure_and_never_ends_is_killed_at_the_grace(
     h: Harness,
 ) -> None:
     script = h.script("writer.py", _WRITER)
     failing = Failing()
     g, exits = h.group(
-        JobSpec(entrypoint=[PY, script], args=[str(h.tmp / "never")]), on_failing=failing
+        JobSpec(entrypoint=[PY, script], args=[str(h.tmp / "never")], stop_grace=0.5),
+        on_failing=failing,
     )
     await h.start(g)
     await asyncio.wait_for(failing.changed.wait(), DEADLINE)
-    await asyncio.wait_for(g.stop(5.0), DEADLINE)
+    await asyncio.wait_for(g.stop(0.5), DEADLINE)
     (ex,) = await exits.wait(1)
-    # The stop cut its teardown short; it is still the failure it recorded, not a stop.
+    # Past the bound it is killed; it is still the failure it recorded, not a stop.
     assert not ex.stopped_by_agent and ex.failure is not None
-    assert ex.exitcode == -15 and ex.failure.signal == "SIGTERM"
+    assert ex.exitcode == -9 and ex.failure.signal == "SIGKILL"
     assert ex.failure.message == "ValueError: first"
 
 
