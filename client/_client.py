@@ -28,6 +28,7 @@ from client.model import (
     MAX_RESULT_BYTES_PER_JOB,
     MAX_RETURN_VALUE_BYTES,
     RESULT_KEY_BYTES,
+    AttemptSummary,
     JobEvent,
     JobSpec,
     JobStatus,
@@ -37,6 +38,7 @@ from client.model import (
 from client.results import ReturnValueError, verified_load
 from client.security import Security
 from client.wire import (
+    attempt_from_pb,
     check_spec_size,
     event_from_pb,
     job_status_from_pb,
@@ -61,6 +63,8 @@ RETRIES = 5
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_EVENT_PAGES = 1000
 """Most GetEvents pages one `events()` call reads (a job keeps at most 10,000 events)."""
+MAX_ATTEMPT_PAGES = 200
+"""Most GetAttempts pages one `attempts()` call reads (a job keeps at most 100 attempts)."""
 
 T = TypeVar("T")
 
@@ -217,6 +221,25 @@ class Client:
             after_seq = resp.events[-1].seq
         return out
 
+    def attempts(self, job_id: str) -> list[AttemptSummary]:
+        """Every attempt the coordinator keeps for the job, read a bounded page at a time:
+        whole, even where GetJob had to shorten them."""
+        out: list[AttemptSummary] = []
+        for _ in range(MAX_ATTEMPT_PAGES):
+            resp = self._call(
+                functools.partial(
+                    self._stub.GetAttempts,
+                    pb.GetAttemptsRequest(job_id=job_id, start=len(out)),
+                    timeout=self.timeout,
+                    metadata=self._md,
+                ),
+                idempotent=True,
+            )
+            out.extend(attempt_from_pb(a) for a in resp.attempts)
+            if not resp.more or not resp.attempts:
+                break
+        return out
+
     def get_result(self, job_id: str, sizes: dict[int, int]) -> dict[int, bytes]:
         """The tagged return values of a job, by rank, streamed by GetResult; never loaded.
 
@@ -371,6 +394,10 @@ class Job:
 
     def events(self, after_seq: int = 0) -> list[JobEvent]:
         return self.client.events(self.job_id, after_seq)
+
+    def attempts(self) -> list[AttemptSummary]:
+        """The job's attempts so far, oldest first, each whole (paged by GetAttempts)."""
+        return self.client.attempts(self.job_id)
 
     def logs(
         self,

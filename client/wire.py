@@ -28,6 +28,8 @@ from client.redaction import redact_argv, redact_env
 from protos.gelastic.v1 import gelastic_pb2 as pb
 
 __all__ = [
+    "attempt_from_pb",
+    "attempt_to_pb",
     "check_spec_size",
     "event_from_pb",
     "event_to_pb",
@@ -205,7 +207,7 @@ def failure_from_pb(m: pb.ProcessFailure) -> ProcessFailure:
     )
 
 
-def _attempt_to_pb(a: AttemptSummary) -> pb.AttemptSummary:
+def attempt_to_pb(a: AttemptSummary) -> pb.AttemptSummary:
     return pb.AttemptSummary(
         attempt=a.attempt,
         round=a.round,
@@ -217,7 +219,7 @@ def _attempt_to_pb(a: AttemptSummary) -> pb.AttemptSummary:
     )
 
 
-def _attempt_from_pb(m: pb.AttemptSummary) -> AttemptSummary:
+def attempt_from_pb(m: pb.AttemptSummary) -> AttemptSummary:
     return AttemptSummary(
         attempt=m.attempt,
         round=m.round,
@@ -238,7 +240,7 @@ def result_to_pb(r: RunResult) -> pb.RunResult:
         return_value_sizes=sizes or {int(k): int(v) for k, v in r.return_value_sizes.items()},
         failures={int(k): failure_to_pb(f) for k, f in r.failures.items()},
         root_cause_rank=root.global_rank if root is not None else -1,
-        attempts=[_attempt_to_pb(a) for a in r.attempts],
+        attempts=[attempt_to_pb(a) for a in r.attempts],
         reason=r.reason,
     )
 
@@ -249,7 +251,7 @@ def result_from_pb(m: pb.RunResult, job_id: str = "", name: str = "") -> RunResu
         state=_WORKER_STATES_BACK.get(m.state, WorkerState.UNKNOWN),
         return_value_sizes={int(k): int(v) for k, v in m.return_value_sizes.items()},
         failures={int(k): failure_from_pb(f) for k, f in m.failures.items()},
-        attempts=tuple(_attempt_from_pb(a) for a in m.attempts),
+        attempts=tuple(attempt_from_pb(a) for a in m.attempts),
         reason=m.reason,
         job_id=job_id,
         name=name,

@@ -480,6 +480,10 @@ class Cluster:
     def job_result(self, job_id: str) -> RunResult | None:
         return self._job(job_id).result
 
+    def job_attempts(self, job_id: str) -> list[AttemptSummary]:
+        """The attempts kept for the job so far, oldest first (finished or not)."""
+        return list(self._job(job_id).attempts)
+
     def job_events(self, job_id: str, after_seq: int = 0) -> list[JobEvent]:
         return [e for e in self._job(job_id).events if e.seq > after_seq]
 

@@ -23,6 +23,7 @@ import grpc
 from client.assignment import RoundAssignment
 from client.model import JobSpec, SpecError, is_job_id, is_name
 from client.wire import (
+    attempt_to_pb,
     check_spec_size,
     event_to_pb,
     failure_from_pb,
@@ -88,6 +89,10 @@ EVENTS_PAGE_MAX = 1000
 """Most events in one GetEvents response or WatchJob update."""
 EVENTS_PAGE_BYTES = 1024 * 1024
 """About the most event bytes in one GetEvents response or WatchJob update."""
+ATTEMPTS_PAGE_MAX = 20
+"""Most attempts in one GetAttempts response."""
+ATTEMPTS_PAGE_BYTES = 1024 * 1024
+"""About the most attempt bytes in one GetAttempts response (one attempt always goes)."""
 LOG_WINDOW_CHUNKS = 16
 """Log chunks an agent may send for one request before the coordinator grants more (each chunk
 at most LOG_CHUNK_MAX_BYTES): what one log stream can hold in the coordinator's memory."""
@@ -999,6 +1004,19 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
             await _abort_for(context, exc)
             raise
 
+    async def GetAttempts(
+        self, request: pb.GetAttemptsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetAttemptsResponse:
+        try:
+            _check_job_ref(self._svc, request.job_id)
+            await self._svc.written([request.job_id])
+            attempts = self._svc.cluster.job_attempts(request.job_id)
+            page, more = _attempt_page(attempts[max(0, request.start) :])
+            return pb.GetAttemptsResponse(attempts=page, more=more)
+        except Exception as exc:
+            await _abort_for(context, exc)
+            raise
+
     async def GetResult(
         self, request: pb.GetResultRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ResultChunk]:
@@ -1193,6 +1211,19 @@ def _event_page(events: Sequence[Any]) -> tuple[list[pb.Event], bool]:
         msg = event_to_pb(e)
         size += msg.ByteSize()
         if page and (len(page) >= EVENTS_PAGE_MAX or size > EVENTS_PAGE_BYTES):
+            return page, True
+        page.append(msg)
+    return page, False
+
+
+def _attempt_page(attempts: Sequence[Any]) -> tuple[list[pb.AttemptSummary], bool]:
+    """The first attempts that fit one response (at least one), and whether more follow."""
+    page: list[pb.AttemptSummary] = []
+    size = 0
+    for a in attempts:
+        msg = attempt_to_pb(a)
+        size += msg.ByteSize()
+        if page and (len(page) >= ATTEMPTS_PAGE_MAX or size > ATTEMPTS_PAGE_BYTES):
             return page, True
         page.append(msg)
     return page, False

@@ -222,5 +222,29 @@ async def test_many_big_failures_leave_the_job_message_bounded(coordinator: Coor
         root = result.root_cause
         assert root is not None and root.global_rank == 0 and root.traceback == text
         assert all(f.message.startswith(f"rank {r}: ") for r, f in result.failures.items())
+        # GetJob shortened the attempt's failures; GetAttempts gives them whole.
+        assert all(not f.traceback for a in got.result.attempts for f in a.failures)
+        (attempt,) = await asyncio.to_thread(job.attempts)
+        assert attempt.failures and all(f.traceback == text for f in attempt.failures)
     finally:
         client.close()
+
+
+def test_attempts_come_a_bounded_page_at_a_time() -> None:
+    from client.model import AttemptSummary, ProcessFailure
+    from coordinator._service import ATTEMPTS_PAGE_MAX, _attempt_page
+
+    small = [AttemptSummary(i, i + 1, ("node-0",), "restart") for i in range(45)]
+    page, more = _attempt_page(small)
+    assert len(page) == ATTEMPTS_PAGE_MAX and more
+    assert [a.attempt for a in page] == list(range(ATTEMPTS_PAGE_MAX))
+    page, more = _attempt_page(small[40:])
+    assert len(page) == 5 and not more
+    text = "y" * (600 * 1024)
+    big = [
+        AttemptSummary(i, i + 1, ("node-0",), "failed", (ProcessFailure(0, 0, 1, 1, text, 0.0),))
+        for i in range(3)
+    ]
+    page, more = _attempt_page(big)
+    # Each about 0.6 MiB against a 1 MiB page: one per page, but never none.
+    assert len(page) == 1 and more and page[0].failures[0].message == text

@@ -410,6 +410,22 @@ class GetEventsResponse(_message.Message):
     more: bool
     def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
 
+class GetAttemptsRequest(_message.Message):
+    __slots__ = ("job_id", "start")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    start: int
+    def __init__(self, job_id: _Optional[str] = ..., start: _Optional[int] = ...) -> None: ...
+
+class GetAttemptsResponse(_message.Message):
+    __slots__ = ("attempts", "more")
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    attempts: _containers.RepeatedCompositeFieldContainer[AttemptSummary]
+    more: bool
+    def __init__(self, attempts: _Optional[_Iterable[_Union[AttemptSummary, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+
 class GetResultRequest(_message.Message):
     __slots__ = ("job_id",)
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

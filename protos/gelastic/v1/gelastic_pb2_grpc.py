@@ -79,6 +79,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetResultRequest.SerializeToString,
                 response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ResultChunk.FromString,
                 _registered_method=True)
+        self.GetAttempts = channel.unary_unary(
+                '/gelastic.v1.Coordinator/GetAttempts',
+                request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetAttemptsRequest.SerializeToString,
+                response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetAttemptsResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -139,6 +144,12 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAttempts(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +197,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetResult,
                     request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetResultRequest.FromString,
                     response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ResultChunk.SerializeToString,
+            ),
+            'GetAttempts': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAttempts,
+                    request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetAttemptsRequest.FromString,
+                    response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetAttemptsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -431,6 +447,33 @@ class Coordinator:
             '/gelastic.v1.Coordinator/GetResult',
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetResultRequest.SerializeToString,
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ResultChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAttempts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gelastic.v1.Coordinator/GetAttempts',
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetAttemptsRequest.SerializeToString,
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetAttemptsResponse.FromString,
             options,
             channel_credentials,
             insecure,
