@@ -256,6 +256,11 @@ def test_a_warm_store_host_serves_the_round_it_is_handed(tmp_path: Path) -> None
             return bytes(client.get("k"))
 
         assert await asyncio.to_thread(use) == b"v"
+        # The store answered; its "ready" line may still be on its way to the loop.
+        for _ in range(500):
+            if host.state == "ready":
+                break
+            await asyncio.sleep(0.01)
         assert host.state == "ready"
         assert await host.stop(2.0)
         await watch
