@@ -1203,30 +1203,30 @@ def _copy(into: M, source: M) -> M:
     return into
 
 
-def _event_page(events: Sequence[Any]) -> tuple[list[pb.Event], bool]:
-    """The first events that fit one response (at least one), and whether more follow."""
-    page: list[pb.Event] = []
+P = TypeVar("P", pb.Event, pb.AttemptSummary)
+
+
+def _page(
+    items: Sequence[Any], to_pb: Callable[[Any], P], most: int, most_bytes: int
+) -> tuple[list[P], bool]:
+    """The first items that fit one response (at least one), and whether more follow."""
+    page: list[P] = []
     size = 0
-    for e in events:
-        msg = event_to_pb(e)
+    for item in items:
+        msg = to_pb(item)
         size += msg.ByteSize()
-        if page and (len(page) >= EVENTS_PAGE_MAX or size > EVENTS_PAGE_BYTES):
+        if page and (len(page) >= most or size > most_bytes):
             return page, True
         page.append(msg)
     return page, False
+
+
+def _event_page(events: Sequence[Any]) -> tuple[list[pb.Event], bool]:
+    return _page(events, event_to_pb, EVENTS_PAGE_MAX, EVENTS_PAGE_BYTES)
 
 
 def _attempt_page(attempts: Sequence[Any]) -> tuple[list[pb.AttemptSummary], bool]:
-    """The first attempts that fit one response (at least one), and whether more follow."""
-    page: list[pb.AttemptSummary] = []
-    size = 0
-    for a in attempts:
-        msg = attempt_to_pb(a)
-        size += msg.ByteSize()
-        if page and (len(page) >= ATTEMPTS_PAGE_MAX or size > ATTEMPTS_PAGE_BYTES):
-            return page, True
-        page.append(msg)
-    return page, False
+    return _page(attempts, attempt_to_pb, ATTEMPTS_PAGE_MAX, ATTEMPTS_PAGE_BYTES)
 
 
 def _assign_size_bound(a: RoundAssignment) -> int:
