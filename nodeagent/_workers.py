@@ -334,6 +334,7 @@ class WorkerGroup:
         self._watchdog: FileTimerServer | None = None
         self._store_launch: StoreHostLaunch | None = None
         self._store: StoreHost | None = None
+        self._store_stop: asyncio.Future[bool] | None = None
         self._phase = _Phase.NEW
         self._stop_task: asyncio.Task[list[int]] | None = None
         self._setup_failed = False
@@ -1030,9 +1031,11 @@ class WorkerGroup:
         ]
         if reporting:
             await asyncio.wait(reporting, timeout=self._drain_timeout + 5.0)
-        if self._store is not None:
-            # Only after the workers: none of them may lose the store while it still runs.
-            await self._store.stop(_STORE_STOP_GRACE)
+        if self._store is not None and self._store_stop is None:
+            # Only after the workers: none of them may lose the store while it still runs. The
+            # group counts as stopped without waiting for the host's own teardown (it serves no
+            # one now, and a torch interpreter takes a while to end): `close` waits for it.
+            self._store_stop = asyncio.ensure_future(self._store.stop(_STORE_STOP_GRACE))
         if self._watchdog is not None:
             self._watchdog.close()
         return unkillable
@@ -1050,6 +1053,8 @@ class WorkerGroup:
         if self._phase is _Phase.CLOSED:
             return
         await self.stop(grace)
+        if self._store_stop is not None:
+            await asyncio.shield(self._store_stop)
         self._phase = _Phase.CLOSED
         if self._error_watch is not None:
             self._error_watch.close()

@@ -656,7 +656,9 @@ class NodeAgent:
             )
 
     async def _stop_and_report(self, held: _Held, grace: float, *, replaced: bool = False) -> None:
-        unkillable = await self._stop_group(held, grace)
+        # Reported once the workers are gone; the group's close (the store host's teardown, the
+        # log pumps) runs after, off the path of the round that replaces it.
+        unkillable = await self._stop_group(held, grace, close=False)
         a = held.assignment
         if replaced and not any(k[0] == a.job_id and h is not held for k, h in self._held.items()):
             self._standbys.idle(a.job_id)
@@ -668,8 +670,10 @@ class NodeAgent:
             )
         )
         self._held.pop((a.job_id, a.round), None)
+        if held.group is not None:
+            await held.group.close()
 
-    async def _stop_group(self, held: _Held, grace: float) -> list[int]:
+    async def _stop_group(self, held: _Held, grace: float, *, close: bool = True) -> list[int]:
         # A start still under way must finish spawning before it can be stopped as a unit.
         if held.group is not None:
             with contextlib.suppress(TimeoutError):
@@ -677,7 +681,8 @@ class NodeAgent:
         unkillable: list[int] = []
         if held.group is not None:
             unkillable = await held.group.stop(grace)
-            await held.group.close()
+            if close:
+                await held.group.close()
         held.stopped = True
         return unkillable
 
