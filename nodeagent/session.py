@@ -70,7 +70,7 @@ is in fact gone (its lease, or the reconnect grace after a restart)."""
 NAME_HELD_DEFAULT_S = 60.0
 """How long refusals of a name in use are retried when the coordinator does not say."""
 NAME_HELD_MARGIN_S = 3.0
-PROBE_CONFIRM_S = 1.0
+PROBE_CONFIRM_S = 0.5
 """A TLS verdict ends the agent only when a second probe this much later agrees."""
 RETRY_LOG_EVERY_S = 10.0
 """A retry with the same reason and pause is logged again after this long."""
