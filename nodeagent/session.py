@@ -86,10 +86,6 @@ _PROBE_HINTS = (
 """An UNAVAILABLE whose details say one of these may be a TLS mismatch grpc does not name."""
 
 
-class AgentRefused(Exception):
-    """The coordinator refused this agent for a reason no retry can fix; the agent ends."""
-
-
 _WAKE = pb.NodeMessage()
 """Put into the control outbox (by identity, never sent) when a log chunk waits to be sent."""
 
@@ -374,8 +370,8 @@ class NodeAgent:
                         await call.write(msg)
 
             loop = asyncio.get_running_loop()
+            # A write fails only once the call has ended, which the read side reports.
             writer = loop.create_task(outgoing(), name="agent-session-writer")
-            writer.add_done_callback(lambda t: t.cancelled() or call.cancel())
             heartbeat: asyncio.Task[None] | None = None
             full = loop.create_task(self._outbox_full.wait())
             full.add_done_callback(lambda _t: call.cancel())
