@@ -4,7 +4,9 @@ The agent registers (hello), heartbeats with its workers' health, and carries ou
 told: reserve a master port, start a round's workers, stop them, serve their logs. It pushes
 every worker start and exit the moment it happens. When the stream breaks it keeps its workers
 running, reconnects with backoff and jitter, and re-reports everything it holds (including exits
-that happened meanwhile), so nothing is lost while the coordinator is away.
+that happened meanwhile), so nothing is lost while the coordinator is away. A refusal no retry
+can fix (a wrong token, a name another live agent holds, a TLS setting the coordinator does not
+accept) ends the session loop instead, with the reason in `refusal`.
 """
 
 from __future__ import annotations
