@@ -228,3 +228,20 @@ async def test_a_name_in_use_is_logged_and_says_how_long_it_can_be_held(
             "session; a new one is refused until that one ends"
         ]
         await owner.close()
+
+
+def test_refusals_are_keyed_by_peer_host_and_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    from coordinator._auth import REFUSAL_LOG_KEYS, RefusalLog, peer_host
+
+    assert peer_host("ipv4:10.0.0.1:5000") == "10.0.0.1"
+    assert peer_host("ipv6:[::1]:5000") == "::1"
+    caplog.set_level(logging.WARNING, logger="coordinator._auth")
+    clock = _Clock()
+    log = RefusalLog(clock=clock)
+    log.refused("ipv4:10.0.0.1:5000", "x", "bad")
+    log.refused("ipv4:10.0.0.1:5001", "x", "bad")  # another port, same peer: left out
+    log.refused("ipv4:10.0.0.2:5000", "x", "bad")
+    assert len(_refusal_lines(caplog)) == 2
+    for i in range(REFUSAL_LOG_KEYS + 10):
+        log.refused(f"ipv4:10.1.{i // 256}.{i % 256}:1", "x", "bad")
+    assert len(log._seen) == REFUSAL_LOG_KEYS
