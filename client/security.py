@@ -382,6 +382,11 @@ class Security:
         insecure: bool = False,
     ) -> Security:
         token = read_token(token_file) if token_file else ""
+        if tls_server_name and not (tls or tls_ca or tls_cert):
+            raise ValueError(
+                "--tls-server-name names the coordinator's certificate, and there is none "
+                "without TLS: add --tls-ca FILE (or --tls)"
+            )
         # Checked here, at start: a missing or wrong file is one line now, not a retry forever.
         check_tls_files(tls_cert, tls_key, tls_ca)
         return cls(token, tls_ca, tls_cert, tls_key, tls_server_name, tls, insecure)
