@@ -29,6 +29,7 @@ from client.model import (
 
 if TYPE_CHECKING:
     from client._client import Client, GelasticError, Job, submit
+    from client.security import Security
 
 # The gRPC client loads on first use: the coordinator's decision code and a worker importing
 # client.errors reach this package too, and they must not pay for (or depend on) grpc.
@@ -36,6 +37,11 @@ _LAZY = frozenset({"Client", "GelasticError", "Job", "submit"})
 
 
 def __getattr__(name: str) -> Any:
+    if name == "Security":
+        from client.security import Security
+
+        globals()[name] = Security
+        return Security
     if name in _LAZY:
         from client import _client
 
@@ -59,6 +65,7 @@ __all__ = [
     "NodeInfo",
     "ProcessFailure",
     "RunResult",
+    "Security",
     "SpecError",
     "WorkerState",
     "WorkerStatus",

@@ -98,11 +98,20 @@ class Client:
         security: Security | None = None,
         token_file: str | None = None,
         tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
         self.address = _coordinator_address(coordinator)
         self.timeout = timeout
         if security is None:
-            security = Security.from_env(token_file, tls_ca)
+            security = Security.from_env(
+                token_file,
+                tls_ca,
+                tls_cert=tls_cert,
+                tls_key=tls_key,
+                tls_server_name=tls_server_name,
+            )
         self.security = security
         self._md = security.metadata
         self._channel = security.channel(

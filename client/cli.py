@@ -33,7 +33,7 @@ from client._tables import (
 from client._terminal import TerminalFilter
 from client.model import JobSpec, JobState, RunResult, SpecError, is_function_reference
 from client.results import trusted_load
-from client.security import Security
+from client.security import Security, describe_tls_failure
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "CliError", "main", "parse_nnodes"]
 
@@ -52,6 +52,9 @@ _GLOBAL_VALUE_OPTIONS = (
     "--coordinator",
     "--token-file",
     "--tls-ca",
+    "--tls-cert",
+    "--tls-key",
+    "--tls-server-name",
     "--timeout",
     "--connect-timeout",
 )
@@ -142,6 +145,25 @@ def _add_connection_options(p: argparse.ArgumentParser, *, suppress: bool) -> No
         action="store_true",
         default=default(False),
         help="use TLS without --tls-ca: verify against the system trust store ($GELASTIC_TLS=1)",
+    )
+    p.add_argument(
+        "--tls-cert",
+        default=default(""),
+        metavar="PATH",
+        help="PEM client certificate to present (mTLS; $GELASTIC_TLS_CERT)",
+    )
+    p.add_argument(
+        "--tls-key",
+        default=default(""),
+        metavar="PATH",
+        help="PEM private key of --tls-cert ($GELASTIC_TLS_KEY)",
+    )
+    p.add_argument(
+        "--tls-server-name",
+        default=default(""),
+        metavar="NAME",
+        help="name to check in the coordinator's certificate, when it differs from the host "
+        "($GELASTIC_TLS_SERVER_NAME)",
     )
     p.add_argument(
         "--insecure",
@@ -475,10 +497,12 @@ def check_reachable(address: str, timeout: float) -> None:
             ) from None
 
 
-def _describe(exc: GelasticError, address: str) -> str:
+def _describe(exc: GelasticError, address: str, security: Security | None = None) -> str:
     details = one_line(str(exc))
     if exc.code == grpc.StatusCode.UNAVAILABLE:
-        return f"cannot reach the coordinator at {address}: {details}"
+        # grpc says "Socket closed" for most TLS mismatches: one handshake of our own names it.
+        why = describe_tls_failure(address, security) if security is not None else ""
+        return f"cannot reach the coordinator at {address}: {why or details}"
     if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return f"the coordinator at {address} did not answer in time: {details}"
     return details
@@ -491,6 +515,9 @@ def _connect(args: argparse.Namespace) -> Client:
         getattr(args, "tls_ca", "") or None,
         tls=getattr(args, "tls", False) or None,
         insecure=getattr(args, "insecure", False) or None,
+        tls_cert=getattr(args, "tls_cert", "") or None,
+        tls_key=getattr(args, "tls_key", "") or None,
+        tls_server_name=getattr(args, "tls_server_name", "") or None,
     )
     # Refused before any connection: the token must not go out in clear text.
     security.check_target(address)
@@ -740,7 +767,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gelastic {args.command}: {exc}", file=sys.stderr)
         return exc.code
     except GelasticError as exc:
-        print(f"gelastic {args.command}: {_describe(exc, address)}", file=sys.stderr)
+        security = client.security if client is not None else None
+        print(f"gelastic {args.command}: {_describe(exc, address, security)}", file=sys.stderr)
         return EXIT_USAGE
     except grpc.RpcError as exc:
         print(f"gelastic {args.command}: {one_line(str(exc))}", file=sys.stderr)

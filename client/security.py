@@ -25,6 +25,8 @@ import grpc.aio
 __all__ = [
     "AUTH_HEADER",
     "Security",
+    "check_tls_files",
+    "describe_tls_failure",
     "is_loopback",
     "new_token_file",
     "read_token",
@@ -39,6 +41,10 @@ MAX_TRUST_STORE_BYTES = 16 * 1024 * 1024
 MAX_TRUST_STORE_FILES = 10_000
 """Entries of the trust store's directory looked at."""
 _TRUE = ("1", "true", "yes", "on")
+MAX_PEM_BYTES = 1024 * 1024
+"""A certificate, key or CA file larger than this is refused rather than read."""
+PROBE_TIMEOUT_S = 3.0
+"""Bound of the one-off handshake `describe_tls_failure` makes to learn why TLS failed."""
 
 
 def is_loopback(host: str) -> bool:
@@ -150,6 +156,200 @@ def read_token(path: str | os.PathLike[str]) -> str:
     return token
 
 
+def _read_pem(path: str, what: str, kinds: tuple[str, ...]) -> bytes:
+    """The bytes of a PEM file holding one of `kinds`; ValueError naming the file and problem."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_PEM_BYTES + 1)
+    except FileNotFoundError:
+        raise ValueError(f"{what} {path}: no such file") from None
+    except PermissionError:
+        raise ValueError(f"{what} {path}: not readable by this user (permission denied)") from None
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: cannot read it: {exc.strerror or exc}") from None
+    if len(data) > MAX_PEM_BYTES:
+        raise ValueError(f"{what} {path}: larger than {MAX_PEM_BYTES} bytes, not a PEM file")
+    if not any(f"-----BEGIN {k}-----".encode() in data for k in kinds):
+        held = "nothing PEM"
+        if b"PRIVATE KEY-----" in data:
+            held = "a private key"
+        elif b"-----BEGIN CERTIFICATE-----" in data:
+            held = "a certificate"
+        raise ValueError(f"{what} {path}: not a PEM {kinds[0].lower()} (it holds {held})")
+    return data
+
+
+_KEY_KINDS = ("PRIVATE KEY", "EC PRIVATE KEY", "RSA PRIVATE KEY", "ENCRYPTED PRIVATE KEY")
+
+
+def check_tls_files(
+    cert: str = "", key: str = "", ca: str = "", *, flags: tuple[str, str, str] | None = None
+) -> None:
+    """Raise ValueError naming the option, the file and the problem unless every given file
+    exists, is readable, holds what it should (PEM certificate, unencrypted key, CA) and the key
+    belongs to the certificate. `flags` names the options (default --tls-cert/--tls-key/--tls-ca)."""
+    f_cert, f_key, f_ca = flags or ("--tls-cert", "--tls-key", "--tls-ca")
+    if bool(cert) != bool(key):
+        raise ValueError(f"{f_cert} and {f_key} go together")
+    if not (cert or ca):
+        return
+    import ssl  # here, not at the top: the agent keeps ssl out unless it uses TLS
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if ca:
+        _read_pem(ca, f_ca, ("CERTIFICATE",))
+        try:
+            ctx.load_verify_locations(cafile=ca)
+        except ssl.SSLError as exc:
+            raise ValueError(f"{f_ca} {ca}: not a usable CA certificate ({exc.reason})") from None
+    if cert:
+        _read_pem(cert, f_cert, ("CERTIFICATE",))
+        key_data = _read_pem(key, f_key, _KEY_KINDS)
+        if b"ENCRYPTED" in key_data:
+            raise ValueError(
+                f"{f_key} {key}: the key is encrypted with a passphrase; give an unencrypted "
+                "key (in a file only this user can read, 0600)"
+            )
+
+        def no_passphrase() -> bytes:
+            raise ValueError(f"{f_key} {key}: the key is encrypted with a passphrase")
+
+        try:
+            ctx.load_cert_chain(cert, key, password=no_passphrase)
+        except ssl.SSLError as exc:
+            if exc.reason == "KEY_VALUES_MISMATCH":
+                raise ValueError(
+                    f"{f_key} {key}: this private key does not belong to the certificate "
+                    f"{cert} ({f_cert})"
+                ) from None
+            raise ValueError(
+                f"{f_cert} {cert} / {f_key} {key}: not a usable certificate and key "
+                f"({exc.reason or exc})"
+            ) from None
+
+
+def _split_target(target: str) -> tuple[str, int] | None:
+    hosts = target_hosts(target)
+    if not hosts:
+        return None
+    t = target.strip()
+    for scheme in ("dns:///", "dns:", "ipv4:", "ipv6:"):
+        if t.startswith(scheme):
+            t = t[len(scheme) :].split(",")[0]
+    port = t.rpartition(":")[2] if not t.endswith("]") else ""
+    return (hosts[0], int(port)) if port.isdigit() and 0 < int(port) < 65536 else None
+
+
+def _speaks_tls(host: str, port: int, timeout: float) -> bool:
+    """True when the server at host:port completes (or rejects with an alert) a TLS handshake."""
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout) as raw,
+            ctx.wrap_socket(raw, server_hostname=host),
+        ):
+            return True
+    except ssl.SSLError as exc:
+        return "ALERT" in str(exc.reason or "")
+    except OSError:
+        return False
+
+
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+"""The HTTP/2 client preface and an empty SETTINGS frame: what a gRPC server answers."""
+
+
+def describe_tls_failure(target: str, security: Security, timeout: float = PROBE_TIMEOUT_S) -> str:
+    """Why a connection to `target` with these settings fails at the TLS layer, learnt from one
+    handshake of our own (bounded by `timeout`); "" when TLS is not the problem (or unknown).
+
+    grpc reports a failed handshake as UNAVAILABLE with at most "Socket closed": this names the
+    reason (hostname mismatch, unknown CA, client certificate required, TLS meets plain text).
+    """
+    where = _split_target(target)
+    if where is None:
+        return ""
+    host, port = where
+    try:
+        import ssl
+    except ImportError:
+        return ""
+    if not security.uses_tls:
+        if _speaks_tls(host, port, timeout):
+            return (
+                f"the coordinator at {target} speaks TLS and this side plain text: pass "
+                "--tls-ca FILE (or --tls to verify it against the system trust store)"
+            )
+        return ""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        if security.tls_ca:
+            ctx.load_verify_locations(cafile=security.tls_ca)
+        else:
+            ctx.load_verify_locations(cadata=system_trust_store().decode("ascii", "replace"))
+        if security.tls_cert:
+            ctx.load_cert_chain(security.tls_cert, security.tls_key)
+    except (OSError, ValueError, ssl.SSLError):
+        return ""
+    name = security.tls_server_name or host
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout) as raw,
+            ctx.wrap_socket(raw, server_hostname=name) as tls,
+        ):
+            # TLS 1.3: the server judges the client certificate after the handshake; a gRPC
+            # server that accepts it answers the HTTP/2 preface, one that does not hangs up.
+            tls.sendall(_H2_PREFACE)
+            answered = tls.recv(9)
+    except ssl.SSLCertVerificationError as exc:
+        msg = str(exc.verify_message or exc.reason or exc)
+        if "hostname" in msg.lower() or "ip address mismatch" in msg.lower():
+            return (
+                f"the coordinator's certificate does not name {name!r} ({msg.rstrip('.')}): "
+                "connect by a name it has, or pass --tls-server-name NAME"
+            )
+        ca = security.tls_ca or "the system trust store"
+        return (
+            f"the coordinator's certificate is not signed by a CA in {ca} ({msg}): "
+            "pass the CA that signed it with --tls-ca"
+        )
+    except ssl.SSLError as exc:
+        reason = str(exc.reason or exc)
+        if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "UNKNOWN_PROTOCOL"):
+            return (
+                f"the coordinator at {target} speaks plain text and this side TLS: drop "
+                "--tls-ca/--tls, or start the coordinator with --tls-cert and --tls-key"
+            )
+        if "CERTIFICATE_REQUIRED" in reason or (
+            not security.tls_cert and "HANDSHAKE_FAILURE" in reason
+        ):
+            return (
+                "the coordinator requires a client certificate (mTLS): pass --tls-cert and "
+                "--tls-key"
+            )
+        if "ALERT" in reason and security.tls_cert:
+            return (
+                f"the coordinator refused the client certificate {security.tls_cert} "
+                f"({reason}): it must be signed by the coordinator's --tls-client-ca"
+            )
+        return f"TLS handshake with {target} failed: {reason}"
+    except (TimeoutError, OSError):
+        return ""
+    if answered:
+        return ""
+    if not security.tls_cert:
+        return "the coordinator requires a client certificate (mTLS): pass --tls-cert and --tls-key"
+    return (
+        f"the coordinator hung up on the client certificate {security.tls_cert}: it must be "
+        "signed by the CA the coordinator trusts (its --tls-client-ca)"
+    )
+
+
 @dataclass(frozen=True)
 class Security:
     """What a client or agent presents to the coordinator."""
@@ -182,8 +382,13 @@ class Security:
         insecure: bool = False,
     ) -> Security:
         token = read_token(token_file) if token_file else ""
-        if bool(tls_cert) != bool(tls_key):
-            raise ValueError("--tls-cert and --tls-key go together")
+        if tls_server_name and not (tls or tls_ca or tls_cert):
+            raise ValueError(
+                "--tls-server-name names the coordinator's certificate, and there is none "
+                "without TLS: add --tls-ca FILE (or --tls)"
+            )
+        # Checked here, at start: a missing or wrong file is one line now, not a retry forever.
+        check_tls_files(tls_cert, tls_key, tls_ca)
         return cls(token, tls_ca, tls_cert, tls_key, tls_server_name, tls, insecure)
 
     @classmethod
@@ -194,17 +399,27 @@ class Security:
         *,
         tls: bool | None = None,
         insecure: bool | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_server_name: str | None = None,
     ) -> Security:
-        """Settings given here, else `$GELASTIC_TOKEN_FILE`, `$GELASTIC_TLS_CA`, `$GELASTIC_TLS`
-        and `$GELASTIC_INSECURE` (1/true/yes/on)."""
+        """Settings given here, else `$GELASTIC_TOKEN_FILE`, `$GELASTIC_TLS_CA`,
+        `$GELASTIC_TLS_CERT`, `$GELASTIC_TLS_KEY`, `$GELASTIC_TLS_SERVER_NAME`, `$GELASTIC_TLS`
+        and `$GELASTIC_INSECURE` (1/true/yes/on). Raises ValueError naming a bad file."""
         env = os.environ
 
         def flag(name: str) -> bool:
             return env.get(name, "").strip().lower() in _TRUE
 
+        def value(given: str | None, name: str) -> str:
+            return given if given is not None else env.get(name, "")
+
         return cls.from_files(
-            token_file if token_file is not None else env.get("GELASTIC_TOKEN_FILE", ""),
-            tls_ca if tls_ca is not None else env.get("GELASTIC_TLS_CA", ""),
+            value(token_file, "GELASTIC_TOKEN_FILE"),
+            value(tls_ca, "GELASTIC_TLS_CA"),
+            value(tls_cert, "GELASTIC_TLS_CERT"),
+            value(tls_key, "GELASTIC_TLS_KEY"),
+            value(tls_server_name, "GELASTIC_TLS_SERVER_NAME"),
             tls=tls if tls is not None else flag("GELASTIC_TLS"),
             insecure=insecure if insecure is not None else flag("GELASTIC_INSECURE"),
         )
@@ -241,9 +456,13 @@ class Security:
     def _credentials(self) -> grpc.ChannelCredentials | None:
         if not self.uses_tls:
             return None
-        root = Path(self.tls_ca).read_bytes() if self.tls_ca else system_trust_store()
-        key = Path(self.tls_key).read_bytes() if self.tls_key else None
-        cert = Path(self.tls_cert).read_bytes() if self.tls_cert else None
+        root = (
+            _read_pem(self.tls_ca, "--tls-ca", ("CERTIFICATE",))
+            if self.tls_ca
+            else system_trust_store()
+        )
+        key = _read_pem(self.tls_key, "--tls-key", _KEY_KINDS) if self.tls_key else None
+        cert = _read_pem(self.tls_cert, "--tls-cert", ("CERTIFICATE",)) if self.tls_cert else None
         return grpc.ssl_channel_credentials(
             root_certificates=root, private_key=key, certificate_chain=cert
         )

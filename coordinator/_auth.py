@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +20,59 @@ import grpc.aio
 
 from client.security import AUTH_HEADER
 
-__all__ = ["ServerTLS", "TokenInterceptor", "cert_node_name_refusal"]
+__all__ = ["RefusalLog", "ServerTLS", "TokenInterceptor", "cert_node_name_refusal", "peer_host"]
 
 logger = logging.getLogger(__name__)
 
 _NODE_PREFIX = "/gelastic.v1.NodeSession/"
 _CLIENT_PREFIX = "/gelastic.v1.Coordinator/"
+
+
+REFUSAL_LOG_INTERVAL_S = 10.0
+REFUSAL_LOG_KEYS = 1024
+"""Peer and reason pairs remembered for the rate limit; the oldest is forgotten past this."""
+
+
+def peer_host(peer: str) -> str:
+    """The host of a grpc peer string ("ipv4:10.0.0.1:5000" -> "10.0.0.1"), without the port
+    (every retry comes from a new one)."""
+    p = peer[:300]
+    for scheme in ("ipv4:", "ipv6:"):
+        if p.startswith(scheme):
+            p = p[len(scheme) :]
+            if p.startswith("["):
+                return p[1:].split("]")[0]
+            return p.rpartition(":")[0] or p
+    return p
+
+
+class RefusalLog:
+    """Refused callers at WARNING, at most one line per peer host and reason per `interval`
+    (an agent retrying a refusal in a loop would flood the log); the next line says how many
+    were left out meanwhile."""
+
+    def __init__(
+        self, interval: float = REFUSAL_LOG_INTERVAL_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._interval = interval
+        self._clock = clock
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}
+        """(peer host, reason) -> (when last logged, refusals not logged since)."""
+
+    def refused(self, peer: str, what: str, reason: str) -> None:
+        key = (peer_host(peer), reason[:300])
+        now = self._clock()
+        last = self._seen.get(key)
+        if last is not None and now - last[0] < self._interval:
+            self._seen[key] = (last[0], last[1] + 1)
+            return
+        suppressed = last[1] if last is not None else 0
+        self._seen.pop(key, None)
+        self._seen[key] = (now, 0)
+        while len(self._seen) > REFUSAL_LOG_KEYS:
+            del self._seen[next(iter(self._seen))]
+        more = f" ({suppressed} more like it since the last line)" if suppressed else ""
+        logger.warning("refused %s from %s: %s%s", what[:200], key[0], key[1], more)
 
 
 @dataclass(frozen=True)
@@ -90,9 +138,12 @@ def _matches(presented: str, expected: str) -> bool:
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Refuse every gelastic RPC that does not carry the expected bearer token."""
 
-    def __init__(self, agent_token: str, client_token: str) -> None:
+    def __init__(
+        self, agent_token: str, client_token: str, refusals: RefusalLog | None = None
+    ) -> None:
         self._agent = agent_token
         self._client = client_token
+        self._refusals = refusals or RefusalLog()
 
     async def intercept_service(
         self,
@@ -118,11 +169,10 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         reason = (
             f"missing or wrong {who} token" if presented else f"no {who} token: pass --token-file"
         )
-        logger.warning("refused %s: %s", method[:200], reason)
-        return _refusal(reason)
+        return _refusal(reason, method, self._refusals)
 
 
-def _refusal(reason: str) -> grpc.RpcMethodHandler:
+def _refusal(reason: str, method: str, refusals: RefusalLog) -> grpc.RpcMethodHandler:
     """A handler that aborts at once and never reads, let alone parses, the request.
 
     Streaming both ways fits every method shape on the wire (the status ends the call whatever
@@ -130,6 +180,7 @@ def _refusal(reason: str) -> grpc.RpcMethodHandler:
     """
 
     async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        refusals.refused(context.peer() or "?", method, reason)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
         yield  # pragma: no cover - makes this an async generator
 

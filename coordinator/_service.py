@@ -33,7 +33,7 @@ from client.wire import (
     spec_to_pb,
 )
 from coordinator import _faults as faults
-from coordinator._auth import cert_node_name_refusal
+from coordinator._auth import RefusalLog, cert_node_name_refusal
 from coordinator._cluster import (
     AssignRound,
     CloseSession,
@@ -166,6 +166,8 @@ class CoordinatorService:
         self._job_versions: dict[str, int] = {}
         self._store = store
         self._reconnect_grace = reconnect_grace
+        self.refusals = RefusalLog()
+        """Refused agents and clients, logged at WARNING at a bounded rate."""
         self._dirty_jobs: set[str] = set()
         self._pending_events: list[tuple[int, str, dict[str, Any]]] = []
         self._dirty_nodes: set[str] = set()
@@ -1071,11 +1073,25 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
         if svc.require_cert_node_names:
             refusal = cert_node_name_refusal(first.hello.name, context.auth_context())
             if refusal:
-                logger.warning("refused a session: %s", refusal)
+                svc.refusals.refused(context.peer() or "?", "a node session", refusal)
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
                 return
         try:
             session = svc.open_session(first.hello)
+        except NodeNameInUse as exc:
+            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
+            # How long a gone holder can keep the name: the agent retries that long, no longer.
+            held_ms = round(max(svc.config.lease, svc._reconnect_grace) * 1000)
+            await context.abort(
+                grpc.StatusCode.ALREADY_EXISTS,
+                str(exc),
+                trailing_metadata=(("gelastic-name-held-ms", str(held_ms)),),
+            )
+            return
+        except RequestError as exc:
+            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
+            await _abort_for(context, exc)
+            return
         except Exception as exc:
             await _abort_for(context, exc)
             return

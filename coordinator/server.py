@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from client.metrics_http import MetricsEndpoint
-from client.security import is_loopback, read_token
+from client.security import check_tls_files, is_loopback, read_token
 from coordinator._auth import ServerTLS, TokenInterceptor
 from coordinator._cluster import ClusterConfig
 from coordinator._probes import Probes
@@ -142,6 +144,12 @@ class CoordinatorConfig:
             raise ValueError("tls_cert and tls_key go together")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca (mTLS) needs tls_cert and tls_key")
+        check_tls_files(
+            self.tls_cert,
+            self.tls_key,
+            self.tls_client_ca,
+            flags=("--tls-cert", "--tls-key", "--tls-client-ca"),
+        )
         if (self.agent_token_file or self.client_token_file) and not self.authenticated:
             raise ValueError(
                 "with separate tokens give both --agent-token-file and --client-token-file "
@@ -166,6 +174,39 @@ class CoordinatorConfig:
                 "cross the network in clear text, and whoever reads it can run programs on every "
                 "node. Use --tls-cert and --tls-key, or --insecure to accept the risk"
             )
+
+
+def check_bindable(host: str, port: int, what: str = "listen") -> None:
+    """Raise OSError naming the address and the reason unless host:port can be bound here.
+
+    grpc says only "Failed to bind to address": a port in use, an address this host does not
+    have and a name that does not resolve are told apart here, before grpc tries.
+    """
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(
+            f"cannot {what} on {shown}: {host!r} does not resolve ({exc.strerror})"
+        ) from None
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # As grpc binds: SO_REUSEADDR, so only a port someone listens on counts as in use.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(sockaddr)
+            if port:
+                s.listen(1)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                why = "the port is in use (is another coordinator running? pick another port)"
+            elif exc.errno == errno.EADDRNOTAVAIL:
+                why = "this host has no such address (see `ip addr`)"
+            elif exc.errno == errno.EACCES:
+                why = "permission denied (ports below 1024 need privileges)"
+            else:
+                why = exc.strerror or str(exc)
+            raise OSError(f"cannot {what} on {shown}: {why}") from None
 
 
 def _lock_state_dir(state_dir: str) -> int | None:
@@ -235,8 +276,17 @@ class Coordinator:
     async def start(self) -> None:
         if self._server is not None:
             return
+        check_bindable(self.config.host, self.config.port)
+        if self.config.metrics_port:
+            check_bindable(
+                self.config.metrics_host, self.config.metrics_port, "serve metrics (--metrics-port)"
+            )
         agent_token, client_token = self.config.tokens()
-        interceptors = [TokenInterceptor(agent_token, client_token)] if agent_token else []
+        interceptors = (
+            [TokenInterceptor(agent_token, client_token, self.service.refusals)]
+            if agent_token
+            else []
+        )
         server = grpc.aio.server(
             interceptors=interceptors,
             options=[
@@ -255,11 +305,14 @@ class Coordinator:
         host = self.config.host
         bind = f"[{host}]:{self.config.port}" if ":" in host else f"{host}:{self.config.port}"
         c = self.config
-        if c.tls_cert:
-            creds = ServerTLS(c.tls_cert, c.tls_key, c.tls_client_ca).credentials()
-            self.port = server.add_secure_port(bind, creds)
-        else:
-            self.port = server.add_insecure_port(bind)
+        try:
+            if c.tls_cert:
+                creds = ServerTLS(c.tls_cert, c.tls_key, c.tls_client_ca).credentials()
+                self.port = server.add_secure_port(bind, creds)
+            else:
+                self.port = server.add_insecure_port(bind)
+        except RuntimeError:  # grpc's "Failed to bind": what check_bindable could not foresee
+            self.port = 0
         if self.port == 0:
             raise OSError(f"could not listen on {bind}")
         if self._metrics_endpoint is not None:

@@ -107,7 +107,8 @@ def _scrub_token(token_file: str, token: str) -> None:
         del os.environ[name]
 
 
-async def _run(config: AgentConfig, grace: float) -> None:
+async def _run(config: AgentConfig, grace: float) -> str:
+    """Run the agent until a signal (""), or until the coordinator refuses it for good (why)."""
     agent = NodeAgent(config)
     _scrub_token(config.token_file, agent.security.token)
     await agent.start()
@@ -119,16 +120,23 @@ async def _run(config: AgentConfig, grace: float) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await agent.stop(grace)
+    waits = [loop.create_task(stop.wait()), loop.create_task(agent.refused.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in waits:
+            t.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+        await agent.stop(grace)
+    return agent.refusal
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    system_roots = (args.tls or args.tls_cert) and not args.tls_ca
-    if (args.metrics_port or system_roots) and sys.modules.get("ssl", False) is None:
-        # prometheus_client imports ssl, and the system trust store is found through it: with
-        # metrics on, or TLS without a CA file, let it load after all.
+    uses_tls = args.tls or args.tls_cert or args.tls_ca
+    if (args.metrics_port or uses_tls) and sys.modules.get("ssl", False) is None:
+        # prometheus_client imports ssl, the system trust store is found through it, and the
+        # TLS files are checked with it at start: with metrics on, or TLS, let it load after all.
         del sys.modules["ssl"]
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -153,9 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         config.validate()
-        asyncio.run(_run(config, args.stop_grace))
+        refusal = asyncio.run(_run(config, args.stop_grace))
     except (ValueError, OSError) as exc:
         print(f"nodeagent: {exc}", file=sys.stderr)
+        return 2
+    if refusal:
+        print(f"nodeagent: {refusal}", file=sys.stderr)
         return 2
     return 0
 

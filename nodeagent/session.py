@@ -4,7 +4,9 @@ The agent registers (hello), heartbeats with its workers' health, and carries ou
 told: reserve a master port, start a round's workers, stop them, serve their logs. It pushes
 every worker start and exit the moment it happens. When the stream breaks it keeps its workers
 running, reconnects with backoff and jitter, and re-reports everything it holds (including exits
-that happened meanwhile), so nothing is lost while the coordinator is away.
+that happened meanwhile), so nothing is lost while the coordinator is away. A refusal no retry
+can fix (a wrong token, a name another live agent holds, a TLS setting the coordinator does not
+accept) ends the session loop instead, with the reason in `refusal`.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import grpc
 
@@ -65,6 +67,27 @@ CONTROL_OUTBOX_LIMIT = 10_000
 this the session is dropped and a new one re-reports everything the agent holds."""
 REFUSED_RETRY_MAX_S = 1.0
 """Longest pause between tries while the coordinator still holds this node's previous session."""
+NAME_HELD_HEADER = "gelastic-name-held-ms"
+"""Trailing metadata of a name-in-use refusal: how long the name can stay held by an agent that
+is in fact gone (its lease, or the reconnect grace after a restart)."""
+NAME_HELD_DEFAULT_S = 60.0
+"""How long refusals of a name in use are retried when the coordinator does not say."""
+NAME_HELD_MARGIN_S = 3.0
+PROBE_CONFIRM_S = 0.5
+"""A TLS verdict ends the agent only when a second probe this much later agrees."""
+RETRY_LOG_EVERY_S = 10.0
+"""A retry with the same reason and pause is logged again after this long."""
+_PROBE_HINTS = (
+    "socket closed",
+    "handshake",
+    "ssl",
+    "tls",
+    "verification",
+    "connection reset",
+    "end of tcp",
+)
+"""An UNAVAILABLE whose details say one of these may be a TLS mismatch grpc does not name."""
+
 
 _WAKE = pb.NodeMessage()
 """Put into the control outbox (by identity, never sent) when a log chunk waits to be sent."""
@@ -155,6 +178,8 @@ class NodeAgent:
         self.incarnation = uuid.uuid4().hex
         self.log_root = Path(config.log_dir or _default_log_dir(config.name)).resolve()
         self.state_dir = Path(config.state_dir).resolve() if config.state_dir else self.log_root
+        if config.addr:
+            check_addr(config.addr)
         self.addr = config.addr or _route_addr(config.coordinator)
         self.security = Security.from_files(
             config.token_file,
@@ -180,6 +205,9 @@ class NodeAgent:
         self._heartbeat_interval = 1.0
         self._closing = False
         self.connected = asyncio.Event()
+        self.refused = asyncio.Event()
+        """Set when the coordinator refused this agent for good; `refusal` says why."""
+        self.refusal = ""
         self.metrics = AgentMetrics(config.name, config.metrics_host, config.metrics_port)
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -232,44 +260,65 @@ class NodeAgent:
 
     async def _run(self) -> None:
         delay = 0.05
-        refused = 0
+        refused_since: float | None = None
+        last_log: tuple[str, float, float] = ("", 0.0, 0.0)  # (reason, pause, when)
+        probed: dict[str, str] = {}
         while not self._closing:
             started = time.monotonic()
+            reason = ""
             try:
                 await self._session()
                 if not self._closing:
-                    logger.info(
-                        "session with %s closed by the coordinator", self.config.coordinator
-                    )
+                    reason = f"session with {self.config.coordinator} closed by the coordinator"
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.ALREADY_EXISTS:
-                    # This node's previous session (or its name's holder) is still there: try
-                    # again soon, and get in as soon as it has gone.
-                    if refused % 60 == 0:
-                        logger.warning(
-                            "coordinator refused this agent for now (%d times): %s",
-                            refused + 1,
-                            exc.details(),
+                code, details = exc.code(), one_line(exc.details() or "")[:500]
+                if code == grpc.StatusCode.ALREADY_EXISTS:
+                    # This node's previous session (or another live agent) holds the name. A
+                    # dead holder's session ends within the time the coordinator says; past
+                    # it the holder is alive and retrying cannot help.
+                    now = time.monotonic()
+                    refused_since = refused_since if refused_since is not None else now
+                    if now - refused_since > _name_held_s(exc) + NAME_HELD_MARGIN_S:
+                        self._refuse_for_good(
+                            f"node name {self.config.name!r} is in use by another live agent "
+                            f"(coordinator {self.config.coordinator} refused this one for "
+                            f"{now - refused_since:.0f} s: {details}); give this agent "
+                            "another --name"
                         )
-                    refused += 1
+                        return
+                    reason = f"coordinator refused this agent for now: {details}"
                     delay = min(delay, REFUSED_RETRY_MAX_S / 2)
-                elif exc.code() in (
+                elif code in (
                     grpc.StatusCode.INVALID_ARGUMENT,
                     grpc.StatusCode.UNAUTHENTICATED,
                     grpc.StatusCode.PERMISSION_DENIED,
                 ):
-                    logger.error("coordinator refused this agent: %s", exc.details())
-                else:
-                    logger.info(
-                        "session with %s ended: %s", self.config.coordinator, exc.code().name
+                    self._refuse_for_good(
+                        f"coordinator {self.config.coordinator} refused this agent: {details}"
                     )
-            except Exception:
+                    return
+                else:
+                    reason = f"session with {self.config.coordinator} ended: {code.name}: {details}"
+                    if code == grpc.StatusCode.UNAVAILABLE and any(
+                        h in details.lower() for h in _PROBE_HINTS
+                    ):
+                        if details not in probed:
+                            probed.clear()  # bounded: only the latest reason is remembered
+                            probed[details] = await asyncio.to_thread(
+                                _probe_tls, self.config.coordinator, self.security
+                            )
+                        if probed[details]:
+                            self._refuse_for_good(probed[details])
+                            return
+            except Exception as exc:
                 logger.exception("session failed")
+                reason = f"session failed: {type(exc).__name__}: {exc}"
             finally:
                 if self.connected.is_set():
-                    refused = 0
+                    refused_since = None
+                    probed.clear()
                 self.connected.clear()
                 self._outbox = self._log_outbox = None
                 # Their request ids belong to the session that ended.
@@ -280,9 +329,20 @@ class NodeAgent:
                 return
             if time.monotonic() - started > 10:
                 delay = 0.05
+            if reason:
+                now = time.monotonic()
+                said, pause, when = last_log
+                if reason != said or delay != pause or now - when > RETRY_LOG_EVERY_S:
+                    logger.warning("%s; retrying within %.2g s", reason, delay)
+                    last_log = (reason, delay, now)
             # Full jitter keeps a fleet of agents from reconnecting in lockstep.
             await asyncio.sleep(random.uniform(0, delay))
             delay = min(delay * 2, self.config.reconnect_max)
+
+    def _refuse_for_good(self, reason: str) -> None:
+        logger.error("%s", reason)
+        self.refusal = reason
+        self.refused.set()
 
     async def _session(self) -> None:
         outbox: asyncio.Queue[pb.NodeMessage] = asyncio.Queue(CONTROL_OUTBOX_LIMIT)
@@ -298,20 +358,25 @@ class NodeAgent:
             ],
         ) as channel:
             stub = pb_grpc.NodeSessionStub(channel)
+            call = stub.Session(metadata=self.security.metadata)
 
-            async def outgoing() -> AsyncIterator[pb.NodeMessage]:
+            async def outgoing() -> None:
+                # Our own task writing to the call (not a request iterator grpc would consume
+                # in a task of its own): it ends with the session, however the session ends.
                 while True:
                     # Control messages first: log chunks never hold up a heartbeat or an exit.
                     if outbox.empty() and not logs.empty():
-                        yield logs.get_nowait()
+                        await call.write(logs.get_nowait())
                         continue
                     msg = await outbox.get()
                     if msg is not _WAKE:
-                        yield msg
+                        await call.write(msg)
 
-            call = stub.Session(outgoing(), metadata=self.security.metadata)
+            loop = asyncio.get_running_loop()
+            # A write fails only once the call has ended, which the read side reports.
+            writer = loop.create_task(outgoing(), name="agent-session-writer")
             heartbeat: asyncio.Task[None] | None = None
-            full = asyncio.get_running_loop().create_task(self._outbox_full.wait())
+            full = loop.create_task(self._outbox_full.wait())
             full.add_done_callback(lambda _t: call.cancel())
             try:
                 async for msg in call:
@@ -345,11 +410,18 @@ class NodeAgent:
                 raise
             finally:
                 full.cancel()
+                writer.cancel()
                 if heartbeat is not None:
                     heartbeat.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await heartbeat
                 call.cancel()
+                # The writer's end (a write to a call that ended fails) is the session's end,
+                # already reported by the read side.
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await writer
+                with contextlib.suppress(asyncio.CancelledError):
+                    await full
 
     def _send(self, msg: pb.NodeMessage) -> None:
         if self._outbox is not None:
@@ -857,6 +929,54 @@ def _route_addr(coordinator: str) -> str:
             return str(s.getsockname()[0])
     except OSError:
         return socket.getfqdn()
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _name_held_s(exc: grpc.aio.AioRpcError) -> float:
+    """How long the coordinator says a name can stay held by an agent that is gone."""
+    metadata: Any = exc.trailing_metadata() or ()
+    for key, value in metadata:
+        if key == NAME_HELD_HEADER and isinstance(value, str) and value.isdigit():
+            return min(int(value[:9]) / 1000, 24 * 3600.0)
+    return NAME_HELD_DEFAULT_S
+
+
+def _probe_tls(target: str, security: Security) -> str:
+    """Why TLS fails between this agent and the coordinator ("" = TLS is not the problem)."""
+    import sys
+
+    from client.security import describe_tls_failure
+
+    if sys.modules.get("ssl", False) is None:
+        # The agent keeps ssl out of its memory (see nodeagent.cli); a failed connection that
+        # may be a TLS mismatch is worth loading it for, once.
+        del sys.modules["ssl"]
+    verdict = describe_tls_failure(target, security)
+    if not verdict:
+        return ""
+    # It ends the agent: a coordinator caught mid-restart must not pass for a wrong setting.
+    time.sleep(PROBE_CONFIRM_S)
+    return verdict if describe_tls_failure(target, security) == verdict else ""
+
+
+def check_addr(addr: str) -> None:
+    """Raise ValueError unless `addr` (--addr) is an address of this host (one can bind to)."""
+    try:
+        infos = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"--addr {addr}: does not resolve ({exc.strerror})") from None
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(sockaddr)
+        except OSError as exc:
+            raise ValueError(
+                f"--addr {addr}: not an address of this host ({exc.strerror}); peers reach "
+                "this node's workers there, so it must be one of its own (see `ip addr`)"
+            ) from None
 
 
 def _default_log_dir(name: str) -> str:
