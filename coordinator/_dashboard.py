@@ -37,6 +37,7 @@ from client.model import (
     JobEvent,
     JobState,
     ProcessFailure,
+    first_failure,
 )
 from client.model import is_job_id as _is_job_id
 from coordinator._cluster import Effect, JobNotFound
@@ -333,10 +334,20 @@ class DashboardModel:
             )
         events = c.job_events(job_id)[-EVENTS_SHOWN:]
         root = result.root_cause if result is not None else None
-        failures = sorted(
-            (result.failures.values() if result is not None else ()),
-            key=lambda f: (not f.root_cause, f.timestamp, f.global_rank),
-        )
+        found: list[ProcessFailure] = list(result.failures.values()) if result is not None else []
+        root_from = "result"
+        if root is None:
+            # A job that recovered (or is still running) shows its latest failed attempt's.
+            for summary in reversed(c.job_attempts(job_id)):
+                if summary.failures:
+                    found = list(summary.failures)
+                    marked = [f for f in found if f.root_cause]
+                    root = (
+                        marked[0] if marked else first_failure({i: f for i, f in enumerate(found)})
+                    )
+                    root_from = f"attempt {summary.attempt}"
+                    break
+        failures = sorted(found, key=lambda f: (f is not root, f.timestamp, f.global_rank))
         return {
             "now": now,
             "job": self.job_row(job_id, now),
@@ -365,7 +376,8 @@ class DashboardModel:
             "attempts": attempts,
             "events": [_event_json(e) for e in events],
             "root_cause": failure_json(root) if root is not None else None,
-            "failures": [failure_json(f) for f in failures[:50]],
+            "root_cause_from": root_from if root is not None else "",
+            "failures": [failure_json(f) for f in failures[:50] if f is not root],
             "result_reason": _one_line(result.reason) if result is not None else "",
         }
 
@@ -733,7 +745,7 @@ def _secure_headers(resp: web.StreamResponse) -> None:
     h["Content-Security-Policy"] = CSP
     h["X-Content-Type-Options"] = "nosniff"
     h["X-Frame-Options"] = "DENY"
-    h["Referrer-Policy"] = "no-referrer"
+    h["Referrer-Policy"] = "same-origin"  # "no-referrer" makes a form post's Origin "null"
     h["Cache-Control"] = "no-store"
 
 

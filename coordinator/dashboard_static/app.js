@@ -199,7 +199,7 @@ function timeline(d) {
   for (const a of d.attempts) {
     for (const node of a.nodes) bars.push({ a, node });
   }
-  const rowH = 26, top = 34, left = 190, width = 960, right = 20;
+  const rowH = 26, top = 16, left = 190, width = 960, right = 20;
   const height = top + Math.max(bars.length, 1) * rowH + 30;
   const x = (t) => left + ((Math.min(Math.max(t, t0), t1) - t0) / (t1 - t0)) * (width - left - right);
   const s = svg("svg", { viewBox: "0 0 " + width + " " + height, class: "timeline", role: "img" });
@@ -347,7 +347,7 @@ function renderJob(app, d) {
   );
   jobParts.timeline.replaceChildren(timeline(d));
   const rows = d.workers.map((w) => ({
-    cells: [w.rank, w.local_rank, w.node, w.pid || "", el("td", {}, badge(w.state)), w.proc_state, w.cpu_percent.toFixed(0) + " %", bytes(w.rss_bytes), w.exitcode === null ? "" : w.exitcode],
+    cells: [w.rank, w.local_rank, w.node, w.pid || "", el("td", {}, badge(w.state)), w.exitcode === null ? w.proc_state : "", w.cpu_percent.toFixed(0) + " %", bytes(w.rss_bytes), w.exitcode === null ? "" : w.exitcode],
     data: { rank: w.rank },
   }));
   jobParts.ranks.replaceChildren(
@@ -355,8 +355,9 @@ function renderJob(app, d) {
     rows.length ? table(["rank", "local", "node", "pid", "state", "proc", "CPU", "RSS", "exit"], rows, "ranks") : el("p", { class: "muted" }, "no workers in the current round"),
   );
   if (d.root_cause) {
-    const card = el("div", { class: "card root-cause", id: "root-cause" }, el("h2", {}, "Root cause"), ...failureBlock(d.root_cause));
-    const others = d.failures.filter((f) => !f.root_cause);
+    const title = "Root cause" + (d.root_cause_from && d.root_cause_from !== "result" ? " (" + d.root_cause_from + ")" : "");
+    const card = el("div", { class: "card root-cause", id: "root-cause" }, el("h2", {}, title), ...failureBlock(d.root_cause));
+    const others = d.failures;
     if (others.length) {
       const det = el("details", {}, el("summary", {}, others.length + " other failures"));
       for (const f of others) det.append(...failureBlock(f));
