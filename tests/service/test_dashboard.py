@@ -301,3 +301,21 @@ def _authed_channel(address: str):  # type: ignore[no-untyped-def]
             return await continuation(details._replace(metadata=md), request)
 
     return grpc.aio.insecure_channel(address, interceptors=[_Token()])
+
+
+async def test_gelastic_dashboard_prints_the_url(
+    coord: Coordinator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from client import cli
+
+    token = tmp_path / "client-token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    argv = ["--coordinator", coord.address, "--token-file", str(token), "dashboard"]
+    assert await asyncio.to_thread(cli.main, argv) == 0
+    assert coord.dashboard is not None
+    assert capsys.readouterr().out == f"http://127.0.0.1:{coord.dashboard.port}/\n"
+    await coord.dashboard.stop()
+    coord.service.dashboard = None
+    assert await asyncio.to_thread(cli.main, argv) == 2
+    assert "serves no dashboard" in capsys.readouterr().err
