@@ -76,6 +76,12 @@ EVENTS_SHOWN = 500
 """The latest events of a job the page shows."""
 JOBS_SHOWN = 1000
 """The most recent jobs the jobs page lists."""
+RANKS_SHOWN = 2000
+"""Ranks a job page lists (the lowest global ranks)."""
+ATTEMPTS_SHOWN = 20
+"""The latest attempts a job's timeline draws."""
+NODES_PER_ATTEMPT_SHOWN = 64
+"""Nodes of one attempt the timeline draws a bar for."""
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -212,7 +218,8 @@ def _attempt_json(a: AttemptSummary) -> dict[str, Any]:
     return {
         "attempt": a.attempt,
         "round": a.round,
-        "nodes": list(a.nodes),
+        "nodes": list(a.nodes[:NODES_PER_ATTEMPT_SHOWN]),
+        "nodes_total": len(a.nodes),
         "end_reason": _one_line(a.end_reason),
         "started_at": a.started_at,
         "ended_at": a.ended_at,
@@ -317,7 +324,7 @@ class DashboardModel:
         s = c.job_status(job_id)
         spec = c.job_spec(job_id)
         result = c.job_result(job_id)
-        attempts = [_attempt_json(a) for a in c.job_attempts(job_id)]
+        attempts = [_attempt_json(a) for a in c.job_attempts(job_id)[-ATTEMPTS_SHOWN:]]
         if s.members and not any(
             a["attempt"] == s.attempt and a["round"] == s.round for a in attempts
         ):
@@ -325,7 +332,8 @@ class DashboardModel:
                 {
                     "attempt": s.attempt,
                     "round": s.round,
-                    "nodes": [m.node for m in s.members],
+                    "nodes": [m.node for m in s.members[:NODES_PER_ATTEMPT_SHOWN]],
+                    "nodes_total": len(s.members),
                     "end_reason": "",
                     "started_at": 0.0,
                     "ended_at": 0.0,
@@ -371,8 +379,9 @@ class DashboardModel:
                     "rss_bytes": w.rss_bytes,
                     "exitcode": w.exitcode,
                 }
-                for w in s.workers
+                for w in s.workers[:RANKS_SHOWN]
             ],
+            "ranks_total": len(s.workers),
             "attempts": attempts,
             "events": [_event_json(e) for e in events],
             "root_cause": failure_json(root) if root is not None else None,
@@ -616,15 +625,16 @@ class Dashboard:
         async with self._stream(request) as resp:
             seen = -1
             while True:
-                try:
-                    await self.svc.written(self.svc.cluster.job_ids())
-                    await resp.write(_sse("overview", self.model.overview()))
-                except RequestError as exc:
-                    await resp.write(_sse("problem", {"error": exc.message}))
                 version = self.feed.version
-                if version == seen:
+                if version != seen:
+                    seen = version
+                    try:
+                        await self.svc.written(self.svc.cluster.job_ids())
+                        await resp.write(_sse("overview", self.model.overview()))
+                    except RequestError as exc:
+                        await resp.write(_sse("problem", {"error": exc.message}))
+                else:
                     await resp.write(b": keepalive\n\n")
-                seen = version
                 await asyncio.sleep(SSE_MIN_INTERVAL_S)
                 await self.feed.wait(seen, SSE_KEEPALIVE_S)
         return resp
@@ -670,15 +680,22 @@ class Dashboard:
             dropped = 0
             loop = asyncio.get_running_loop()
             last = 0.0
+            quiet_since = loop.time()
 
             async def flush() -> None:
-                nonlocal dropped, last
+                nonlocal dropped, last, quiet_since
+                now = loop.time()
                 if pending or dropped:
                     text = bytes(pending).decode("utf-8", errors="replace")
                     await resp.write(_sse("log", {"text": text, "dropped": dropped}))
                     pending.clear()
                     dropped = 0
-                last = loop.time()
+                    quiet_since = now
+                elif now - quiet_since >= SSE_KEEPALIVE_S:
+                    # A write is how a browser that left is noticed, and its relay ended.
+                    await resp.write(b": keepalive\n\n")
+                    quiet_since = now
+                last = now
 
             try:
                 logs = self.svc.read_logs(req, client)

@@ -85,7 +85,13 @@ function follow(url, handlers) {
   const es = new EventSource(url);
   es.onopen = () => setLive("live", true);
   es.onerror = () => {
-    setLive(es.readyState === EventSource.CLOSED ? "disconnected" : "reconnecting…", false);
+    const closed = es.readyState === EventSource.CLOSED;
+    setLive(closed ? "disconnected" : "reconnecting…", false);
+    const app = document.getElementById("app");
+    if (closed && app && !app.childElementCount) {
+      app.replaceChildren(el("p", { class: "error" },
+        "The data stream closed: this job may not exist, or the session ended (reload to log in again)."));
+    }
   };
   for (const [name, fn] of Object.entries(handlers)) {
     es.addEventListener(name, (ev) => fn(JSON.parse(ev.data), es));
@@ -196,8 +202,10 @@ function timeline(d) {
   const t0 = job.submitted_at || (d.attempts[0] && d.attempts[0].started_at) || d.now;
   const t1 = Math.max(job.finished_at || d.now, t0 + 1);
   const bars = [];
+  let hidden = 0;
   for (const a of d.attempts) {
     for (const node of a.nodes) bars.push({ a, node });
+    hidden += a.nodes_total - a.nodes.length;
   }
   const rowH = 26, top = 16, left = 190, width = 960, right = 20;
   const height = top + Math.max(bars.length, 1) * rowH + 30;
@@ -250,6 +258,7 @@ function timeline(d) {
     sw.style.borderColor = MARKS[kind][1];
     legend.append(sw, MARKS[kind][0]);
   }
+  if (hidden > 0) legend.append(el("span", {}, "(" + hidden + " more node bars not drawn)"));
   return el("div", { class: "card" }, el("h2", {}, "Timeline"), s, legend);
 }
 
@@ -354,6 +363,9 @@ function renderJob(app, d) {
     el("h2", {}, "Ranks"),
     rows.length ? table(["rank", "local", "node", "pid", "state", "proc", "CPU", "RSS", "exit"], rows, "ranks") : el("p", { class: "muted" }, "no workers in the current round"),
   );
+  if (d.ranks_total > d.workers.length) {
+    jobParts.ranks.append(el("p", { class: "muted" }, "showing " + d.workers.length + " of " + d.ranks_total + " ranks"));
+  }
   if (d.root_cause) {
     const title = "Root cause" + (d.root_cause_from && d.root_cause_from !== "result" ? " (" + d.root_cause_from + ")" : "");
     const card = el("div", { class: "card root-cause", id: "root-cause" }, el("h2", {}, title), ...failureBlock(d.root_cause));

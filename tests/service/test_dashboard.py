@@ -319,3 +319,43 @@ async def test_gelastic_dashboard_prints_the_url(
     coord.service.dashboard = None
     assert await asyncio.to_thread(cli.main, argv) == 2
     assert "serves no dashboard" in capsys.readouterr().err
+
+
+async def test_over_tls_the_session_cookie_is_secure(tmp_path: Path) -> None:
+    import ssl
+
+    from tests.security._certs import TestCA
+
+    ca = TestCA(tmp_path / "ca")
+    server = ca.server()
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    c = Coordinator(
+        CoordinatorConfig(
+            port=0,
+            state_dir=":memory:",
+            token_file=str(token),
+            tls_cert=server.cert,
+            tls_key=server.key,
+            dashboard_port=free_port(),
+        )
+    )
+    await c.start()
+    try:
+        assert c.dashboard is not None and c.dashboard.url.startswith("https://")
+        trust = ssl.create_default_context(cafile=ca.ca)
+        jar = aiohttp.CookieJar(unsafe=True)
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=trust), cookie_jar=jar
+        ) as http:
+            _, (cookie,) = await login(http, c)
+            assert "Secure" in cookie and "HttpOnly" in cookie
+            async with http.get(base(c) + "/api/overview") as resp:
+                assert resp.status == 200
+            plain = base(c).replace("https://", "http://") + "/login"
+            with pytest.raises(aiohttp.ClientError):
+                async with http.get(plain) as resp:
+                    await resp.read()
+    finally:
+        await c.stop()
