@@ -161,7 +161,7 @@ function jobRows(jobs, extra) {
       j.attempt + 1,
       j.restarts_left + " of " + j.max_restarts,
       duration(j.duration + (TERMINAL.has(j.state) ? 0 : extra)),
-      el("td", { class: "cause" }, j.root_cause || j.reason),
+      el("td", { class: "cause", title: j.root_cause || j.reason }, j.root_cause || j.reason),
     ],
     data: { job: j.job_id },
   }));
@@ -380,7 +380,7 @@ function renderJob(app, d) {
     jobParts.cause.replaceChildren();
   }
   const evRows = d.events.slice().reverse().map((e) => ({
-    cells: [e.seq, clock(e.timestamp), e.kind, e.attempt + "/" + e.round, e.node, e.rank >= 0 ? e.rank : "", el("td", { class: "cause" }, e.reason)],
+    cells: [e.seq, clock(e.timestamp), e.kind, e.attempt + "/" + e.round, e.node, e.rank >= 0 ? e.rank : "", el("td", { class: "cause", title: e.reason }, e.reason)],
     cls: "ev-" + e.kind,
   }));
   jobParts.events.replaceChildren(el("h2", {}, "Events"), table(["#", "time", "kind", "attempt/round", "node", "rank", "reason"], evRows, "events"));
