@@ -28,7 +28,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -43,6 +43,9 @@ from client.model import is_job_id as _is_job_id
 from coordinator._cluster import Effect, JobNotFound
 from coordinator._errors import RequestError
 from protos.gelastic.v1 import gelastic_pb2 as pb
+
+if TYPE_CHECKING:
+    from coordinator._service import CoordinatorService
 
 __all__ = ["Dashboard", "DashboardAuth", "server_ssl_context"]
 
@@ -243,7 +246,7 @@ def _event_json(e: JobEvent) -> dict[str, Any]:
 class DashboardModel:
     """Builds what the pages show from the service's state (the gRPC servicers' own objects)."""
 
-    def __init__(self, svc: Any) -> None:
+    def __init__(self, svc: CoordinatorService) -> None:
         self.svc = svc
 
     def root_cause_line(self, job_id: str) -> str:
@@ -407,7 +410,7 @@ class Dashboard:
 
     def __init__(
         self,
-        svc: Any,
+        svc: CoordinatorService,
         host: str,
         port: int,
         token: str,
