@@ -128,6 +128,7 @@ def test_a_job_that_crashes_once(
     )
     # Still running: the line came while the rank waits on its gate, not from a finished log.
     assert job.status().state == JobState.RUNNING and not (gate / "go0").exists()
+    assert "<b id=bold>in markup</b>" in log.inner_text() and page.locator("#bold").count() == 0
 
     overview = session.new_page()
     overview.goto(cluster.dashboard_url)
