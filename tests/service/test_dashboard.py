@@ -359,3 +359,49 @@ async def test_over_tls_the_session_cookie_is_secure(tmp_path: Path) -> None:
                     await resp.read()
     finally:
         await c.stop()
+
+
+async def test_log_tail_is_relayed_from_the_node_with_the_relays_caps(coord: Coordinator) -> None:
+    """The log tail is the agents' log relay (what `gelastic logs` reads): the node is asked
+    with StartLogs, its chunks reach the page, and the relay's per-client cap holds."""
+    from coordinator._service import LOG_STREAMS_PER_CLIENT
+
+    node = _node(coord, "n1", slots=1)
+    await node.connect()
+    job_id = await coord.service.submit(JobSpec(entrypoint=["true"], name="logs"))
+    rp = await node.expect("reserve_port")
+    await node.send(
+        port_reserved=pb.PortReserved(job_id=job_id, round=rp.reserve_port.round, port=40000)
+    )
+    asg = (await node.expect("assign")).assign
+    await node.send(
+        workers_started=pb.WorkersStarted(
+            job_id=job_id, round=asg.round, workers=[pb.WorkerPid(local_rank=0, pid=4242)]
+        )
+    )
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    url = f"{base(coord)}/api/stream/logs/{job_id}/0?stream=stdout"
+    async with aiohttp.ClientSession(headers=auth) as http:
+        streams = []
+        try:
+            first = await http.get(url)
+            assert first.status == 200
+            start = (await node.expect("start_logs")).start_logs
+            assert start.job_id == job_id and start.rank == 0 and start.follow
+            await node.send(
+                log_chunk=pb.LogChunk(request_id=start.request_id, data=b"step 1 <b>\n")
+            )
+            assert await _next_event(first) == {"text": "step 1 <b>\n", "dropped": 0}
+            for _ in range(LOG_STREAMS_PER_CLIENT - 1):
+                streams.append(await http.get(url))
+                await node.expect("start_logs")
+            over = await http.get(url)
+            streams.append(over)
+            ended = await _next_event(over)
+            assert "at most" in ended["reason"] and "log streams per client" in ended["reason"]
+            await node.send(log_chunk=pb.LogChunk(request_id=start.request_id, eof=True))
+            assert (await _next_event(first))["reason"] == "the rank's log ended"
+        finally:
+            for resp in [first, *streams]:
+                resp.close()
+    await node.close()
