@@ -299,15 +299,20 @@ function openLog(jobId, pre, status) {
   };
 }
 
+function setRankOptions(sel, ranks) {
+  sel.replaceChildren();
+  for (const r of ranks) {
+    const o = el("option", { value: r }, "rank " + r);
+    if (r === logChoice.rank) o.selected = true;
+    sel.append(o);
+  }
+}
+
 function logPanel(jobId, ranks) {
   const pre = el("pre", { class: "log", id: "log" });
   const status = el("span", { class: "muted", id: "log-status" });
   const rankSel = el("select", { id: "log-rank" });
-  for (const r of ranks) {
-    const o = el("option", { value: r }, "rank " + r);
-    if (r === logChoice.rank) o.selected = true;
-    rankSel.append(o);
-  }
+  setRankOptions(rankSel, ranks);
   const streamSel = el("select", { id: "log-stream" });
   for (const s of ["stdout", "stderr"]) {
     const o = el("option", { value: s }, s);
@@ -342,7 +347,14 @@ function renderJob(app, d) {
     if (!ranks.length) ranks.push(0);
     if (!ranks.includes(logChoice.rank)) logChoice.rank = ranks[0];
     jobParts.logs = logPanel(j.job_id, ranks);
+    jobParts.rankKey = ranks.join(",");
     app.replaceChildren(jobParts.head, jobParts.timeline, jobParts.ranks, jobParts.cause, jobParts.logs, jobParts.events);
+  }
+  // A job that was queued at first sight gets its ranks once a round forms.
+  const ranksNow = d.workers.map((w) => w.rank);
+  if (ranksNow.length && ranksNow.join(",") !== jobParts.rankKey) {
+    jobParts.rankKey = ranksNow.join(",");
+    setRankOptions(document.getElementById("log-rank"), ranksNow);
   }
   const sp = d.spec;
   jobParts.head.replaceChildren(

@@ -33,10 +33,23 @@ def requested(browser: Any) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def session(browser: Any, cluster: LocalCluster, requested: list[str]) -> Iterator[Any]:
+def script_errors(browser: Any) -> list[str]:
+    """Uncaught errors of the pages' script: each test ends with none."""
+    return []
+
+
+def _watch(ctx: Any, requested: list[str], script_errors: list[str]) -> None:
+    ctx.on("request", lambda r: requested.append(r.url))
+    ctx.on("weberror", lambda e: script_errors.append(str(e.error)))
+
+
+@pytest.fixture(scope="module")
+def session(
+    browser: Any, cluster: LocalCluster, requested: list[str], script_errors: list[str]
+) -> Iterator[Any]:
     """A browser context logged in through the login form."""
     ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-    ctx.on("request", lambda r: requested.append(r.url))
+    _watch(ctx, requested, script_errors)
     page = ctx.new_page()
     page.goto(cluster.dashboard_url)
     page.fill("#token", _token(cluster))
@@ -57,10 +70,10 @@ def _shot(page: Any, shots: Path, name: str, docs: str = "") -> None:
 
 
 def test_without_the_token_there_is_only_the_login_page(
-    browser: Any, cluster: LocalCluster, requested: list[str], shots: Path
+    browser: Any, cluster: LocalCluster, requested: list[str], script_errors: list[str], shots: Path
 ) -> None:
     ctx = browser.new_context(viewport={"width": 1280, "height": 720})
-    ctx.on("request", lambda r: requested.append(r.url))
+    _watch(ctx, requested, script_errors)
     try:
         page = ctx.new_page()
         page.goto(cluster.dashboard_url + "jobs")
@@ -93,10 +106,16 @@ def test_without_the_token_there_is_only_the_login_page(
     finally:
         ctx.close()
     _no_token_in(requested, cluster)
+    assert not script_errors, script_errors
 
 
 def test_a_job_that_crashes_once(
-    session: Any, cluster: LocalCluster, requested: list[str], shots: Path, tmp_path: Path
+    session: Any,
+    cluster: LocalCluster,
+    requested: list[str],
+    script_errors: list[str],
+    shots: Path,
+    tmp_path: Path,
 ) -> None:
     """The log tail follows a running rank; the timeline shows both attempts with the failing
     rank marked; the root cause shows its traceback, markup in it as text."""
@@ -159,10 +178,16 @@ def test_a_job_that_crashes_once(
     _shot(page, shots, "job", "dashboard-job.png")
     page.close()
     _no_token_in(requested, cluster)
+    assert not script_errors, script_errors
 
 
 def test_the_jobs_page_lists_finished_jobs_with_their_root_cause(
-    session: Any, cluster: LocalCluster, requested: list[str], shots: Path, tmp_path: Path
+    session: Any,
+    cluster: LocalCluster,
+    requested: list[str],
+    script_errors: list[str],
+    shots: Path,
+    tmp_path: Path,
 ) -> None:
     gate = tmp_path / "gate"
     gate.mkdir()
@@ -204,6 +229,7 @@ def test_the_jobs_page_lists_finished_jobs_with_their_root_cause(
     (held / "go0").touch()
     assert running.wait(60).state.name == "SUCCEEDED"
     _no_token_in(requested, cluster)
+    assert not script_errors, script_errors
 
 
 def _no_token_in(requested: list[str], cluster: LocalCluster) -> None:
