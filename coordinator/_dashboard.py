@@ -429,6 +429,9 @@ class Dashboard:
         self.streams = 0
         self._ssl = ssl_context
         self._runner: web.AppRunner | None = None
+        # The last message built, by what it shows: every browser on a page shares one build.
+        self._overview_cache: tuple[int, bytes] = (-1, b"")
+        self._job_cache: dict[str, tuple[tuple[int, int], bytes]] = {}
         self._static = {name: (STATIC_DIR / name).read_bytes() for name in _STATIC_FILES}
         self._page = (STATIC_DIR / "page.html").read_bytes()
         self._login = (STATIC_DIR / "login.html").read_bytes()
@@ -624,6 +627,25 @@ class Dashboard:
         finally:
             self.streams -= 1
 
+    def _overview_message(self) -> bytes:
+        version, message = self._overview_cache
+        if version != self.feed.version:
+            version, message = self.feed.version, _sse("overview", self.model.overview())
+            self._overview_cache = (version, message)
+        return message
+
+    def _job_message(self, job_id: str) -> bytes:
+        # Per second too: a job that does not change still shows its duration growing.
+        version = (self.svc.job_version(job_id), int(self.svc.now()))
+        cached = self._job_cache.get(job_id)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        message = _sse("job", self.model.job(job_id))
+        if len(self._job_cache) >= self.max_streams:
+            self._job_cache.clear()  # at most one entry per open stream is of any use
+        self._job_cache[job_id] = (version, message)
+        return message
+
     async def _stream_overview(self, request: web.Request) -> web.StreamResponse:
         async with self._stream(request) as resp:
             seen = -1
@@ -633,7 +655,7 @@ class Dashboard:
                     seen = version
                     try:
                         await self.svc.written(self.svc.cluster.job_ids())
-                        await resp.write(_sse("overview", self.model.overview()))
+                        await resp.write(self._overview_message())
                     except RequestError as exc:
                         await resp.write(_sse("problem", {"error": exc.message}))
                 else:
@@ -653,7 +675,7 @@ class Dashboard:
                     if not svc.cluster.has_job(job_id):
                         await resp.write(_sse("end", {"reason": "the job was deleted"}))
                         break
-                    await resp.write(_sse("job", self.model.job(job_id)))
+                    await resp.write(self._job_message(job_id))
                 except RequestError as exc:
                     await resp.write(_sse("problem", {"error": exc.message}))
                 if svc.cluster.job_state(job_id).is_terminal():
