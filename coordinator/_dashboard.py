@@ -482,10 +482,8 @@ class Dashboard:
         except OSError as exc:
             await runner.cleanup()
             raise OSError(f"dashboard: could not listen on {self.host}:{self.port}: {exc}") from exc
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or ()
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
+        if runner.addresses:  # the port actually bound (asked for 0: any free one)
+            self.port = int(runner.addresses[0][1])
         self._runner = runner
         logger.info("dashboard on %s", self.url)
 
