@@ -9,9 +9,9 @@ STAMP  := $(VENV)/.installed
 PROTO  := protos/gelastic/v1/gelastic.proto
 ETCD_PROTO := protos/etcd/rpc.proto
 
-.PHONY: setup netns-tools etcd-server protos check-protos fmt lint typecheck test test-fast fuzz demo bench clean
+.PHONY: setup netns-tools etcd-server browser protos check-protos fmt lint typecheck test test-fast fuzz demo bench clean
 
-setup: $(STAMP) netns-tools etcd-server
+setup: $(STAMP) netns-tools etcd-server browser
 
 # The network-fault test builds namespaces with `ip`; install it when we may (root, apt). Checked
 # on every `make test`, not only when the virtualenv is made: under CI that test fails, not skips,
@@ -27,6 +27,13 @@ etcd-server:
 	@command -v etcd >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null) \
 		|| echo "note: etcd is not installed; the etcd store tests will skip (and fail under CI)"; }
+
+# The dashboard's browser tests drive the system Chromium through Playwright (never Playwright's
+# own browser download); installed like `ip` above. Under CI those tests fail, not skip, without it.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+		|| echo "note: chromium is not installed; the dashboard's browser tests will skip (and fail under CI)"; }
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,7 +72,7 @@ typecheck: $(STAMP)
 # -rsx: every skip and expected failure prints its reason. The ci hypothesis profile is derandomized (tests/conftest.py).
 # Exit 5 (no test collected) fails like any other: a suite that ran nothing checked nothing.
 PYTEST_ARGS ?= tests
-test: $(STAMP) netns-tools etcd-server check-protos lint typecheck
+test: $(STAMP) netns-tools etcd-server browser check-protos lint typecheck
 	GELASTIC_HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -rsx -p no:cacheprovider $(PYTEST_ARGS); \
 		rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests (exit 5): failing"; \
 		exit $$rc

@@ -202,6 +202,20 @@ def run_parser() -> argparse.ArgumentParser:
         "(repeatable; see docs/torchrun-migration.md)",
     )
     p.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="serve the coordinator's web dashboard on loopback for the life of the job and "
+        "print its URL (log in with the token in the file it names)",
+    )
+    p.add_argument(
+        "--dashboard-port",
+        dest="dashboard_port",
+        metavar="PORT",
+        type=int,
+        default=None,
+        help="with --dashboard: the port (default: any free one)",
+    )
+    p.add_argument(
         "--quiet",
         "-q",
         action="store_true",
@@ -258,6 +272,8 @@ class RunPlan:
     prefix_template: str = RANK_PREFIX_TEMPLATE
     progress: bool = True
     log_level: str = "ERROR"
+    dashboard_port: int | None = None
+    """Serve the web dashboard on this port (0: any free one); None: no dashboard."""
 
 
 def _parse_nnodes(value: str) -> None:
@@ -361,6 +377,11 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
     except SpecError as exc:
         raise RunError(str(exc)) from None
     name = script if args.module else os.path.basename(script)
+    dashboard_port = None
+    if args.dashboard or args.dashboard_port is not None:
+        dashboard_port = args.dashboard_port or 0
+        if not 0 <= dashboard_port < 65536:
+            raise RunError(f"--dashboard-port must be 0-65535, got {dashboard_port}")
     return RunPlan(
         spec=spec,
         report_name=name,
@@ -369,6 +390,7 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
         prefix_template=os.environ.get(PREFIX_TEMPLATE_ENV, RANK_PREFIX_TEMPLATE),
         progress=not args.quiet,
         log_level=log_level,
+        dashboard_port=dashboard_port,
     )
 
 
@@ -382,8 +404,13 @@ class EmbeddedCluster:
     die with the thread that forked them, so no worker outlives this object, or this process.
     """
 
-    def __init__(self, *, slots: int, log_dir: str, state_dir: str) -> None:
+    def __init__(
+        self, *, slots: int, log_dir: str, state_dir: str, dashboard_port: int | None = None
+    ) -> None:
         self.slots = slots
+        self.dashboard_port = dashboard_port
+        self.dashboard_url = ""
+        """Where the web dashboard serves (with `dashboard_port`), once started."""
         self.log_dir = log_dir
         self.state_dir = state_dir
         self.address = ""
@@ -429,6 +456,8 @@ class EmbeddedCluster:
         )
         await self._coordinator.start()
         self.address = self._coordinator.address
+        if self.dashboard_port is not None:
+            self.dashboard_url = await self._coordinator.start_dashboard(self.dashboard_port)
         self._agent = NodeAgent(
             AgentConfig(
                 coordinator=self.address,
@@ -557,7 +586,12 @@ def execute(plan: RunPlan) -> int:
     own_log_dir = plan.log_dir is None
     log_dir = plan.log_dir or tempfile.mkdtemp(prefix="gelastic-run-")
     state_dir = tempfile.mkdtemp(prefix="gelastic-run-state-")
-    cluster = EmbeddedCluster(slots=plan.spec.nproc_per_node, log_dir=log_dir, state_dir=state_dir)
+    cluster = EmbeddedCluster(
+        slots=plan.spec.nproc_per_node,
+        log_dir=log_dir,
+        state_dir=state_dir,
+        dashboard_port=plan.dashboard_port,
+    )
     client: Client | None = None
     job: Job | None = None
     code = EXIT_FAILED
@@ -565,6 +599,11 @@ def execute(plan: RunPlan) -> int:
     with _SignalGuard() as guard:
         try:
             address = cluster.start()
+            if cluster.dashboard_url:
+                _say(
+                    f"dashboard: {cluster.dashboard_url} (log in with the token in "
+                    f"{cluster.token_file}; it lasts as long as this run)"
+                )
             client = Client(address, token_file=cluster.token_file)
             job = client.submit(plan.spec)
             result = job.wait(progress=plan.progress, out=sys.stderr)

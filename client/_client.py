@@ -202,6 +202,25 @@ class Client:
         )
         return [node_from_pb(n) for n in resp.nodes]
 
+    def dashboard_url(self) -> str:
+        """The URL of the coordinator's web dashboard ("" when it serves none).
+
+        A coordinator listening on a wildcard address is reached by the host this client dials.
+        """
+        req = pb.GetDashboardRequest()
+        resp = self._call(
+            lambda: self._stub.GetDashboard(req, timeout=self.timeout, metadata=self._md),
+            idempotent=True,
+        )
+        if not resp.serving:
+            return ""
+        host = resp.host
+        if host in ("", "0.0.0.0", "::", "[::]"):
+            host = self.address.rpartition(":")[0] or "127.0.0.1"
+        host = host.strip("[]")
+        shown = f"[{host}]" if ":" in host else host
+        return f"{resp.scheme}://{shown}:{resp.port}/"
+
     def cancel(self, job_id: str) -> JobStatus:
         req = pb.CancelJobRequest(job_id=job_id)
         # Cancelling twice is harmless, so the call is safe to retry.

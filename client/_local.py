@@ -20,6 +20,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -179,7 +180,10 @@ class LocalCluster:
         agent_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         quiet: bool = True,
+        dashboard_port: int | None = None,
     ) -> None:
+        """`dashboard_port`: serve the coordinator's web dashboard on this port (0: a free
+        one, chosen at start; None: no dashboard); `dashboard_url` then says where."""
         self.cluster_id = uuid.uuid4().hex
         self._own_tmp = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gelastic-cluster-")).resolve()
@@ -191,6 +195,7 @@ class LocalCluster:
         self.coordinator_args = list(coordinator_args)
         self.agent_args = list(agent_args)
         self.quiet = quiet
+        self.dashboard_port = dashboard_port
         self.env = dict(os.environ)
         self.env.update(env or {})
         self.env[CLUSTER_ENV] = self.cluster_id
@@ -217,6 +222,11 @@ class LocalCluster:
     def client_env(self) -> dict[str, str]:
         """What a `gelastic` CLI process needs in its environment to use this cluster."""
         return {"GELASTIC_COORDINATOR": self.address, "GELASTIC_TOKEN_FILE": self.token_file}
+
+    @property
+    def dashboard_url(self) -> str:
+        """The dashboard's URL, as the coordinator reports it ("" without a dashboard)."""
+        return self.client.dashboard_url() if self.dashboard_port is not None else ""
 
     def connect(self, timeout: float = CALL_TIMEOUT_S) -> Client:
         """A new client of this cluster's coordinator, with its token; the caller closes it."""
@@ -273,6 +283,7 @@ class LocalCluster:
             str(self.heartbeat_interval),
             "--token-file",
             self.token_file,
+            *self._dashboard_args(),
             *self.coordinator_args,
         ]
         if self.coordinator is not None and self.coordinator.popen.poll() is None:
@@ -289,6 +300,16 @@ class LocalCluster:
                 f"the coordinator exited with {proc.returncode}: {self._tail('coordinator')}"
             )
         self.port = int(port_file.read_text().strip())
+
+    def _dashboard_args(self) -> list[str]:
+        if self.dashboard_port is None:
+            return []
+        if self.dashboard_port == 0:
+            # Kept once chosen: a restarted coordinator serves its dashboard where it was.
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.dashboard_port = int(s.getsockname()[1])
+        return ["--dashboard-port", str(self.dashboard_port)]
 
     def start_agent(self, name: str, slots: int | None = None, wait: bool = True) -> None:
         """Start agent `name` with its own directories; a restarted agent gets the same ones."""

@@ -416,6 +416,11 @@ def _parser() -> argparse.ArgumentParser:
         help="with --wait: give up after S seconds (default %(default)g)",
     )
     _add_json(s)
+
+    s = command(
+        "dashboard", "print the URL of the coordinator's web dashboard; open it on a desktop"
+    )
+    s.add_argument("--no-browser", action="store_true", help="only print the URL")
     return p
 
 
@@ -713,6 +718,36 @@ def _cmd_cancel(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_dashboard(client: Client, args: argparse.Namespace) -> int:
+    url = client.dashboard_url()
+    if not url:
+        raise CliError(
+            "the coordinator serves no dashboard: start it with "
+            "'coordinator serve --dashboard-port PORT'"
+        )
+    print(url, flush=True)
+    if not args.no_browser and sys.stdout.isatty() and _desktop_browser():
+        import webbrowser
+
+        webbrowser.open(url)
+    return EXIT_OK
+
+
+def _desktop_browser() -> bool:
+    """A graphical browser could open here: a display on Linux, or macOS or Windows."""
+    if sys.platform not in ("darwin", "win32") and not (
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    ):
+        return False
+    import webbrowser
+
+    try:
+        webbrowser.get()
+    except webbrowser.Error:
+        return False
+    return True
+
+
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "submit": _cmd_submit,
     "jobs": _cmd_jobs,
@@ -722,6 +757,7 @@ _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "logs": _cmd_logs,
     "events": _cmd_events,
     "cancel": _cmd_cancel,
+    "dashboard": _cmd_dashboard,
 }
 
 

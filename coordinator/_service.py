@@ -223,6 +223,8 @@ class CoordinatorService:
         self.effect_observers: list[Callable[[list[Effect]], None]] = []  # e.g. metrics
         self.require_cert_node_names = False
         """With mTLS: refuse a session whose node name is not in the agent's certificate."""
+        self.dashboard: tuple[str, str, int] | None = None
+        """(scheme, host, port) of the web dashboard while it serves (GetDashboard)."""
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -1041,6 +1043,15 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         except Exception as exc:
             await _abort_for(context, exc)
             raise
+
+    async def GetDashboard(
+        self, request: pb.GetDashboardRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetDashboardResponse:
+        where = self._svc.dashboard
+        if where is None:
+            return pb.GetDashboardResponse(serving=False)
+        scheme, host, port = where
+        return pb.GetDashboardResponse(serving=True, scheme=scheme, host=host, port=port)
 
     async def ReadLogs(
         self, request: pb.ReadLogsRequest, context: grpc.aio.ServicerContext

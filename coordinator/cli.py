@@ -106,6 +106,13 @@ def _parser() -> argparse.ArgumentParser:
         help="address to serve the metrics on (default %(default)s)",
     )
     s.add_argument(
+        "--dashboard-port",
+        type=int,
+        default=d.dashboard_port,
+        help="serve the web dashboard on this port of --host, with the client token and TLS "
+        "of the gRPC port (default 0 = off)",
+    )
+    s.add_argument(
         "--port-file", default="", help="write the port actually bound to this file once listening"
     )
     s.add_argument("--log-level", default="INFO")
@@ -126,6 +133,8 @@ async def _serve(config: CoordinatorConfig, port_file: str) -> None:
 
         os.replace(port_file + ".tmp", port_file)
     print(f"coordinator listening on {coord.address}", flush=True)
+    if coord.dashboard is not None:
+        print(f"dashboard on {coord.dashboard.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -166,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         require_cert_node_names=args.require_cert_node_names,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        dashboard_port=args.dashboard_port,
     )
     try:
         config.validate()

@@ -24,6 +24,7 @@ from coordinator._store import MEMORY, StateStore, Store, default_state_dir
 from coordinator._store_etcd import EtcdSettings, EtcdStore, parse_etcd_url
 
 if TYPE_CHECKING:
+    from coordinator._dashboard import Dashboard
     from coordinator._metrics import CoordinatorMetrics
 
 __all__ = ["Coordinator", "CoordinatorConfig", "is_loopback"]
@@ -89,6 +90,9 @@ class CoordinatorConfig:
     """Port to serve Prometheus metrics on over HTTP (0 = no metrics)."""
     metrics_host: str = "127.0.0.1"
     """Address to serve the metrics on."""
+    dashboard_port: int = 0
+    """Port to serve the web dashboard on (0 = no dashboard). It listens on `host`, with the
+    same client token and TLS as the gRPC port (docs/deployment.md, "Web dashboard")."""
 
     def etcd_settings(self) -> EtcdSettings | None:
         """The etcd store's settings (None: SQLite). Raises ValueError naming the bad value."""
@@ -125,6 +129,10 @@ class CoordinatorConfig:
             raise ValueError(f"port: must be 0-65535, got {self.port}")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port: must be 0-65535 (0 = off), got {self.metrics_port}")
+        if not 0 <= self.dashboard_port < 65536:
+            raise ValueError(
+                f"dashboard_port: must be 0-65535 (0 = off), got {self.dashboard_port}"
+            )
         if not 0 < self.heartbeat_interval <= 60:
             raise ValueError(
                 f"heartbeat_interval: must be in (0, 60] s, got {self.heartbeat_interval}"
@@ -265,6 +273,7 @@ class Coordinator:
         self._server: grpc.aio.Server | None = None
         self._probes: Probes | None = None
         self.port = 0
+        self.dashboard: Dashboard | None = None
 
     @property
     def address(self) -> str:
@@ -321,6 +330,14 @@ class Coordinator:
             except OSError:
                 await server.stop(None)
                 raise
+        if c.dashboard_port:
+            try:
+                await self.start_dashboard(c.dashboard_port)
+            except OSError:
+                await server.stop(None)
+                if self._metrics_endpoint is not None:
+                    await asyncio.to_thread(self._metrics_endpoint.stop)
+                raise
         await server.start()
         self._server, self._probes = server, probes
         self.service.start()
@@ -334,12 +351,32 @@ class Coordinator:
                 self.address,
             )
 
+    async def start_dashboard(self, port: int = 0) -> str:
+        """Serve the web dashboard on `port` of the coordinator's host (0 = any free port), with
+        the client token and TLS of the gRPC port; return its URL. Idempotent."""
+        if self.dashboard is not None:
+            return self.dashboard.url
+        # Imported here: a coordinator without a dashboard does not load aiohttp.
+        from coordinator._dashboard import Dashboard, server_ssl_context
+
+        c = self.config
+        tls = server_ssl_context(c.tls_cert, c.tls_key, c.tls_client_ca) if c.tls_cert else None
+        dashboard = Dashboard(self.service, c.host, port, self.config.tokens()[1], tls)
+        await dashboard.start()
+        self.dashboard = dashboard
+        self.service.dashboard = (dashboard.scheme, c.host, dashboard.port)
+        return dashboard.url
+
     async def stop(self, grace: float = 1.0) -> None:
         server, self._server = self._server, None
         if server is None:
             return
         if self._probes is not None:
             await self._probes.stopping()
+        if self.dashboard is not None:
+            await self.dashboard.stop()
+            self.dashboard = None
+            self.service.dashboard = None
         await self.service.stop()
         await server.stop(grace)
         if self._metrics_endpoint is not None:

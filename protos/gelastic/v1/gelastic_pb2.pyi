@@ -384,6 +384,22 @@ class ListNodesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class GetDashboardRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetDashboardResponse(_message.Message):
+    __slots__ = ("serving", "scheme", "host", "port")
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    SCHEME_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    serving: bool
+    scheme: str
+    host: str
+    port: int
+    def __init__(self, serving: _Optional[bool] = ..., scheme: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+
 class ListNodesResponse(_message.Message):
     __slots__ = ("nodes",)
     NODES_FIELD_NUMBER: _ClassVar[int]

@@ -84,6 +84,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetAttemptsRequest.SerializeToString,
                 response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetAttemptsResponse.FromString,
                 _registered_method=True)
+        self.GetDashboard = channel.unary_unary(
+                '/gelastic.v1.Coordinator/GetDashboard',
+                request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetDashboardRequest.SerializeToString,
+                response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetDashboardResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -150,6 +155,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetDashboard(self, request, context):
+        """Where the coordinator serves its web dashboard (serving = false: it does not).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -202,6 +214,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetAttempts,
                     request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetAttemptsRequest.FromString,
                     response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetAttemptsResponse.SerializeToString,
+            ),
+            'GetDashboard': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDashboard,
+                    request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetDashboardRequest.FromString,
+                    response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetDashboardResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -474,6 +491,33 @@ class Coordinator:
             '/gelastic.v1.Coordinator/GetAttempts',
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetAttemptsRequest.SerializeToString,
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetAttemptsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDashboard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gelastic.v1.Coordinator/GetDashboard',
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetDashboardRequest.SerializeToString,
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetDashboardResponse.FromString,
             options,
             channel_credentials,
             insecure,

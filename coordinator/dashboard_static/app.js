@@ -1,0 +1,434 @@
+// The gelastic dashboard: renders the coordinator's server-sent events.
+// Every piece of data goes in with textContent (or an SVG text node): worker output,
+// tracebacks, names and reasons are hostile input and never become markup.
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELED"]);
+const LOG_KEEP_CHARS = 128 * 1024;
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v;
+    else if (k === "href") e.setAttribute("href", v);
+    else e.setAttribute(k, String(v));
+  }
+  for (const c of children) {
+    if (c === null || c === undefined) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function svg(tag, attrs, text) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+  if (text !== undefined) e.textContent = String(text);
+  return e;
+}
+
+function duration(s) {
+  if (!(s >= 0)) return "";
+  if (s < 60) return s.toFixed(1) + " s";
+  if (s < 3600) return Math.floor(s / 60) + " min " + Math.floor(s % 60) + " s";
+  return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min";
+}
+
+function bytes(n) {
+  if (!n) return "0";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return n.toFixed(i ? 1 : 0) + " " + units[i];
+}
+
+function clock(t) {
+  if (!t) return "";
+  return new Date(t * 1000).toLocaleTimeString();
+}
+
+function badge(state) {
+  return el("span", { class: "badge s-" + String(state).toLowerCase() }, state);
+}
+
+function jobLink(id) {
+  return el("a", { href: "/jobs/" + encodeURIComponent(id) }, id);
+}
+
+function table(headers, rows, cls) {
+  const t = el("table", { class: cls || "" });
+  const head = el("tr");
+  for (const h of headers) head.append(el("th", {}, h));
+  t.append(el("thead", {}, head));
+  const body = el("tbody");
+  for (const r of rows) {
+    const tr = el("tr");
+    for (const c of r.cells) tr.append(c instanceof Node && c.tagName === "TD" ? c : el("td", {}, c));
+    if (r.cls) tr.className = r.cls;
+    if (r.data) for (const [k, v] of Object.entries(r.data)) tr.dataset[k] = v;
+    body.append(tr);
+  }
+  t.append(body);
+  return t;
+}
+
+function setLive(text, ok) {
+  const live = document.getElementById("live");
+  if (!live) return;
+  live.textContent = text;
+  live.className = "live " + (ok ? "ok" : "down");
+}
+
+// One EventSource per page; `handlers` maps event names to functions of the parsed data.
+function follow(url, handlers) {
+  const es = new EventSource(url);
+  es.onopen = () => setLive("live", true);
+  es.onerror = () => {
+    const closed = es.readyState === EventSource.CLOSED;
+    setLive(closed ? "disconnected" : "reconnecting…", false);
+    const app = document.getElementById("app");
+    if (closed && app && !app.childElementCount) {
+      app.replaceChildren(el("p", { class: "error" },
+        "The data stream closed: this job may not exist, or the session ended (reload to log in again)."));
+    }
+  };
+  for (const [name, fn] of Object.entries(handlers)) {
+    es.addEventListener(name, (ev) => fn(JSON.parse(ev.data), es));
+  }
+  return es;
+}
+
+// ---- cluster ---------------------------------------------------------------------------
+
+let overview = null;
+let overviewAt = 0;
+
+function sinceSnapshot() {
+  return (Date.now() - overviewAt) / 1000;
+}
+
+function slotBar(used, total) {
+  const bar = el("span", { class: "slots", title: used + " used / " + total });
+  for (let i = 0; i < Math.min(total, 64); i++) {
+    bar.append(el("span", { class: i < used ? "slot used" : "slot free" }));
+  }
+  return bar;
+}
+
+function renderCluster(app) {
+  const d = overview;
+  const extra = sinceSnapshot();
+  const live = d.nodes.filter((n) => n.state === "live").length;
+  const slots = d.nodes.reduce((a, n) => a + n.slots, 0);
+  const used = d.nodes.reduce((a, n) => a + n.slots_used, 0);
+  const summary = el("p", { class: "summary" },
+    d.nodes.length + " nodes (" + live + " live), " + used + "/" + slots + " slots used, " +
+    d.jobs.filter((j) => !TERMINAL.has(j.state)).length + " active jobs");
+  const rows = d.nodes.map((n) => {
+    const jobs = el("td");
+    n.jobs.forEach((j, i) => { if (i) jobs.append(" "); jobs.append(jobLink(j)); });
+    const age = n.heartbeat_age + (n.state === "live" ? extra : 0);
+    return {
+      cells: [
+        el("td", { class: "name" }, n.name),
+        el("td", {}, badge(n.state)),
+        el("td", {}, slotBar(n.slots_used, n.slots), " ", n.slots_used + " used / " + n.slots_free + " free"),
+        el("td", { class: age > 3 ? "warn" : "" }, duration(age) + " ago"),
+        n.cpu_percent.toFixed(0) + " %",
+        bytes(n.rss_bytes),
+        n.workers,
+        jobs,
+      ],
+      data: { node: n.name },
+    };
+  });
+  app.replaceChildren(
+    el("h1", {}, "Cluster"),
+    summary,
+    table(["node", "state", "slots", "heartbeat", "CPU (workers)", "memory (workers)", "workers", "jobs"], rows, "nodes"),
+  );
+}
+
+// ---- jobs ------------------------------------------------------------------------------
+
+function jobRows(jobs, extra) {
+  return jobs.map((j) => ({
+    cells: [
+      el("td", {}, jobLink(j.job_id)),
+      j.name,
+      el("td", {}, badge(j.state)),
+      j.attempt + 1,
+      j.restarts_left + " of " + j.max_restarts,
+      duration(j.duration + (TERMINAL.has(j.state) ? 0 : extra)),
+      el("td", { class: "cause", title: j.root_cause || j.reason }, j.root_cause || j.reason),
+    ],
+    data: { job: j.job_id },
+  }));
+}
+
+function renderJobs(app) {
+  const d = overview;
+  const extra = sinceSnapshot();
+  const headers = ["job", "name", "state", "attempts", "restarts left", "duration", "root cause / reason"];
+  const groups = [
+    ["Running", d.jobs.filter((j) => !TERMINAL.has(j.state) && j.state !== "QUEUED")],
+    ["Queued", d.jobs.filter((j) => j.state === "QUEUED")],
+    ["Finished", d.jobs.filter((j) => TERMINAL.has(j.state))],
+  ];
+  const parts = [el("h1", {}, "Jobs")];
+  for (const [title, jobs] of groups) {
+    parts.push(el("h2", {}, title + " (" + jobs.length + ")"));
+    parts.push(jobs.length ? table(headers, jobRows(jobs, extra), "jobs") : el("p", { class: "muted" }, "none"));
+  }
+  if (d.jobs_total > d.jobs.length) {
+    parts.push(el("p", { class: "muted" }, "showing " + d.jobs.length + " of " + d.jobs_total + " jobs"));
+  }
+  app.replaceChildren(...parts);
+}
+
+// ---- one job ---------------------------------------------------------------------------
+
+const MARKS = {
+  restart: ["restart", "#d9822b"],
+  node_lost: ["node lost", "#c23030"],
+  reform: ["re-form / scale-up", "#8f398f"],
+  barrier_wait: ["exit barrier", "#5c7080"],
+  barrier_released: ["barrier released", "#5c7080"],
+};
+
+function timeline(d) {
+  const job = d.job;
+  const t0 = job.submitted_at || (d.attempts[0] && d.attempts[0].started_at) || d.now;
+  const t1 = Math.max(job.finished_at || d.now, t0 + 1);
+  const bars = [];
+  let hidden = 0;
+  for (const a of d.attempts) {
+    for (const node of a.nodes) bars.push({ a, node });
+    hidden += a.nodes_total - a.nodes.length;
+  }
+  const rowH = 26, top = 16, left = 190, width = 960, right = 20;
+  const height = top + Math.max(bars.length, 1) * rowH + 30;
+  const x = (t) => left + ((Math.min(Math.max(t, t0), t1) - t0) / (t1 - t0)) * (width - left - right);
+  const s = svg("svg", { viewBox: "0 0 " + width + " " + height, class: "timeline", role: "img" });
+  s.append(svg("title", {}, "attempts of " + job.job_id + " over time"));
+  // time axis
+  const axisY = height - 22;
+  s.append(svg("line", { x1: left, y1: axisY, x2: width - right, y2: axisY, class: "axis" }));
+  for (let i = 0; i <= 4; i++) {
+    const t = t0 + ((t1 - t0) * i) / 4;
+    s.append(svg("text", { x: x(t), y: axisY + 15, class: "tick", "text-anchor": "middle" }, "+" + duration(t - t0)));
+  }
+  bars.forEach(({ a, node }, i) => {
+    const y = top + i * rowH;
+    const start = a.started_at || t0;
+    const end = a.ended_at || (TERMINAL.has(job.state) ? t1 : d.now);
+    const failedHere = a.failed_ranks.filter((f) => f.node === node);
+    const running = !a.ended_at && !TERMINAL.has(job.state);
+    const cls = failedHere.length ? "bar failed" : running ? "bar running" : a.failed_ranks.length ? "bar stopped" : "bar ok";
+    const g = svg("g", { class: "attempt", "data-attempt": a.attempt, "data-node": node });
+    g.append(svg("text", { x: 6, y: y + 16, class: "label" }, "attempt " + a.attempt + " · r" + a.round + " · " + node));
+    const rect = svg("rect", { x: x(start), y: y + 4, width: Math.max(2, x(end) - x(start)), height: rowH - 8, rx: 3, class: cls });
+    rect.append(svg("title", {}, "attempt " + a.attempt + " round " + a.round + " on " + node + (a.end_reason ? ": " + a.end_reason : "")));
+    g.append(rect);
+    for (const f of failedHere) {
+      const mark = svg("text", { x: x(end) + 4, y: y + 17, class: "failmark", "data-rank": f.rank }, "✕ rank " + f.rank);
+      g.append(mark);
+    }
+    s.append(g);
+  });
+  const seen = new Set();
+  for (const e of d.events) {
+    const m = MARKS[e.kind];
+    if (!m) continue;
+    const xe = x(e.timestamp);
+    const line = svg("line", { x1: xe, y1: top - 6, x2: xe, y2: axisY, stroke: m[1], class: "mark mark-" + e.kind });
+    line.append(svg("title", {}, m[0] + ": " + e.reason));
+    s.append(line);
+    if (!seen.has(e.kind)) {
+      seen.add(e.kind);
+    }
+  }
+  const legend = el("div", { class: "legend" });
+  for (const [cls, text] of [["ok", "finished"], ["running", "running"], ["failed", "failing rank's node"], ["stopped", "stopped by a failure elsewhere"]]) {
+    legend.append(el("span", { class: "key bar-" + cls }), text);
+  }
+  for (const kind of seen) {
+    const sw = el("span", { class: "key line" });
+    sw.style.borderColor = MARKS[kind][1];
+    legend.append(sw, MARKS[kind][0]);
+  }
+  if (hidden > 0) legend.append(el("span", {}, "(" + hidden + " more node bars not drawn)"));
+  return el("div", { class: "card" }, el("h2", {}, "Timeline"), s, legend);
+}
+
+function failureBlock(f) {
+  const head = "rank " + f.rank + " (local " + f.local_rank + ") on " + (f.node || "?") +
+    ", attempt " + f.attempt + ", exit code " + f.exitcode + (f.signal ? " (" + f.signal + ")" : "") +
+    ", pid " + f.pid + ", " + f.category;
+  const parts = [el("p", { class: "fail-head" }, head)];
+  if (f.message) parts.push(el("p", { class: "fail-message" }, f.message));
+  const tb = f.traceback || f.stderr_tail;
+  if (tb) parts.push(el("pre", { class: "traceback" }, tb));
+  return parts;
+}
+
+let logSource = null;
+let logChoice = { rank: 0, stream: "stdout" };
+
+function openLog(jobId, pre, status) {
+  if (logSource) logSource.close();
+  pre.textContent = "";
+  status.textContent = "following…";
+  const url = "/api/stream/logs/" + encodeURIComponent(jobId) + "/" + logChoice.rank + "?stream=" + logChoice.stream;
+  logSource = new EventSource(url);
+  logSource.addEventListener("log", (ev) => {
+    const d = JSON.parse(ev.data);
+    let text = pre.textContent + (d.dropped ? "[... " + d.dropped + " bytes not shown]\n" : "") + d.text;
+    if (text.length > LOG_KEEP_CHARS) text = text.slice(text.length - LOG_KEEP_CHARS);
+    const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    pre.textContent = text;
+    if (atBottom) pre.scrollTop = pre.scrollHeight;
+  });
+  logSource.addEventListener("end", (ev) => {
+    status.textContent = JSON.parse(ev.data).reason;
+    logSource.close();
+  });
+  logSource.onerror = () => {
+    if (logSource.readyState === EventSource.CLOSED) status.textContent = "log stream closed";
+  };
+}
+
+function setRankOptions(sel, ranks) {
+  sel.replaceChildren();
+  for (const r of ranks) {
+    const o = el("option", { value: r }, "rank " + r);
+    if (r === logChoice.rank) o.selected = true;
+    sel.append(o);
+  }
+}
+
+function logPanel(jobId, ranks) {
+  const pre = el("pre", { class: "log", id: "log" });
+  const status = el("span", { class: "muted", id: "log-status" });
+  const rankSel = el("select", { id: "log-rank" });
+  setRankOptions(rankSel, ranks);
+  const streamSel = el("select", { id: "log-stream" });
+  for (const s of ["stdout", "stderr"]) {
+    const o = el("option", { value: s }, s);
+    if (s === logChoice.stream) o.selected = true;
+    streamSel.append(o);
+  }
+  const change = () => {
+    logChoice = { rank: Number(rankSel.value), stream: streamSel.value };
+    openLog(jobId, pre, status);
+  };
+  rankSel.addEventListener("change", change);
+  streamSel.addEventListener("change", change);
+  const card = el("div", { class: "card", id: "logs" }, el("h2", {}, "Log tail"), el("div", { class: "controls" }, rankSel, " ", streamSel, " ", status), pre);
+  openLog(jobId, pre, status);
+  return card;
+}
+
+let jobParts = null;
+
+function renderJob(app, d) {
+  const j = d.job;
+  if (!jobParts) {
+    jobParts = {
+      head: el("div"),
+      timeline: el("div"),
+      ranks: el("div", { class: "card" }),
+      cause: el("div"),
+      events: el("div", { class: "card" }),
+      logs: null,
+    };
+    const ranks = d.workers.map((w) => w.rank);
+    if (!ranks.length) ranks.push(0);
+    if (!ranks.includes(logChoice.rank)) logChoice.rank = ranks[0];
+    jobParts.logs = logPanel(j.job_id, ranks);
+    jobParts.rankKey = ranks.join(",");
+    app.replaceChildren(jobParts.head, jobParts.timeline, jobParts.ranks, jobParts.cause, jobParts.logs, jobParts.events);
+  }
+  // A job that was queued at first sight gets its ranks once a round forms.
+  const ranksNow = d.workers.map((w) => w.rank);
+  if (ranksNow.length && ranksNow.join(",") !== jobParts.rankKey) {
+    jobParts.rankKey = ranksNow.join(",");
+    setRankOptions(document.getElementById("log-rank"), ranksNow);
+  }
+  const sp = d.spec;
+  jobParts.head.replaceChildren(
+    el("h1", {}, j.name || j.job_id, " ", badge(j.state)),
+    el("p", { class: "summary" },
+      j.job_id + " · attempt " + j.attempt + " round " + j.round + " · " + j.restarts_left + " of " +
+      j.max_restarts + " restarts left · " + duration(j.duration) + " · nodes " + sp.min_nodes + "–" +
+      sp.max_nodes + " × " + sp.nproc_per_node + " workers"),
+    el("p", { class: "reason" }, j.reason),
+    el("p", { class: "muted entry" }, sp.entrypoint),
+  );
+  jobParts.timeline.replaceChildren(timeline(d));
+  const rows = d.workers.map((w) => ({
+    cells: [w.rank, w.local_rank, w.node, w.pid || "", el("td", {}, badge(w.state)), w.exitcode === null ? w.proc_state : "", w.cpu_percent.toFixed(0) + " %", bytes(w.rss_bytes), w.exitcode === null ? "" : w.exitcode],
+    data: { rank: w.rank },
+  }));
+  jobParts.ranks.replaceChildren(
+    el("h2", {}, "Ranks"),
+    rows.length ? table(["rank", "local", "node", "pid", "state", "proc", "CPU", "RSS", "exit"], rows, "ranks") : el("p", { class: "muted" }, "no workers in the current round"),
+  );
+  if (d.ranks_total > d.workers.length) {
+    jobParts.ranks.append(el("p", { class: "muted" }, "showing " + d.workers.length + " of " + d.ranks_total + " ranks"));
+  }
+  if (d.root_cause) {
+    const title = "Root cause" + (d.root_cause_from && d.root_cause_from !== "result" ? " (" + d.root_cause_from + ")" : "");
+    const card = el("div", { class: "card root-cause", id: "root-cause" }, el("h2", {}, title), ...failureBlock(d.root_cause));
+    const others = d.failures;
+    if (others.length) {
+      const det = el("details", {}, el("summary", {}, others.length + " other failures"));
+      for (const f of others) det.append(...failureBlock(f));
+      card.append(det);
+    }
+    jobParts.cause.replaceChildren(card);
+  } else {
+    jobParts.cause.replaceChildren();
+  }
+  const evRows = d.events.slice().reverse().map((e) => ({
+    cells: [e.seq, clock(e.timestamp), e.kind, e.attempt + "/" + e.round, e.node, e.rank >= 0 ? e.rank : "", el("td", { class: "cause", title: e.reason }, e.reason)],
+    cls: "ev-" + e.kind,
+  }));
+  jobParts.events.replaceChildren(el("h2", {}, "Events"), table(["#", "time", "kind", "attempt/round", "node", "rank", "reason"], evRows, "events"));
+}
+
+// ---- routing ---------------------------------------------------------------------------
+
+function main() {
+  const form = document.getElementById("login-form");
+  if (form) {
+    if (new URLSearchParams(location.search).get("failed")) {
+      document.getElementById("login-failed").hidden = false;
+    }
+    return;
+  }
+  const app = document.getElementById("app");
+  const path = location.pathname;
+  const jobMatch = /^\/jobs\/([^/]+)$/.exec(path);
+  if (jobMatch) {
+    document.getElementById("nav-jobs").classList.add("active");
+    const id = decodeURIComponent(jobMatch[1]);
+    document.title = "gelastic: " + id;
+    follow("/api/stream/jobs/" + encodeURIComponent(id), {
+      job: (d) => renderJob(app, d),
+      problem: (d) => setLive(d.error, false),
+      end: (d, es) => { es.close(); setLive(d.reason, true); },
+    });
+    return;
+  }
+  const render = path === "/jobs" ? renderJobs : renderCluster;
+  document.getElementById(path === "/jobs" ? "nav-jobs" : "nav-cluster").classList.add("active");
+  follow("/api/stream/overview", {
+    overview: (d) => { overview = d; overviewAt = Date.now(); render(app); },
+    problem: (d) => setLive(d.error, false),
+  });
+  setInterval(() => { if (overview) render(app); }, 1000);
+}
+
+document.addEventListener("DOMContentLoaded", main);

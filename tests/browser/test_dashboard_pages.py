@@ -1,0 +1,239 @@
+"""The dashboard in a real browser: login, the cluster, a job that crashes once, the jobs list.
+
+One LocalCluster (two nodes) and one Chromium for the module; each test opens few pages. Each
+page's screenshot is saved in the test's output dir and copied to docs/img/.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client import JobSpec, JobState
+from client._local import LocalCluster, poll_until
+from tests.browser.conftest import DOCS_IMG, SCRIPTS
+
+WAIT_MS = 30_000
+HOSTILE = "bad <img src=x onerror=window.__pwned=1> & </pre><script>window.__pwned=2</script>"
+
+
+def _token(cluster: LocalCluster) -> str:
+    return Path(cluster.token_file).read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def requested(browser: Any) -> list[str]:
+    """Every URL any page of this module asked for."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def script_errors(browser: Any) -> list[str]:
+    """Uncaught errors of the pages' script: each test ends with none."""
+    return []
+
+
+def _watch(ctx: Any, requested: list[str], script_errors: list[str]) -> None:
+    ctx.on("request", lambda r: requested.append(r.url))
+    ctx.on("weberror", lambda e: script_errors.append(str(e.error)))
+
+
+@pytest.fixture(scope="module")
+def session(
+    browser: Any, cluster: LocalCluster, requested: list[str], script_errors: list[str]
+) -> Iterator[Any]:
+    """A browser context logged in through the login form."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    _watch(ctx, requested, script_errors)
+    page = ctx.new_page()
+    page.goto(cluster.dashboard_url)
+    page.fill("#token", _token(cluster))
+    page.click("button[type=submit]")
+    page.wait_for_url(cluster.dashboard_url)
+    page.close()
+    yield ctx
+    ctx.close()
+
+
+def _shot(page: Any, shots: Path, name: str, docs: str = "") -> None:
+    path = shots / f"{name}.png"
+    page.set_viewport_size({"width": 1280, "height": 400})  # full_page grows it to fit
+    page.screenshot(path=str(path), full_page=True)
+    if docs:
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, DOCS_IMG / docs)
+
+
+def test_without_the_token_there_is_only_the_login_page(
+    browser: Any, cluster: LocalCluster, requested: list[str], script_errors: list[str], shots: Path
+) -> None:
+    ctx = browser.new_context(viewport={"width": 1280, "height": 720})
+    _watch(ctx, requested, script_errors)
+    try:
+        page = ctx.new_page()
+        page.goto(cluster.dashboard_url + "jobs")
+        assert page.url == cluster.dashboard_url + "login"
+        assert page.locator("#login-form").is_visible()
+        text = page.inner_text("body")
+        assert "node-0" not in text and "node-1" not in text
+        _shot(page, shots, "login")
+        for path in ("api/overview", "api/stream/overview", "api/jobs/x", "api/stream/logs/x/0"):
+            resp = ctx.request.get(cluster.dashboard_url + path)
+            assert resp.status == 401, path
+            assert "node-0" not in resp.text()
+        # A wrong token: the login page again, with its notice, and still no data.
+        page.fill("#token", "not-the-token")
+        page.click("button[type=submit]")
+        page.wait_for_url(lambda u: u.endswith("/login?failed=1"))
+        assert page.locator("#login-failed").is_visible()
+        assert ctx.request.get(cluster.dashboard_url + "api/overview").status == 401
+        # The right one: the cluster page, listing both nodes.
+        page.fill("#token", _token(cluster))
+        page.click("button[type=submit]")
+        page.wait_for_url(cluster.dashboard_url)
+        for node in ("node-0", "node-1"):
+            page.wait_for_selector(f'tr[data-node="{node}"]', timeout=WAIT_MS)
+        assert "live" in page.inner_text('tr[data-node="node-1"]')
+        cookies = ctx.cookies()
+        assert [c["name"] for c in cookies] == ["gelastic_session"]
+        assert cookies[0]["httpOnly"] and cookies[0]["sameSite"] == "Strict"
+        assert _token(cluster) not in cookies[0]["value"]
+    finally:
+        ctx.close()
+    _no_token_in(requested, cluster)
+    assert not script_errors, script_errors
+
+
+def test_a_job_that_crashes_once(
+    session: Any,
+    cluster: LocalCluster,
+    requested: list[str],
+    script_errors: list[str],
+    shots: Path,
+    tmp_path: Path,
+) -> None:
+    """The log tail follows a running rank; the timeline shows both attempts with the failing
+    rank marked; the root cause shows its traceback, markup in it as text."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    job = cluster.client.submit(
+        JobSpec(
+            entrypoint=[sys.executable, str(SCRIPTS / "dash_worker.py")],
+            name="crash-once",
+            min_nodes=2,
+            max_nodes=2,
+            nproc_per_node=1,
+            max_restarts=1,
+            last_call_timeout=0,
+            stop_grace=5,
+            env={"GATE_DIR": str(gate), "CRASH_RANK": "1", "CRASH_MESSAGE": HOSTILE},
+        )
+    )
+    poll_until(
+        lambda: len([w for w in job.status().workers if w.pid]) == 2, 60, what="2 workers running"
+    )
+    page = session.new_page()
+    page.goto(f"{cluster.dashboard_url}jobs/{job.job_id}")
+    log = page.locator("#log")
+    log.wait_for(timeout=WAIT_MS)
+    page.wait_for_function(
+        "document.getElementById('log').textContent.includes('rank 0 attempt 0 says hello')",
+        timeout=WAIT_MS,
+    )
+    # Still running: the line came while the rank waits on its gate, not from a finished log.
+    assert job.status().state == JobState.RUNNING and not (gate / "go0").exists()
+    assert "<b id=bold>in markup</b>" in log.inner_text() and page.locator("#bold").count() == 0
+
+    overview = session.new_page()
+    overview.goto(cluster.dashboard_url)
+    overview.wait_for_selector(
+        f'tr[data-node="node-1"] a:has-text("{job.job_id}")', timeout=WAIT_MS
+    )
+    _shot(overview, shots, "cluster", "dashboard-cluster.png")
+    overview.close()
+
+    (gate / "go0").touch()
+    poll_until(lambda: job.status().attempt == 1, 60, what="the restart")
+    (gate / "go1").touch()
+    assert job.wait(60).state.name == "SUCCEEDED"
+    page.wait_for_selector(".badge.s-succeeded", timeout=WAIT_MS)
+    for attempt in (0, 1):
+        bars = page.locator(f'g.attempt[data-attempt="{attempt}"]')
+        assert bars.count() == 2, f"attempt {attempt}: one bar per node"
+    marks = page.locator('g.attempt[data-attempt="0"] .failmark')
+    assert marks.count() == 1 and marks.get_attribute("data-rank") == "1"
+    assert page.locator('g.attempt[data-attempt="1"] .failmark').count() == 0
+    assert page.locator("line.mark-restart").count() >= 1
+    cause = page.locator("#root-cause")
+    text = cause.inner_text()
+    assert "Traceback (most recent call last)" in text and "RuntimeError" in text
+    assert HOSTILE in text, "the failure's markup shows as text"
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("img").count() == 0 and page.locator("main script").count() == 0
+    _shot(page, shots, "job", "dashboard-job.png")
+    page.close()
+    _no_token_in(requested, cluster)
+    assert not script_errors, script_errors
+
+
+def test_the_jobs_page_lists_finished_jobs_with_their_root_cause(
+    session: Any,
+    cluster: LocalCluster,
+    requested: list[str],
+    script_errors: list[str],
+    shots: Path,
+    tmp_path: Path,
+) -> None:
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "go0").touch()
+    failed = cluster.client.submit(
+        JobSpec(
+            entrypoint=[sys.executable, str(SCRIPTS / "dash_worker.py")],
+            name="fails",
+            nproc_per_node=2,
+            stop_grace=5,
+            env={"GATE_DIR": str(gate), "CRASH_RANK": "1", "CRASH_MESSAGE": "out of patience"},
+        )
+    )
+    assert failed.wait(60).state.name == "FAILED"
+    held = tmp_path / "held"
+    held.mkdir()
+    running = cluster.client.submit(
+        JobSpec(
+            entrypoint=[sys.executable, str(SCRIPTS / "dash_worker.py")],
+            name="waits",
+            stop_grace=5,
+            env={"GATE_DIR": str(held)},
+        )
+    )
+    page = session.new_page()
+    page.goto(cluster.dashboard_url + "jobs")
+    row = page.locator(f'tr[data-job="{failed.job_id}"]')
+    row.wait_for(timeout=WAIT_MS)
+    assert "FAILED" in row.inner_text()
+    page.wait_for_function(
+        f"document.querySelector('tr[data-job=\"{failed.job_id}\"] td.cause')"
+        ".textContent.includes('RuntimeError: out of patience')",
+        timeout=WAIT_MS,
+    )
+    assert page.locator("tr[data-job]").count() >= 2, "the job of the test before is listed too"
+    page.wait_for_selector(f'tr[data-job="{running.job_id}"] .badge.s-running', timeout=WAIT_MS)
+    _shot(page, shots, "jobs", "dashboard-jobs.png")
+    page.close()
+    (held / "go0").touch()
+    assert running.wait(60).state.name == "SUCCEEDED"
+    _no_token_in(requested, cluster)
+    assert not script_errors, script_errors
+
+
+def _no_token_in(requested: list[str], cluster: LocalCluster) -> None:
+    token = _token(cluster)
+    assert requested, "no request was recorded"
+    leaked = [u for u in requested if token in u]
+    assert not leaked, f"the token appeared in a URL: {len(leaked)} requests"
