@@ -73,7 +73,7 @@ typecheck: $(STAMP)
 # Exit 5 (no test collected) fails like any other: a suite that ran nothing checked nothing.
 PYTEST_ARGS ?= tests
 test: $(STAMP) netns-tools etcd-server browser check-protos lint typecheck
-	GELASTIC_HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -rsx -p no:cacheprovider $(PYTEST_ARGS); \
+	GELASTIC_HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -rsx --durations=25 -p no:cacheprovider $(PYTEST_ARGS); \
 		rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests (exit 5): failing"; \
 		exit $$rc
 

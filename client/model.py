@@ -27,6 +27,7 @@ __all__ = [
     "MAX_RESULT_BYTES_PER_JOB",
     "MAX_RETURN_VALUE_BYTES",
     "MAX_SPEC_BYTES",
+    "MAX_STANDBY_LINGER_S",
     "RESULT_KEY_BYTES",
     "AttemptSummary",
     "FailureCategory",

@@ -75,5 +75,5 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the pages' screenshots go (also copied to docs/img by the tests that make them)."""
+    """Where the pages' screenshots go (copied to docs/img too with GELASTIC_UPDATE_SCREENSHOTS=1)."""
     return tmp_path_factory.mktemp("screenshots")

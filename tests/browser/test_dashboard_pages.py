@@ -1,11 +1,13 @@
 """The dashboard in a real browser: login, the cluster, a job that crashes once, the jobs list.
 
 One LocalCluster (two nodes) and one Chromium for the module; each test opens few pages. Each
-page's screenshot is saved in the test's output dir and copied to docs/img/.
+page's screenshot is saved in the test's output dir (and copied to docs/img/ with
+GELASTIC_UPDATE_SCREENSHOTS=1).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -64,7 +66,8 @@ def _shot(page: Any, shots: Path, name: str, docs: str = "") -> None:
     path = shots / f"{name}.png"
     page.set_viewport_size({"width": 1280, "height": 400})  # full_page grows it to fit
     page.screenshot(path=str(path), full_page=True)
-    if docs:
+    if docs and os.environ.get("GELASTIC_UPDATE_SCREENSHOTS") == "1":
+        # `GELASTIC_UPDATE_SCREENSHOTS=1 make test PYTEST_ARGS=tests/browser` refreshes the docs'.
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, DOCS_IMG / docs)
 

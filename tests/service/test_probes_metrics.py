@@ -340,7 +340,10 @@ async def test_a_taken_metrics_port_is_a_clear_error() -> None:
         s.listen()
         taken = s.getsockname()[1]
         coord = Coordinator(CoordinatorConfig(state_dir=":memory:", port=0, metrics_port=taken))
-        with pytest.raises(OSError, match=f"cannot serve metrics on 127.0.0.1:{taken}"):
+        with pytest.raises(
+            OSError,
+            match=rf"cannot serve metrics \(--metrics-port\) on 127.0.0.1:{taken}: the port is in use",
+        ):
             await coord.start()
     with pytest.raises(ValueError, match="metrics_port"):
         CoordinatorConfig(state_dir=":memory:", metrics_port=70000).validate()
