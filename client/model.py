@@ -42,6 +42,7 @@ __all__ = [
     "SpecError",
     "WorkerState",
     "WorkerStatus",
+    "executable_note",
     "first_failure",
     "format_failures",
     "is_function_reference",
@@ -631,12 +632,29 @@ def _rows(failure: ProcessFailure, root: ProcessFailure | None) -> list[tuple[st
         ("error_file", _one_line(failure.error_file) or NOT_AVAILABLE),
         ("traceback", indent_continuation(failure.traceback or failure.message or NOT_AVAILABLE)),
     ]
+    executable = _ran_executable(failure.message) if failure.traceback else ""
+    if executable:  # without a traceback the message, with its note, is shown above
+        rows.insert(-1, ("executable", _one_line(executable)))
     tail = failure.stderr_tail.rstrip("\n")
     if tail.strip() and not failure.traceback:
         count = tail.count("\n") + 1
         noun = "line" if count == 1 else "lines"
         rows.append(("stderr", f"last {count} {noun}" + indent_continuation("\n" + tail, "    ")))
     return rows
+
+
+_RAN_NOTE = re.compile(r"(?s).* \(ran (?P<executable>[^\n]+) on node (?P<node>[^\s()]+)\)")
+
+
+def executable_note(executable: str, node: str) -> str:
+    """What the agent appends to a worker's own failure message: which executable ran it on
+    which node (e.g. a bare "python" that the agent's PATH resolved to the system's)."""
+    return f"(ran {executable} on node {node})"
+
+
+def _ran_executable(message: str) -> str:
+    m = _RAN_NOTE.fullmatch(message)
+    return m.group("executable") if m is not None else ""
 
 
 def _one_line(text: str) -> str:

@@ -35,7 +35,7 @@ from pathlib import Path
 from string import Template
 
 from client.assignment import RoundAssignment, WorkerRanks
-from client.model import JobSpec, parse_std_mapping
+from client.model import JobSpec, executable_note, parse_std_mapping
 
 __all__ = [
     "BOOTSTRAP_PATH",
@@ -246,7 +246,7 @@ def describe_executable(launch: WorkerLaunch, node_name: str) -> str:
     program = launch.argv[0]
     found = resolve_executable(program, launch.env, launch.cwd)
     shown = bounded(found) if found is not None else f"{bounded(program)!r}, not found"
-    return f"ran {shown} on node {node_name}"
+    return executable_note(shown, node_name)
 
 
 def _is_python(program: str, python: str) -> bool:

@@ -712,7 +712,7 @@ class WorkerGroup:
             # The worker's own failure: say which executable ran (the agent's PATH and cwd
             # decide what a bare "python" is), e.g. a python without the job's packages.
             ran = describe_executable(w.launch, self.node_name)
-            failure = dataclasses.replace(failure, message=f"{failure.message} ({ran})")
+            failure = dataclasses.replace(failure, message=f"{failure.message} {ran}")
         return failure
 
     def _report_not_started(
