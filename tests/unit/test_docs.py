@@ -205,6 +205,36 @@ def test_every_flag_the_docs_give_a_program_exists() -> None:
     assert not problems, "\n".join(problems)
 
 
+def _migration_table_problems() -> tuple[list[str], int]:
+    """The `gelastic run` and `gelastic submit` columns of torchrun-migration.md's table."""
+    text = (ROOT / "docs" / "torchrun-migration.md").read_text()
+    header = "| torchrun | `gelastic run` | `gelastic submit` | `JobSpec` field |"
+    assert header in text
+    table = text.split(header, 1)[1].split("\n\n", 1)[0]
+    columns = ((1, GELASTIC_SUBS["run"]), (2, GELASTIC_SUBS["submit"]))
+    problems: list[str] = []
+    checked = 0
+    for line in table.splitlines()[1:]:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        for column, program in columns:
+            for span in re.findall(r"`([^`]+)`", cells[column]):
+                if re.search(r"\b(gelastic|nodeagent|coordinator)\b", span):
+                    continue  # a whole command line: checked with the others
+                flag = span.split()[0].split("=", 1)[0]
+                if not flag.startswith("-") or flag == "--":
+                    continue
+                checked += 1
+                if flag not in program.parser._option_string_actions:
+                    problems.append(f"torchrun-migration.md: `{program.name}` has no {flag}")
+    return problems, checked
+
+
+def test_the_torchrun_table_names_real_flags() -> None:
+    problems, checked = _migration_table_problems()
+    assert checked > 20, checked
+    assert not problems, "\n".join(problems)
+
+
 @pytest.mark.parametrize(
     ("line", "bad"),
     [
@@ -271,3 +301,15 @@ def test_every_skip_marker_gives_its_reason() -> None:
     for b in all_blocks():
         if b.skip is not None:
             assert b.lang == "python", f"{b.where}: only Python blocks run, nothing to skip"
+
+
+def test_spec_error_is_a_gelastic_error_and_a_value_error() -> None:
+    # docs/python-api.md: either `except` catches it; nothing was sent, so no status code.
+    from client import GelasticError, SpecError
+
+    with pytest.raises(GelasticError) as caught:
+        JobSpec(entrypoint=["python"], nproc_per_node=0).validate()
+    assert isinstance(caught.value, SpecError) and isinstance(caught.value, ValueError)
+    assert caught.value.code is None and caught.value.field == "nproc_per_node"
+    with pytest.raises(ValueError, match="nproc_per_node: must be between 1 and 4096"):
+        JobSpec(entrypoint=["python"], nproc_per_node=0).validate()
