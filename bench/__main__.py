@@ -33,10 +33,11 @@ SCENARIOS = (
     "torch_start",
     "torch_recovery",
     "torch_failure",
+    "torch_stop",
 )
 LONG_SCENARIOS = ("soak",)
 """Run only when named."""
-TORCH_SCENARIOS = ("torch_start", "torch_recovery", "torch_failure")
+TORCH_SCENARIOS = ("torch_start", "torch_recovery", "torch_failure", "torch_stop")
 """Workers that import torch and run gloo collectives: run only when named (heavier)."""
 DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in LONG_SCENARIOS + TORCH_SCENARIOS)
 DEFAULT_RUNS = 5

@@ -501,13 +501,16 @@ def torch_torchrun_group(**kwargs: Any) -> TorchrunGroup:
 PRELOAD_NA = "n/a: preload not available"
 
 
-def preload_spec(spec: Any) -> Any | None:
-    """`spec` with `preload=("torch",)`, or None when this JobSpec has no `preload` field."""
+def preload_spec(spec: Any, linger: float = 0.0) -> Any | None:
+    """`spec` with `preload=("torch",)` (and `standby_linger=linger` when given), or None when
+    this JobSpec has no `preload` field (or no `standby_linger`, when a linger is asked for)."""
     import dataclasses
 
-    if "preload" not in {f.name for f in dataclasses.fields(spec)}:
+    names = {f.name for f in dataclasses.fields(spec)}
+    if "preload" not in names or (linger and "standby_linger" not in names):
         return None
-    return dataclasses.replace(spec, preload=("torch",))
+    extra = {"standby_linger": linger} if linger else {}
+    return dataclasses.replace(spec, preload=("torch",), **extra)
 
 
 LARGE_TORCH_RUNS = 3

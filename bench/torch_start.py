@@ -9,7 +9,7 @@ every job of a size lands on the same nodes; the clock starts right before `subm
 - `NxM submit -> all torch imported`, `NxM submit -> all started`: the last rank's `torch` and
   `start` stamps, to tell interpreter start, torch import and gloo's rendezvous apart.
 - `NxM (preload, warm) submit -> all past init+all_reduce` (gelastic): the spec with
-  `preload=("torch",)`, after an untimed job of the very same spec (same env: one BENCH_DIR,
+  `preload=("torch",)` and `standby_linger` (each job's standbys wait for the next), after an untimed job of the very same spec (same env: one BENCH_DIR,
   emptied between runs) on the same nodes, so its standby workers are warm. "n/a: preload not available" when JobSpec has no `preload` field.
 
 torchrun runs the same script: one launcher per node with a c10d rendezvous, the clock starting
@@ -44,6 +44,8 @@ from client._local import LocalCluster
 
 SCENARIO = "torch_start"
 TIMEOUT = 120.0
+WARM_LINGER_S = 300.0
+"""How long a warm job's standbys wait for the next: longer than the cold and torchrun runs between two warm ones."""
 PHASES = (
     ("ready", "all past init+all_reduce"),
     ("torch", "all torch imported"),
@@ -126,7 +128,8 @@ def run(runs: int, quick: bool) -> list[Measurement]:
             )
             with gelastic_cluster(nodes=nodes, slots=nproc) as cluster:
                 warm_dir = dirs.new(f"warm{size}")
-                warm = preload_spec(_spec(warm_dir, nodes, nproc))
+                # Standbys left by each job of the spec serve the next (a sweep).
+                warm = preload_spec(_spec(warm_dir, nodes, nproc), linger=WARM_LINGER_S)
                 if warm is not None:
                     # The first job of the spec starts the standbys the timed ones find warm.
                     _gelastic_run(cluster, warm, warm_dir, nodes * nproc)

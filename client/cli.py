@@ -304,6 +304,14 @@ def _parser() -> argparse.ArgumentParser:
         "(repeatable; see docs/python-api.md)",
     )
     s.add_argument(
+        "--standby-linger",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="keep a succeeded job's standbys S seconds on each node for the next job of the "
+        "same spec, e.g. a sweep (needs --preload; default 0: killed with the job)",
+    )
+    s.add_argument(
         "--watch",
         action="store_true",
         help="wait for the job with live progress; exit with its status",
@@ -420,6 +428,7 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
         watchdog=args.watchdog,
         cwd=args.cwd,
         preload=tuple(args.preload),
+        standby_linger=args.standby_linger,
     )
     if args.module:
         return JobSpec(entrypoint=[args.python, "-m", entry[0]], args=entry[1:], **common)

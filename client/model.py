@@ -79,6 +79,8 @@ _FUNCTION_REF = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 MAX_PRELOAD = 32
+MAX_STANDBY_LINGER_S = 3600.0
+"""Longest `standby_linger`: idle interpreters hold memory on the nodes."""
 """Most modules a spec may ask its standby workers to preload."""
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}(\.[A-Za-z_][A-Za-z0-9_]{0,127}){0,15}")
 _STD_MAPPING = re.compile(r"(\d+:[0123],)*(\d+:[0123])")
@@ -295,6 +297,9 @@ class JobSpec:
     preload: tuple[str, ...] = ()
     """Modules (e.g. ``("torch",)``) that warm standby interpreters import before their round;
     empty (the default) starts every worker cold. See docs/python-api.md, "Standby workers"."""
+    standby_linger: float = 0.0
+    """Seconds the standbys (and warm store host) of a job that succeeded stay on each node for
+    the next job of the very same spec (a sweep); 0 (the default) kills them with the job."""
 
     def __post_init__(self) -> None:
         ep = self.entrypoint
@@ -410,6 +415,14 @@ class JobSpec:
         for mod in self.preload:
             if not isinstance(mod, str) or not _MODULE_NAME.fullmatch(mod):
                 raise SpecError("preload", f"not a module name: {str(mod)[:80]!r}")
+        _seconds("standby_linger", self.standby_linger)
+        if self.standby_linger > MAX_STANDBY_LINGER_S:
+            raise SpecError(
+                "standby_linger",
+                f"must be at most {MAX_STANDBY_LINGER_S:.0f} s, got {self.standby_linger!r}",
+            )
+        if self.standby_linger and not self.preload:
+            raise SpecError("standby_linger", "needs preload: a spec without it has no standbys")
 
 
 def function_reference(fn: Callable[..., Any]) -> str:

@@ -91,6 +91,7 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         unhealthy_timeout_ms=_ms(spec.unhealthy_timeout),
         result_key=spec.result_key,
         preload=list(spec.preload),
+        standby_linger_ms=_ms(spec.standby_linger),
     )
 
 
@@ -160,6 +161,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         function_args=msg.function_args,
         result_key=msg.result_key,
         preload=tuple(msg.preload),
+        standby_linger=msg.standby_linger_ms / 1000,
     )
 
 

@@ -1327,6 +1327,11 @@ class Cluster:
         if w.early and w.phase == _WorkerPhase.FAILED:
             self._complete_failure(job, member, w, report, now)
             return
+        if job.state.is_terminal() and (report.stopped_by_agent or w.phase != _WorkerPhase.RUNNING):
+            # The job failed before this worker ended, and the agent stopped it as told.
+            if w.phase in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
+                job.set_phase(w, _WorkerPhase.STOPPED)
+            return
         if report.stopped_by_agent and job.state == JobState.STOPPING:
             job.set_phase(w, _WorkerPhase.STOPPED)
             return
@@ -1394,6 +1399,8 @@ class Cluster:
                 f"rank {w.global_rank} failed on {member.node} ({how}); {_then(job)}",
                 now,
             )
+        elif job.state.is_terminal():
+            self._amend_result(job)
         self._changed(job)
 
     def _complete_failure(
@@ -1423,6 +1430,8 @@ class Cluster:
             node=member.node,
             rank=w.global_rank,
         )
+        if job.state.is_terminal():
+            self._amend_result(job)
         self._changed(job)
 
     def _start_timed_out(self, job: _Job, now: float) -> None:
@@ -1549,6 +1558,42 @@ class Cluster:
                 )
         if all(m.stopped for m in job.members):
             self._after_stop(job, now)
+        elif kind == _StopKind.FAILURE and not _replaced(job):
+            self._fail_now(job, reason, now)
+        self._changed(job)
+
+    def _fail_now(self, job: _Job, reason: str, now: float) -> None:
+        """A failure with no restart left: the job is FAILED now, while its workers still stop.
+
+        The outcome cannot change any more, so the client learns it when the failure is known,
+        not after every process has torn down (seconds, for a torch worker). The slots stay held
+        by a fence until each node confirms its stop (or the stop deadline passes), so no other
+        job starts beside the dying workers; exits that arrive later still complete the result.
+        """
+        hold_until = now + job.spec.stop_grace + STOP_MARGIN_S
+        for m in job.members:
+            node = self._nodes.get(m.node)
+            if m.stopped or node is None:
+                continue
+            held = node.jobs.pop(job.job_id, None)
+            if held:
+                node.fenced[f"{job.job_id}#{job.round}"] = (held, hold_until)
+        self._close_attempt(job, reason, now)
+        self._release_all(job)
+        self._end(job, JobState.FAILED, WorkerState.FAILED, reason, now, with_failures=True)
+
+    def _amend_result(self, job: _Job) -> None:
+        """A FAILED job's exits came after its result: add what they tell (exit codes, later
+        failures) to the result and to its last attempt, keeping the root cause."""
+        result = job.result
+        if result is None or result.state != WorkerState.FAILED or not job.attempts:
+            return
+        last = job.attempts[-1]
+        if last.attempt == job.attempt and last.round == job.round:
+            job.attempts[-1] = replace(last, failures=self._attempt_failures(job)[0])
+        job.result = replace(
+            result, failures=_label_failures(job.failures), attempts=tuple(job.attempts)
+        )
         self._changed(job)
 
     def _member_stopped(self, job: _Job, member: _Member, now: float) -> None:
@@ -1615,13 +1660,9 @@ class Cluster:
     def _close_attempt(self, job: _Job, reason: str, now: float) -> None:
         if not job.members:
             return
-        failures = sorted(
-            _label_failures(job.failures).values(),
-            key=lambda f: (not f.root_cause, f.timestamp, f.global_rank),
-        )
-        if len(failures) > MAX_FAILURES_PER_ATTEMPT:
-            reason += f" ({len(failures) - MAX_FAILURES_PER_ATTEMPT:,} more failures not kept)"
-            failures = failures[:MAX_FAILURES_PER_ATTEMPT]
+        failures, cut = self._attempt_failures(job)
+        if cut:
+            reason += f" ({cut:,} more failures not kept)"
         nodes = [m.node for m in job.members]
         job.attempts.append(
             AttemptSummary(
@@ -1634,13 +1675,22 @@ class Cluster:
                     if len(nodes) > MAX_NODES_KEPT
                     else ""
                 ),
-                failures=tuple(failures),
+                failures=failures,
                 started_at=job.round_started_at,
                 ended_at=now,
             )
         )
         if len(job.attempts) > MAX_ATTEMPTS_KEPT:
             self._cut_attempts(job)
+
+    def _attempt_failures(self, job: _Job) -> tuple[tuple[ProcessFailure, ...], int]:
+        """The round's failures as an attempt keeps them (root cause first), and how many were cut."""
+        failures = sorted(
+            _label_failures(job.failures).values(),
+            key=lambda f: (not f.root_cause, f.timestamp, f.global_rank),
+        )
+        cut = max(0, len(failures) - MAX_FAILURES_PER_ATTEMPT)
+        return tuple(failures[:MAX_FAILURES_PER_ATTEMPT]), cut
 
     def _cut_attempts(self, job: _Job) -> None:
         # The first attempt, a note for the cut ones, then the latest.

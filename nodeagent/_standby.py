@@ -16,6 +16,13 @@ parent-death signal armed by the bootstrap, and the worker mark, so the sentinel
 with the agent, SIGKILL included. The pool kills a job's standbys when the job is done on this
 node (`discard`), when the agent stops (`close`), and when no round of the job came for
 `IDLE_S` seconds.
+
+A job that succeeded here and asked for it (`JobSpec.standby_linger`) leaves its standbys and
+warm store host lingering (`release`), keyed by their launch: interpreter, argv, cwd, the whole
+job env and the preload list. The first round of a later job whose launch is equal in every one
+of those (`adopt`) takes them over, so a sweep of one spec pays the import once per node. At
+most `MAX_LINGERING` launches linger per agent (the oldest goes first), each at most its
+linger; the agent's death, its stop, and a job of another spec never see them.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ MAX_HANDOFF_BYTES = 4 * 1024 * 1024
 """Largest hand-off (kept in step with nodeagent._bootstrap)."""
 IDLE_S = 120.0
 """A job's standbys are killed when no round of the job has held this node for this long."""
+MAX_LINGERING = 2
+"""Most launches whose standbys linger on one agent after their job (`release`)."""
 _OWN_ENV = ("GELASTIC_AGENT_PID", "GELASTIC_WORKER_MARK")
 
 
@@ -51,6 +60,12 @@ def encode_handoff(launch: WorkerLaunch, prefix: tuple[str, ...]) -> bytes:
     if len(data) > MAX_HANDOFF_BYTES:
         raise ValueError(f"the hand-off is {len(data)} bytes, over {MAX_HANDOFF_BYTES}")
     return data
+
+
+def _key(launch: StandbyLaunch) -> tuple[object, ...]:
+    """What two jobs' standbys must share for one to serve the other: all of the launch."""
+    env = tuple(sorted(launch.env.items()))
+    return (launch.prefix, launch.argv, launch.cwd, env, launch.preload)
 
 
 @dataclass
@@ -75,6 +90,8 @@ class StandbyPool:
     def __init__(self, *, spawner: Callable[..., RealProcess] = spawn) -> None:
         self._spawner = spawner
         self._jobs: dict[str, _JobPool] = {}
+        self._lingering: dict[tuple[object, ...], _JobPool] = {}
+        """Pools of finished jobs, by launch, oldest first (insertion order)."""
 
     def count(self, job_id: str) -> int:
         """Live standbys of `job_id` waiting for a round."""
@@ -216,6 +233,69 @@ class StandbyPool:
             if fd is not None:
                 os.close(fd)
 
+    def release(self, job_id: str, linger: float) -> None:
+        """`job_id` succeeded here: keep its standbys `linger` seconds for an equal launch."""
+        pool = self._jobs.get(job_id)
+        if pool is None or linger <= 0:
+            self.discard(job_id)
+            return
+        self._prune(pool)
+        if not pool.idle and pool.store is None:
+            self.discard(job_id)
+            return
+        del self._jobs[job_id]
+        self._cancel_timer(pool)
+        key = _key(pool.launch)
+        old = self._lingering.pop(key, None)
+        if old is not None:
+            self._kill(old, "replaced by a newer job of the same spec")
+        while len(self._lingering) >= MAX_LINGERING:
+            oldest = next(iter(self._lingering))
+            self._kill(self._lingering.pop(oldest), "too many lingering specs")
+        self._lingering[key] = pool
+        pool.timer = asyncio.get_running_loop().call_later(linger, self._expire, key)
+        logger.info(
+            "job %s: %d standby worker(s) linger %g s for the next job of its spec",
+            job_id,
+            len(pool.idle),
+            linger,
+        )
+
+    def adopt(self, job_id: str, launch: StandbyLaunch) -> bool:
+        """Give `job_id` the lingering standbys of an equal launch; whether there were any."""
+        if job_id in self._jobs:
+            return False
+        pool = self._lingering.pop(_key(launch), None)
+        if pool is None:
+            return False
+        self._cancel_timer(pool)
+        pool.launch = launch
+        self._jobs[job_id] = pool
+        logger.info("job %s: took over %d lingering standby worker(s)", job_id, len(pool.idle))
+        return True
+
+    def lingering(self) -> int:
+        """Standbys left by finished jobs, alive or not yet reaped."""
+        return sum(len(p.idle) for p in self._lingering.values())
+
+    def _expire(self, key: tuple[object, ...]) -> None:
+        pool = self._lingering.pop(key, None)
+        if pool is not None:
+            pool.timer = None
+            self._kill(pool, "no job of the same spec came in time")
+
+    def _kill(self, pool: _JobPool, why: str) -> None:
+        self._cancel_timer(pool)
+        n = len(pool.idle)
+        for s in pool.idle:
+            self._let_go(s)
+        pool.idle = []
+        if pool.store is not None:
+            pool.store.discard()
+            pool.store = None
+        if n:
+            logger.info("killed %d lingering standby worker(s): %s", n, why)
+
     def discard(self, job_id: str) -> None:
         """Kill every standby of `job_id` (the job is done on this node)."""
         pool = self._jobs.pop(job_id, None)
@@ -233,10 +313,13 @@ class StandbyPool:
 
     async def close(self) -> None:
         """Kill every standby and wait (bounded) until they are gone."""
-        handles = [s.handle for pool in self._jobs.values() for s in pool.idle]
-        handles += [p.store.process for p in self._jobs.values() if p.store is not None]
+        pools = [*self._jobs.values(), *self._lingering.values()]
+        handles = [s.handle for pool in pools for s in pool.idle]
+        handles += [p.store.process for p in pools if p.store is not None]
         for job_id in list(self._jobs):
             self.discard(job_id)
+        while self._lingering:
+            self._kill(self._lingering.popitem()[1], "the agent stops")
         if handles:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(

@@ -26,6 +26,7 @@ import grpc
 
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import (
+    MAX_STANDBY_LINGER_S,
     FailureCategory,
     JobSpec,
     ProcessFailure,
@@ -54,9 +55,9 @@ LOG_OUTBOX_CHUNKS = 8
 """Log chunks queued for the stream at once, all log requests together: a reader of a log file
 waits for room here (and for the coordinator's credit), so logs never grow the outbox."""
 LOG_REQUESTS_MAX = 64
+"""Log requests served at once; more are answered with an error."""
 REPLACED_STOP_GRACE_S = 0.5
 """Grace between SIGTERM and SIGKILL for workers a new round of their job replaces."""
-"""Log requests served at once; more are answered with an error."""
 LOG_CREDIT_MAX = 1024
 """Most chunks of credit one log request holds."""
 CONTROL_OUTBOX_LIMIT = 10_000
@@ -591,6 +592,10 @@ class NodeAgent:
             warm_store=lambda _launch: self._standbys.take_store(a.job_id),
         )
         held.group = group
+        launch = group.standby_launch()
+        if launch is not None:
+            # The job's first round here: standbys a finished job of the same spec left (a sweep).
+            self._standbys.adopt(a.job_id, launch)
         try:
             pids = await group.start()
         finally:
@@ -678,7 +683,10 @@ class NodeAgent:
 
     def _release(self, m: pb.Release) -> None:
         held = self._held.pop((m.job_id, m.round), None)
-        self._standbys.discard(m.job_id)  # released by the exit barrier: the job is done here
+        # Released by the exit barrier: the job succeeded and is done here. Its standbys go, or
+        # linger for the next job of the same spec when it asked for that.
+        linger = held.assignment.spec.standby_linger if held is not None else 0.0
+        self._standbys.release(m.job_id, min(linger, MAX_STANDBY_LINGER_S))
         if held is not None and held.group is not None:
             self._spawn(held.group.close(), "close-group")
 

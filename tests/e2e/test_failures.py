@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from client import JobSpec, WorkerState
-from client._local import LocalCluster
+from client._local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, script
 
 TIMEOUT = 120
@@ -24,7 +24,8 @@ def test_root_cause_is_the_rank_that_raised_first(cluster: LocalCluster, use_rec
         env={"RAISE_RANK": "1", "USE_RECORD": use_record},
         stop_grace=10,
     )
-    result = cluster.client.submit(spec).wait(TIMEOUT)
+    job = cluster.client.submit(spec)
+    result = job.wait(TIMEOUT)
     assert result.is_failed()
     root = result.root_cause
     assert root is not None and root.global_rank == 1 and root.root_cause
@@ -32,9 +33,17 @@ def test_root_cause_is_the_rank_that_raised_first(cluster: LocalCluster, use_rec
     assert "Traceback (most recent call last)" in root.traceback
     assert "raise ValueError" in root.traceback
     assert root.error_file.endswith("error.json")
+
     # Ranks on the other node fail on the broken collective after the root cause: collateral.
+    # The job was FAILED when the root cause was known; their failures join its result after.
+    def collateral() -> bool:
+        nonlocal result
+        result = job.poll() or result
+        return any(r != 1 for r in result.failures)
+
+    poll_until(collateral, 60, what="the peers to crash on the broken collective")
+    assert result.root_cause is not None and result.root_cause.global_rank == 1
     others = {r: f for r, f in result.failures.items() if r != 1}
-    assert others, "the peers should have crashed on the broken collective"
     for f in others.values():
         assert not f.root_cause
         assert f.timestamp >= root.timestamp

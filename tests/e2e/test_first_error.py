@@ -1,7 +1,8 @@
 """First error at record time, end to end with real torch: a rank raises under torch's @record
 and then tears down slowly. The coordinator knows the failure when it is recorded and stops the
-other rank at once; the failing rank is left to end on its own, so the result has its real exit
-code, and the failure is reported once.
+other rank at once; with no restart left the job is FAILED then, at the client, while the failing
+rank is left to end on its own; its exit then adds its real exit code, and the failure is
+reported once.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from client import JobSpec
-from client._local import LocalCluster
+from client._local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, script
 
 TIMEOUT = 120
@@ -28,28 +29,43 @@ def test_a_failure_is_known_when_recorded_and_stops_the_others_before_its_teardo
     )
     job = cluster.client.submit(spec)
     result = job.wait(TIMEOUT)
-    raised_at = float((out / "raised_at").read_text())
-    # The failing rank was left to end on its own: its teardown ran to the end.
-    teardown_done = float((out / "teardown_done").read_text())
-    assert teardown_done - raised_at >= 2.9
+    # No restart left: FAILED at the client while the failing rank still tears down.
+    assert not (out / "teardown_done").exists()
     assert result.is_failed()
     root = result.root_cause
     assert root is not None and root.global_rank == 1 and root.root_cause
     assert root.message.startswith("ValueError: boom from rank 1"), root.message
     assert "raise ValueError" in root.traceback
-    # Its exit code is its own, not a stop's.
+    raised_at = float((out / "raised_at").read_text())
+
+    # The failing rank was left to end on its own: its teardown runs to the end, and its exit
+    # (its own code, not a stop's) completes the result afterwards.
+    def exited() -> bool:
+        return any(e.kind == "worker_exited" and e.rank == 1 for e in job.events())
+
+    poll_until(exited, 60, what="the failing rank's exit to be reported")
+    teardown_done = float((out / "teardown_done").read_text())
+    assert teardown_done - raised_at >= 2.9
+    final = job.poll()
+    assert final is not None and final.root_cause is not None
+    root = final.root_cause
     assert root.exitcode == 1 and root.signal == "", (root.exitcode, root.signal)
-    assert root.pid > 0
+    assert root.pid > 0 and root.message.startswith("ValueError: boom from rank 1")
     events = job.events()
     failed = [e for e in events if e.kind == "worker_failed" and e.rank == 1]
     assert len(failed) == 1, failed
     assert "recorded its error" in failed[0].reason
     # Known when it was recorded, long before the process ended ...
     assert failed[0].timestamp < teardown_done - 2.0, (failed[0].timestamp, teardown_done)
-    # ... and the round's stop (of the other rank, blocked in all_reduce with it) began then,
-    # not when the failing process was gone.
+    # ... the round's stop (of the other rank, blocked in all_reduce with it) began then, and
+    # the job finished then: the exit came after, once.
+    kinds = [e.kind for e in events]
     stopping = [e for e in events if e.kind == "stopping"]
     assert stopping and stopping[0].timestamp < teardown_done - 2.0, [
         (e.kind, e.timestamp) for e in events
     ]
-    assert len(result.attempts) == 1
+    assert kinds.count("finished") == 1
+    last_exit = max(i for i, e in enumerate(events) if e.kind == "worker_exited" and e.rank == 1)
+    assert kinds.index("finished") < last_exit
+    assert len(final.attempts) == 1
+    assert final.attempts[0].failures[0].global_rank == 1

@@ -7,6 +7,7 @@ cancel, or their agent's SIGKILL.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,49 @@ def test_workers_a_restart_replaces_are_not_given_the_full_stop_grace(
     restarted = next(e.timestamp for e in events if e.kind == "workers_started" and e.round > 1)
     # Rank 0 ignores SIGTERM: it is SIGKILLed after the short grace, not after stop_grace (60).
     assert restarted - failed < 20, events
+
+
+_SWEEP_WORKER = """
+import os, pathlib, time
+out = pathlib.Path(os.environ["OUT_DIR"])
+deadline = time.monotonic() + 60
+while not (out / "go").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+run = os.environ["TORCHELASTIC_RUN_ID"]
+(out / f"{run}-{os.environ['RANK']}").write_text(str(os.getpid()))
+"""
+
+
+def test_a_sweep_runs_on_the_standbys_the_last_job_of_its_spec_left(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    out = tmp_path / "sweep"
+    out.mkdir()
+    spec = JobSpec(
+        entrypoint=[PY, "-c", _SWEEP_WORKER],
+        nproc_per_node=2,
+        min_nodes=2,
+        max_nodes=2,
+        env={"OUT_DIR": str(out), "STANDBY_TAG": "sweep"},
+        preload=("json",),
+        standby_linger=60,
+        stop_grace=2,
+    )
+
+    first = cluster.client.submit(spec)
+    poll_until(lambda: len(standbys("sweep")) == 4, 60, what="4 standbys of the first job")
+    left = {p.pid for p in standbys("sweep")}
+    (out / "go").touch()
+    assert first.wait(TIMEOUT).state == WorkerState.SUCCEEDED
+    # The job is done; its standbys stay for the next job of the same spec.
+    assert {p.pid for p in standbys("sweep")} == left
+    second = cluster.client.submit(spec)
+    assert second.wait(TIMEOUT).state == WorkerState.SUCCEEDED
+    ran = {int(f.read_text()) for f in out.iterdir() if f.name.startswith(second.job_id)}
+    assert ran == left, (ran, left)  # every rank of the second job was a standby of the first
+    # A job of the same launch without a linger takes the second job's standbys and, when it
+    # ends, leaves none.
+    poll_until(lambda: len(standbys("sweep")) == 4, 60, what="the second job's standbys")
+    third = cluster.client.submit(dataclasses.replace(spec, standby_linger=0))
+    assert third.wait(TIMEOUT).state == WorkerState.SUCCEEDED
+    poll_until(lambda: not standbys("sweep"), 30, what="no standby after a job without linger")

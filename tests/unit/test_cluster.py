@@ -272,25 +272,30 @@ def test_node_lost_while_waiting_for_the_port_re_forms_without_it() -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def test_worker_failure_stops_every_node_then_fails_with_root_cause() -> None:
+def test_failure_without_restarts_fails_at_once_and_holds_the_slots_until_stopped() -> None:
     d = running_job(nodes=3, nproc=2)
     d.nodes["n0"].auto_stop = False
+    d.nodes["n1"].auto_stop = False
     d.nodes["n2"].auto_stop = False
     d.clear()
 
     # Rank 3 (n1, local 1) fails first, but its report reaches the coordinator second.
     d.exit("n2", 0, 1, failure=failure(4, 0, ts=d.now + 2.0, msg="NCCL timeout"))
-    d.exit("n1", 1, 1, failure=failure(3, 1, ts=d.now + 1.0, msg="ValueError: bad batch"))
-    assert d.state("j") == JobState.STOPPING
+    # No restart left: the outcome is known, so the job is FAILED before any node has stopped.
+    assert d.state("j") == JobState.FAILED
     stops = of_type(d.history, StopRound)
     assert sorted(s.node for s in stops) == ["n0", "n1", "n2"]  # once each
     assert {s.round for s in stops} == {1}
+    assert not any(s.replaced for s in stops)  # the final stop: the full grace
     assert "rank 4 failed on n2" in stops[0].reason
+    # ... but no slot is free until its node confirms the stop: nothing starts beside them.
+    assert [n.slots_used for n in d.cluster.nodes()] == [2, 2, 2]
 
-    d.settle()  # n1 answers; n0 and n2 have not confirmed yet
-    assert d.state("j") == JobState.STOPPING
+    # The earlier failure still becomes the root cause when its report arrives.
+    d.exit("n1", 1, 1, failure=failure(3, 1, ts=d.now + 1.0, msg="ValueError: bad batch"))
     d.group_stopped("n0", "j", 1)
-    assert d.state("j") == JobState.STOPPING
+    d.group_stopped("n1", "j", 1)
+    assert [n.slots_used for n in d.cluster.nodes()] == [0, 0, 2]
     d.group_stopped("n2", "j", 1)
 
     assert d.state("j") == JobState.FAILED
@@ -306,7 +311,22 @@ def test_worker_failure_stops_every_node_then_fails_with_root_cause() -> None:
     assert result.failures[4].node == "n2"
     assert (result.failures[3].attempt, result.failures[3].round) == (0, 1)
     assert [a.attempt for a in result.attempts] == [0]
+    assert [f.global_rank for f in result.attempts[0].failures] == [3, 4]
     assert all(n.slots_used == 0 for n in d.cluster.nodes())
+
+
+def test_a_node_that_never_confirms_the_final_stop_frees_its_slots_at_the_deadline() -> None:
+    d = running_job(nodes=2, nproc=2)
+    d.nodes["n1"].auto_stop = False
+    d.clear()
+    d.exit("n0", 1, 1, failure=failure(1, 1, ts=d.now, msg="boom"))
+    d.settle()
+    assert d.state("j") == JobState.FAILED
+    assert [n.slots_used for n in d.cluster.nodes()] == [0, 2]
+    d.advance(44.0)  # not yet: stop_grace (30 s) + the margin (15 s)
+    assert [n.slots_used for n in d.cluster.nodes()] == [0, 2]
+    d.advance(2.0)
+    assert [n.slots_used for n in d.cluster.nodes()] == [0, 0]
 
 
 def test_root_cause_ties_go_to_the_smallest_global_rank() -> None:

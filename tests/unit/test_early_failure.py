@@ -33,8 +33,13 @@ def test_an_early_failure_stops_the_round_at_once_and_its_exit_only_adds_the_cod
         n.auto_stop = False
     d.clear()
     failing(d, "n1", 1, failure(3, 1, ts=d.now - 0.5, msg="ValueError: bad batch"))
-    assert d.state("j") == JobState.STOPPING
+    # No restart left: FAILED at once, while every node is still stopping its workers.
+    assert d.state("j") == JobState.FAILED
     assert sorted(s.node for s in of_type(d.history, StopRound)) == ["n0", "n1"]
+    early = d.cluster.job_result("j")
+    assert early is not None and early.root_cause is not None
+    assert early.root_cause.message == "ValueError: bad batch"
+    assert early.root_cause.signal != "SIGTERM"  # not known yet
     # The same notice again (an agent's replay) changes nothing.
     before = len(d.history)
     failing(d, "n1", 1, failure(3, 1, ts=d.now - 0.5, msg="ValueError: bad batch"))
@@ -61,7 +66,10 @@ def test_an_early_failure_stops_the_round_at_once_and_its_exit_only_adds_the_cod
     f = result.failures[3]
     assert f.root_cause and f.message == "ValueError: bad batch"
     assert (f.exitcode, f.signal, f.stderr_tail) == (-15, "SIGTERM", "Traceback ...")
+    (kept,) = result.attempts[0].failures
+    assert (kept.exitcode, kept.signal, kept.root_cause) == (-15, "SIGTERM", True)
     assert d.event_kinds("j").count("worker_failed") == 1
+    assert d.event_kinds("j").count("finished") == 1
 
 
 def test_an_early_failure_spends_one_restart_and_the_next_round_runs() -> None:

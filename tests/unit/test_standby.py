@@ -278,3 +278,58 @@ def test_preload_travels_on_the_wire_and_from_the_cli() -> None:
     assert spec_from_pb(spec_to_pb(JobSpec(entrypoint=["python", "x.py"]))).preload == ()
     args = run_parser().parse_args(["--preload", "torch", "--nproc-per-node", "2", "x.py"])
     assert plan_run(args).spec.preload == ("torch",)
+
+
+def test_a_succeeded_jobs_standbys_linger_only_for_an_equal_spec_and_only_so_long() -> None:
+    s = JobSpec(
+        entrypoint=[sys.executable, str(PROBE)],
+        nproc_per_node=2,
+        preload=PRELOAD,
+        standby_linger=30.0,
+    )
+    other = dataclasses.replace(s, env={"SWEEP_ARM": "b"})
+
+    def launch_of(spec: JobSpec) -> Any:
+        launch = build_standby_launch(spec, agent_env=dict(os.environ), agent_cwd=str(ROOT))
+        assert launch is not None
+        return launch
+
+    async def main() -> None:
+        pool = StandbyPool()
+        pool.fill(JOB, launch_of(s), 2)
+        first = sorted(pool.pids(JOB))
+        pool.release(JOB, 30.0)
+        assert pool.count(JOB) == 0 and pool.lingering() == 2
+        # Another spec (one env variable differs) finds nothing to adopt.
+        assert not pool.adopt("job-8", launch_of(other))
+        assert pool.lingering() == 2
+        # The same spec takes them over, processes and all.
+        assert pool.adopt("job-9", launch_of(s))
+        assert sorted(pool.pids("job-9")) == first and pool.lingering() == 0
+        # Released with no linger: killed, as a job without standby_linger does.
+        handles = [st.handle for st in pool._jobs["job-9"].idle]
+        pool.release("job-9", 0.0)
+        assert pool.lingering() == 0 and pool.count("job-9") == 0
+        codes = await asyncio.wait_for(asyncio.gather(*(h.wait() for h in handles)), 10)
+        assert all(c in (0, -9) for c in codes)
+        # A linger runs out: killed then, without a job to take them.
+        pool.fill("job-10", launch_of(s), 1)
+        (handle,) = [st.handle for st in pool._jobs["job-10"].idle]
+        pool.release("job-10", 0.2)
+        assert pool.lingering() == 1
+        assert await asyncio.wait_for(handle.wait(), 10) in (0, -9)
+        assert pool.lingering() == 0
+        await pool.close()
+
+    asyncio.run(main())
+
+
+def test_standby_linger_is_validated_and_travels_on_the_wire() -> None:
+    from client.wire import spec_from_pb, spec_to_pb
+
+    spec = JobSpec(entrypoint=["python", "x.py"], preload=("torch",), standby_linger=12.5)
+    assert spec_from_pb(spec_to_pb(spec)).standby_linger == 12.5
+    with pytest.raises(SpecError, match="standby_linger"):
+        JobSpec(entrypoint=["python", "x.py"], standby_linger=5.0).validate()  # no standbys
+    with pytest.raises(SpecError, match="standby_linger"):
+        JobSpec(entrypoint=["python", "x.py"], preload=("torch",), standby_linger=1e9).validate()
