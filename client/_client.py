@@ -29,6 +29,7 @@ from client.model import (
     MAX_RETURN_VALUE_BYTES,
     RESULT_KEY_BYTES,
     AttemptSummary,
+    GelasticError,
     JobEvent,
     JobSpec,
     JobStatus,
@@ -67,14 +68,6 @@ MAX_ATTEMPT_PAGES = 200
 """Most GetAttempts pages one `attempts()` call reads (a job keeps at most 100 attempts)."""
 
 T = TypeVar("T")
-
-
-class GelasticError(RuntimeError):
-    """A call to the coordinator failed; `code` is the gRPC status code."""
-
-    def __init__(self, code: grpc.StatusCode | None, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def _coordinator_address(address: str | None) -> str:

@@ -384,6 +384,11 @@ def _parser() -> argparse.ArgumentParser:
         "--attempt", type=int, default=None, metavar="N", help="which attempt (default: the latest)"
     )
     s.add_argument("-f", "--follow", action="store_true", help="keep printing while the rank runs")
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per line: job, rank, stream, line (UTF-8, bad bytes replaced)",
+    )
 
     s = command("events", "print a job's timeline")
     s.add_argument("job_id", metavar="JOB")
@@ -645,10 +650,43 @@ def _cmd_result(client: Client, args: argparse.Namespace) -> int:
     return exit_code_of(state)
 
 
+_MAX_JSON_LOG_LINE = 64 * 1024
+"""`logs --json`: a longer line is cut into objects of at most this many bytes."""
+
+
+class _JsonLogLines:
+    """`gelastic logs --json`: a rank's output as one JSON object per line."""
+
+    def __init__(self, job_id: str, rank: int, stream: str) -> None:
+        self._head = {"job": job_id, "rank": rank, "stream": stream}
+        self._partial = b""
+
+    def _line(self, data: bytes) -> bytes:
+        line = data.decode("utf-8", errors="replace")
+        return (json.dumps({**self._head, "line": line}) + "\n").encode()
+
+    def feed(self, chunk: bytes) -> bytes:
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        while len(self._partial) > _MAX_JSON_LOG_LINE:
+            lines.append(self._partial[:_MAX_JSON_LOG_LINE])
+            self._partial = self._partial[_MAX_JSON_LOG_LINE:]
+        return b"".join(self._line(line) for line in lines)
+
+    def finish(self) -> bytes:
+        rest, self._partial = self._partial, b""
+        return self._line(rest) if rest else b""
+
+
 def _cmd_logs(client: Client, args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     # Raw bytes into a pipe or a file; on a terminal, no escape sequence of the worker's runs.
-    screen = TerminalFilter(sys.stdout.encoding or "utf-8") if sys.stdout.isatty() else None
+    # With --json, one object per line (JSON escapes every control character).
+    screen: TerminalFilter | _JsonLogLines | None = None
+    if getattr(args, "json", False):
+        screen = _JsonLogLines(args.job_id, args.rank, args.stream)
+    elif sys.stdout.isatty():
+        screen = TerminalFilter(sys.stdout.encoding or "utf-8")
     try:
         for chunk in client.job(args.job_id).logs(
             args.rank, args.stream, args.attempt, args.follow

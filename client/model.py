@@ -12,7 +12,7 @@ import math
 import re
 import signal as _signal
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, cast
 
@@ -31,6 +31,7 @@ __all__ = [
     "RESULT_KEY_BYTES",
     "AttemptSummary",
     "FailureCategory",
+    "GelasticError",
     "JobEvent",
     "JobSpec",
     "JobState",
@@ -42,6 +43,7 @@ __all__ = [
     "SpecError",
     "WorkerState",
     "WorkerStatus",
+    "executable_note",
     "first_failure",
     "format_failures",
     "is_function_reference",
@@ -101,11 +103,26 @@ def is_function_reference(value: str) -> bool:
     return bool(_FUNCTION_REF.fullmatch(value))
 
 
-class SpecError(ValueError):
-    """A job spec (or request) field is invalid. `field` names it."""
+class GelasticError(RuntimeError):
+    """A call to the coordinator failed, or was refused before it was sent.
+
+    `code` is the gRPC status code (a `grpc.StatusCode`), or None when nothing was sent.
+    """
+
+    def __init__(self, code: Any, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class SpecError(GelasticError, ValueError):
+    """A job spec (or request) field is invalid. `field` names it.
+
+    Raised by the client before anything is sent, so its `code` is None; the coordinator
+    refuses the same spec with INVALID_ARGUMENT naming the same field.
+    """
 
     def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
+        super().__init__(None, f"{field_name}: {message}")
         self.field = field_name
         self.detail = message
 
@@ -271,12 +288,12 @@ class JobSpec:
     """Lines of stderr attached to a failure without an error file."""
     unhealthy_timeout: float = 60.0
     """Seconds a worker may stay in uninterruptible sleep or stopped before it is a failure."""
-    function: str = ""
-    """Set from `entrypoint` when it names a function; "pkg.module:qualname"."""
-    function_args: bytes = b""
-    """Pickled (args, kwargs) of a function entrypoint, as sent over the wire."""
+    function: str = field(default="", repr=False)
+    """Internal: set from `entrypoint` when it names a function; "pkg.module:qualname"."""
+    function_args: bytes = field(default=b"", repr=False)
+    """Internal: pickled (args, kwargs) of a function entrypoint, as sent over the wire."""
     result_key: bytes = field(default=b"", repr=False)
-    """Function entrypoints: the key the workers tag their return values with. Made by
+    """Internal, function entrypoints: the key the workers tag their return values with. Made by
     `Client.submit`; a secret of the submitter and the job's workers, never shown."""
     preload: tuple[str, ...] = ()
     """Modules (e.g. ``("torch",)``) that warm standby interpreters import before their round;
@@ -303,6 +320,18 @@ class JobSpec:
         object.__setattr__(self, "env", dict(self.env))
         object.__setattr__(self, "preload", tuple(self.preload))
         object.__setattr__(self, "kwargs", dict(self.kwargs))
+
+    def __repr__(self) -> str:
+        # The public fields only; a function entrypoint shows as the reference it was given.
+        parts = []
+        for f in fields(self):
+            if not f.repr:
+                continue
+            value = getattr(self, f.name)
+            if f.name == "entrypoint" and self.function:
+                value = self.function
+            parts.append(f"{f.name}={value!r}")
+        return f"JobSpec({', '.join(parts)})"
 
     @property
     def is_function(self) -> bool:
@@ -617,12 +646,29 @@ def _rows(failure: ProcessFailure, root: ProcessFailure | None) -> list[tuple[st
         ("error_file", _one_line(failure.error_file) or NOT_AVAILABLE),
         ("traceback", indent_continuation(failure.traceback or failure.message or NOT_AVAILABLE)),
     ]
+    executable = _ran_executable(failure.message) if failure.traceback else ""
+    if executable:  # without a traceback the message, with its note, is shown above
+        rows.insert(-1, ("executable", _one_line(executable)))
     tail = failure.stderr_tail.rstrip("\n")
     if tail.strip() and not failure.traceback:
         count = tail.count("\n") + 1
         noun = "line" if count == 1 else "lines"
         rows.append(("stderr", f"last {count} {noun}" + indent_continuation("\n" + tail, "    ")))
     return rows
+
+
+_RAN_NOTE = re.compile(r"(?s).* \(ran (?P<executable>[^\n]+) on node (?P<node>[^\s()]+)\)")
+
+
+def executable_note(executable: str, node: str) -> str:
+    """What the agent appends to a worker's own failure message: which executable ran it on
+    which node (e.g. a bare "python" that the agent's PATH resolved to the system's)."""
+    return f"(ran {executable} on node {node})"
+
+
+def _ran_executable(message: str) -> str:
+    m = _RAN_NOTE.fullmatch(message)
+    return m.group("executable") if m is not None else ""
 
 
 def _one_line(text: str) -> str:

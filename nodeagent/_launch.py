@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from pathlib import Path
 from string import Template
 
 from client.assignment import RoundAssignment, WorkerRanks
-from client.model import JobSpec, parse_std_mapping
+from client.model import JobSpec, executable_note, parse_std_mapping
 
 __all__ = [
     "BOOTSTRAP_PATH",
@@ -46,12 +47,15 @@ __all__ = [
     "WorkerLaunch",
     "attempt_dir",
     "attempt_dir_name",
+    "bounded",
     "build_launch_plan",
     "build_standby_launch",
     "build_store_host_launch",
+    "describe_executable",
     "find_attempt_dir",
     "parse_python_command",
     "resolve_attempt_dir",
+    "resolve_executable",
     "tee_prefix",
     "uses_agent_store",
 ]
@@ -217,6 +221,32 @@ def tee_prefix(template: str | None, *, role: str, local_rank: int, rank: int) -
     return Template(template or _DEFAULT_PREFIX_TEMPLATE).safe_substitute(
         role_name=role, rank=str(rank), local_rank=str(local_rank)
     )
+
+
+MAX_SHOWN_PATH = 300
+"""How much of a PATH (or an executable's path) a failure message quotes."""
+
+
+def bounded(text: str, limit: int = MAX_SHOWN_PATH) -> str:
+    """`text`, cut to at most `limit` characters (with an ellipsis) for a message."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def resolve_executable(program: str, env: Mapping[str, str], cwd: str) -> str | None:
+    """The file `program` (argv[0]) runs as: a path as given (relative to `cwd`), a bare name
+    looked up in the worker's PATH as exec does; None when there is no such executable."""
+    if os.sep in program:
+        path = program if os.path.isabs(program) else os.path.join(cwd, program)
+        return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+    return shutil.which(program, path=env.get("PATH", os.defpath))
+
+
+def describe_executable(launch: WorkerLaunch, node_name: str) -> str:
+    """Which executable a worker ran, on which node, for its failure message (bounded)."""
+    program = launch.argv[0]
+    found = resolve_executable(program, launch.env, launch.cwd)
+    shown = bounded(found) if found is not None else f"{bounded(program)!r}, not found"
+    return executable_note(shown, node_name)
 
 
 def _is_python(program: str, python: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import errno
 import logging
@@ -50,10 +51,13 @@ from nodeagent._launch import (
     StandbyLaunch,
     StoreHostLaunch,
     WorkerLaunch,
+    bounded,
     build_launch_plan,
     build_standby_launch,
     build_store_host_launch,
+    describe_executable,
     resolve_attempt_dir,
+    resolve_executable,
 )
 from nodeagent._process import ProcessHandle, spawn
 from nodeagent._reaper import PidRegistry
@@ -585,7 +589,9 @@ class WorkerGroup:
         launch: WorkerLaunch,
     ) -> _StreamPump:
         console: ConsoleWriter | None = self._console
-        prefix: bytes | None = None
+        # A stream that is neither teed nor redirected is echoed too: every job on this agent
+        # shares its console, so each line names its job and rank.
+        prefix: bytes | None = f"[{self.assignment.job_id}/{launch.global_rank}]:".encode()
         if launch.tee & stream:
             prefix = launch.prefix.encode()
         elif launch.redirect & stream:
@@ -596,6 +602,8 @@ class WorkerGroup:
         self, launch: WorkerLaunch, e: OSError
     ) -> tuple[int, str, FailureCategory]:
         program = launch.argv[0]
+        shown = bounded(program)
+        node = self.node_name
         reason = e.strerror or str(e)
         if e.filename is not None and os.fspath(e.filename) == launch.cwd:
             return (
@@ -604,21 +612,29 @@ class WorkerGroup:
                 FailureCategory.USER,
             )
         if isinstance(e, FileNotFoundError):
+            if os.sep in program:
+                where = f"no such file ({reason})"
+            else:
+                path = bounded(launch.env.get("PATH", os.defpath))
+                where = f"not found in PATH={path}"
             return (
                 _EXIT_NOT_FOUND,
-                f"cannot start worker: program {program!r} not found ({reason})",
+                f"cannot start worker: cannot run {shown!r} on node {node}: {where}",
                 FailureCategory.USER,
             )
+        found = resolve_executable(program, launch.env, launch.cwd) or program
         if isinstance(e, PermissionError):
             return (
                 _EXIT_CANNOT_EXECUTE,
-                f"cannot start worker: permission denied executing {program!r} ({reason})",
+                f"cannot start worker: cannot run {shown!r} on node {node}: permission denied "
+                f"executing {bounded(found)!r} ({reason})",
                 FailureCategory.USER,
             )
         category = FailureCategory.PLATFORM if e.errno in _PLATFORM_ERRNOS else FailureCategory.USER
         return (
             _EXIT_CANNOT_EXECUTE,
-            f"cannot start worker: executing {program!r} failed ({reason})",
+            f"cannot start worker: cannot run {shown!r} on node {node}: executing "
+            f"{bounded(found)!r} failed ({reason})",
             category,
         )
 
@@ -677,7 +693,7 @@ class WorkerGroup:
         category: FailureCategory = FailureCategory.USER,
     ) -> ProcessFailure:
         a = self.assignment
-        return build_failure(
+        failure = build_failure(
             exitcode=exitcode,
             pid=w.pid,
             error_file=error_file,
@@ -693,6 +709,12 @@ class WorkerGroup:
             message=message,
             category=category,
         )
+        if message is None:
+            # The worker's own failure: say which executable ran (the agent's PATH and cwd
+            # decide what a bare "python" is), e.g. a python without the job's packages.
+            ran = describe_executable(w.launch, self.node_name)
+            failure = dataclasses.replace(failure, message=f"{failure.message} {ran}")
+        return failure
 
     def _report_not_started(
         self, w: _Worker, code: int, message: str, category: FailureCategory

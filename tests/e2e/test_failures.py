@@ -64,7 +64,7 @@ def test_sigkill_names_the_signal_and_keeps_the_stderr_tail(cluster: LocalCluste
     assert result.is_failed()
     assert set(result.failures) == {2}
     f = result.failures[2]
-    assert f.message == f"Signal 9 (SIGKILL) received by PID {f.pid}"
+    assert f.message == f"Signal 9 (SIGKILL) received by PID {f.pid} (ran {PY} on node {f.node})"
     assert f.signal == "SIGKILL" and f.exitcode == -9
     assert "last words 2 of rank 2" in f.stderr_tail
     assert "SIGKILL" in result.format_failures()

@@ -251,6 +251,7 @@ async def test_exit_code_without_error_file(h: Harness) -> None:
     assert f is not None and ex.exitcode == 3 and not ex.stopped_by_agent
     assert (
         f.message == f"Process exited with exit code 3 (pid {pids[0]}); no error file was written"
+        f" (ran {PY} on node node0)"
     )
     assert f.stderr_tail == "bad input"
     assert f.error_file == "<N/A>" and f.signal == ""
@@ -268,7 +269,7 @@ async def test_death_by_sigkill(h: Harness) -> None:
     (ex,) = await exits.wait(1)
     f = ex.failure
     assert f is not None and ex.exitcode == -9
-    assert f.message == f"Signal 9 (SIGKILL) received by PID {pids[0]}"
+    assert f.message == f"Signal 9 (SIGKILL) received by PID {pids[0]} (ran {PY} on node node0)"
     assert f.signal == "SIGKILL"
     assert f.stderr_tail == "about to die"
     assert abs(f.timestamp - ex.timestamp) < 1e-6
@@ -290,7 +291,7 @@ async def test_uncaught_exception_without_decorator(h: Harness) -> None:
     (ex,) = await exits.wait(1)
     f = ex.failure
     assert f is not None and ex.exitcode == 1
-    assert f.message == "ValueError: bad value 42"
+    assert f.message == f"ValueError: bad value 42 (ran {PY} on node node0)"
     assert f.traceback.startswith("Traceback (most recent call last):")
     assert f'File "{script}", line 3, in train' in f.traceback
     assert "_bootstrap" not in f.traceback and "runpy" not in f.traceback
@@ -330,7 +331,7 @@ async def test_torch_record_writes_the_error_file(h: Harness) -> None:
     (ex,) = await exits.wait(1, timeout=TORCH_DEADLINE)
     f = ex.failure
     assert f is not None and ex.exitcode == 1
-    assert f.message == "RuntimeError: raised under torch's @record"
+    assert f.message == f"RuntimeError: raised under torch's @record (ran {PY} on node node0)"
     assert "raise RuntimeError" in f.traceback
     # torch's own file was kept (ours would add "timestamp_ns").
     error_file = h.log_root / "job1" / "attempt_0" / "0" / "error.json"
@@ -441,7 +442,9 @@ async def test_function_failures(
     (ex,) = await exits.wait(1)
     assert ex.exitcode == exitcode and ex.return_value is None
     assert ex.failure is not None
-    assert re.fullmatch(message, ex.failure.message), ex.failure.message
+    # The worker's own failure says which executable ran it, and where (not the agent's verdict).
+    ran = re.escape(f" (ran {PY} on node node0)") if exitcode else ""
+    assert re.fullmatch(message + ran, ex.failure.message), ex.failure.message
 
 
 @pytest.mark.parametrize(
@@ -482,9 +485,42 @@ async def test_missing_binary(h: Harness) -> None:
     assert (ex.exitcode, ex.pid) == (127, 0)
     assert ex.failure is not None
     assert ex.failure.message == (
-        "cannot start worker: program '/nonexistent/trainer' not found (No such file or directory)"
+        "cannot start worker: cannot run '/nonexistent/trainer' on node node0: "
+        "no such file (No such file or directory)"
     )
     assert g.state is WorkerState.FAILED
+
+
+async def test_a_program_not_in_path_names_the_node_and_the_path(h: Harness) -> None:
+    # A bare "python" is looked up in the worker's PATH (the agent's, then the spec's env).
+    g, exits = h.group(JobSpec(entrypoint=["python", "train.py"], env={"PATH": "/nonexistent"}))
+    await h.start(g)
+    (ex,) = await exits.wait(1)
+    assert ex.exitcode == 127 and ex.failure is not None
+    assert ex.failure.message == (
+        "cannot start worker: cannot run 'python' on node node0: not found in PATH=/nonexistent"
+    )
+    long_path = ":".join(f"/nonexistent/{i}" for i in range(2000))
+    g2, exits2 = h.group(JobSpec(entrypoint=["no-such-program"], env={"PATH": long_path}))
+    await h.start(g2)
+    (ex2,) = await exits2.wait(1)
+    assert ex2.failure is not None
+    assert "not found in PATH=/nonexistent/0:/nonexistent/1:" in ex2.failure.message
+    assert ex2.failure.message.endswith("...") and len(ex2.failure.message) < 500
+
+
+async def test_the_failure_names_the_executable_that_ran(h: Harness) -> None:
+    # The job's "python" resolves through PATH: the failure says which one ran, and where.
+    bin_dir = h.tmp / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(PY)
+    code = "import sys; sys.exit(5)"
+    spec = JobSpec(entrypoint=["python", "-c", code], env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    g, exits = h.group(spec)
+    await h.start(g)
+    (ex,) = await exits.wait(1)
+    assert ex.exitcode == 5 and ex.failure is not None
+    assert ex.failure.message.endswith(f"(ran {bin_dir / 'python'} on node node0)")
 
 
 async def test_not_executable_and_bad_cwd(h: Harness) -> None:
@@ -496,7 +532,9 @@ async def test_not_executable_and_bad_cwd(h: Harness) -> None:
     (ex,) = await exits.wait(1)
     assert ex.exitcode == 126 and ex.failure is not None
     if os.geteuid() != 0:
-        assert f"permission denied executing '{prog}'" in ex.failure.message
+        assert ex.failure.message.startswith(
+            f"cannot start worker: cannot run '{prog}' on node node0: permission denied"
+        )
 
     g2, exits2 = h.group(JobSpec(entrypoint=["/bin/true"], cwd=str(h.tmp / "no-such-dir")))
     await h.start(g2)
@@ -585,9 +623,9 @@ async def test_tee_prefixes_and_redirect_hides(h: Harness) -> None:
     assert "[default0]:partial 0\n" in console.text(2)
     both = console.text(1) + console.text(2)
     assert " 1" not in both  # local rank 1 is redirected: files only
-    # No mask: raw. Raw bytes may land between the prefixed lines (the agent writes those whole).
-    raw = re.sub(r"\[default0\]:[^\n]*\n", "", console.text(1))
-    assert "out 2\n" in raw and "[default2]" not in both
+    # No mask: echoed too (the agent's console is shared by every job), prefixed with job/rank.
+    assert "[job1/2]:out 2\n" in console.text(1) and "[default2]" not in both
+    assert "[job1/2]:line1 2\n" in console.text(2) and "[job1/2]:partial 2\n" in console.text(2)
     for rank in range(3):
         assert log(h, rank, "stdout") == f"out {rank}\n"
         assert log(h, rank) == f"line1 {rank}\npartial {rank}"

@@ -1,0 +1,58 @@
+"""A worker's own failure names the executable that ran and its node, and the failure table
+shows it beside the traceback (which otherwise stands in for the message)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from client.model import (
+    ProcessFailure,
+    RunResult,
+    WorkerState,
+    executable_note,
+)
+from nodeagent._launch import bounded, resolve_executable
+
+
+def _result(message: str, traceback: str) -> RunResult:
+    f = ProcessFailure(
+        global_rank=0,
+        local_rank=0,
+        pid=7,
+        exitcode=1,
+        message=message,
+        timestamp=1.0,
+        node="node-a",
+        traceback=traceback,
+        root_cause=True,
+    )
+    return RunResult(state=WorkerState.FAILED, failures={0: f}, job_id="j")
+
+
+def test_the_table_shows_the_executable_next_to_the_traceback() -> None:
+    note = executable_note("/usr/bin/python3", "node-a")
+    assert note == "(ran /usr/bin/python3 on node node-a)"
+    tb = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'torch'"
+    table = _result(f"ModuleNotFoundError: No module named 'torch' {note}", tb).format_failures()
+    assert "  executable: /usr/bin/python3\n  traceback : Traceback" in table
+    # Without the note (an older agent, or the agent's own verdict), no such row.
+    assert "executable" not in _result("ModuleNotFoundError: x", tb).format_failures()
+    # Without a traceback the message itself, note included, is the row.
+    plain = _result(f"Process exited with exit code 3 (pid 7) {note}", "").format_failures()
+    assert "executable" not in plain and note in plain
+
+
+def test_resolve_executable_follows_the_workers_path_and_cwd(tmp_path: Path) -> None:
+    prog = tmp_path / "bin" / "trainer"
+    prog.parent.mkdir()
+    prog.write_text("#!/bin/sh\n")
+    prog.chmod(0o755)
+    env = {"PATH": f"/nonexistent:{prog.parent}"}
+    assert resolve_executable("trainer", env, "/") == str(prog)
+    assert resolve_executable("trainer", {"PATH": "/nonexistent"}, "/") is None
+    assert resolve_executable("bin/trainer", {}, str(tmp_path)) == os.path.join(
+        tmp_path, "bin/trainer"
+    )
+    assert resolve_executable("./missing", {}, str(tmp_path)) is None
+    assert bounded("x" * 1000) == "x" * 297 + "..." and bounded("short") == "short"
