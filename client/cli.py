@@ -69,6 +69,23 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+class _Version(argparse.Action):
+    """--version: the installed distribution's version, looked up only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: Any) -> None:
+        kw.setdefault("help", "print the version and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kw: object) -> None:
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("gelastic")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown (not installed)"
+        parser.exit(0, f"{parser.prog} {version}\n")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (argparse prints the whole usage first)."""
 
@@ -178,6 +195,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 success, 1 the job failed or was cancelled, 2 usage or "
         "connection error.",
     )
+    p.add_argument("--version", action=_Version)
     _add_connection_options(p, suppress=False)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
@@ -329,6 +347,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_json(s)
 
     s = command("nodes", "list nodes")
+    s.add_argument(
+        "--forget",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="drop lost node NAME from the list now (repeatable; a live node is refused)",
+    )
     _add_json(s)
 
     s = command("status", "show a job: state, reason, members, and every rank")
@@ -560,6 +585,14 @@ def _cmd_jobs(client: Client, args: argparse.Namespace) -> int:
 
 
 def _cmd_nodes(client: Client, args: argparse.Namespace) -> int:
+    if args.forget:
+        forgotten = {name: client.forget_node(name) for name in args.forget}
+        if args.json:
+            _print_json({"forgotten": [n for n, done in forgotten.items() if done]})
+        else:
+            for name, done in forgotten.items():
+                print(f"{name} forgotten" if done else f"{name}: no such node", flush=True)
+        return EXIT_OK
     nodes = client.list_nodes()
     if args.json:
         _print_json(nodes)
