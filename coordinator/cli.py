@@ -29,7 +29,8 @@ class _Version(argparse.Action):
             version = importlib.metadata.version("gelastic")
         except importlib.metadata.PackageNotFoundError:
             version = "unknown (not installed)"
-        parser.exit(0, f"{parser.prog} {version}\n")
+        sys.stdout.write(f"{parser.prog} {version}\n")
+        parser.exit(0)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -135,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--port-file", default="", help="write the port actually bound to this file once listening"
     )
-    s.add_argument("--log-level", default="INFO")
+    s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
 
 

@@ -36,7 +36,8 @@ class _Version(argparse.Action):
             version = importlib.metadata.version("gelastic")
         except importlib.metadata.PackageNotFoundError:
             version = "unknown (not installed)"
-        parser.exit(0, f"{parser.prog} {version}\n")
+        sys.stdout.write(f"{parser.prog} {version}\n")
+        parser.exit(0)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -106,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds to let workers stop when the agent is asked to exit",
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
 
 
