@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, BinaryIO, TextIO, TypeVar
@@ -407,7 +407,11 @@ class Job:
             if printer is not None:
                 printer.reattaching()
             with _suppress_unavailable():
-                result = self.poll()
+                msg = self.client.get_job(self.job_id)
+                if printer is not None:
+                    # What happened meanwhile (a restart's recovery, the end): said once.
+                    printer.show_status(job_status_from_pb(msg), self.events(printer.seen_seq))
+                result = self._complete(_result_of(msg), msg.state)
                 if result is not None:
                     if printer is not None:
                         printer.done()
@@ -462,17 +466,19 @@ class _Progress:
         self.last = ""
         self._last_key: tuple[object, ...] | None = None
         self._open = False  # an updating line is on the terminal now
-        self._seen_seq = 0
+        self.seen_seq = 0
         self._reattaching = False
         self.lock = threading.Lock()
 
     def show(self, update: pb.JobUpdate) -> None:
-        status = job_status_from_pb(update.job)
+        self.show_status(job_status_from_pb(update.job), [event_from_pb(e) for e in update.events])
+
+    def show_status(self, status: JobStatus, events: Sequence[JobEvent] = ()) -> None:
         with self.lock:
-            for e in update.events:
-                if e.seq and e.seq <= self._seen_seq:
+            for e in events:
+                if e.seq and e.seq <= self.seen_seq:
                     continue  # a watch opened again replays the timeline from its start
-                self._seen_seq = max(self._seen_seq, e.seq)
+                self.seen_seq = max(self.seen_seq, e.seq)
                 if e.kind == "recovered":
                     if self._reattaching:
                         self._line(f"[{status.job_id}] coordinator restarted; re-attaching", True)
