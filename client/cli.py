@@ -48,6 +48,8 @@ EXIT_INTERRUPTED = 130
 """Ctrl-C (a watched job goes on running)."""
 LOGS_DRAIN_S = 5.0
 """How long `submit --watch --logs` waits for the last output once the job has ended."""
+MAX_FORGET = 1000
+"""Most node names one `gelastic nodes --forget ...` takes."""
 
 DEFAULT_CALL_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
@@ -650,6 +652,8 @@ def _cmd_jobs(client: Client, args: argparse.Namespace) -> int:
 
 
 def _cmd_nodes(client: Client, args: argparse.Namespace) -> int:
+    if len(args.forget) > MAX_FORGET:
+        raise CliError(f"--forget: at most {MAX_FORGET} names at once")
     if args.forget:
         forgotten = {name: client.forget_node(name) for name in args.forget}
         if args.json:
@@ -703,7 +707,7 @@ def _cmd_result(client: Client, args: argparse.Namespace) -> int:
 
 
 def _cmd_logs(client: Client, args: argparse.Namespace) -> int:
-    if args.all:
+    if getattr(args, "all", False):
         job = client.job(args.job_id)
         ranks = sorted(w.global_rank for w in job.status().workers)
         if not ranks:
