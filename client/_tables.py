@@ -286,7 +286,9 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-_EVENT_LINE = "{:>5}  {:<12}  {:<16}  {:>7}  {:<12}  {:>4}  {}"
+# Wide enough for every event kind ("assign_undeliverable"): a streamed row cannot widen its
+# column afterwards, so a longer kind would shift the rest of its row off the header.
+_EVENT_LINE = "{:>5}  {:<12}  {:<20}  {:>7}  {:<12}  {:>4}  {}"
 
 
 def event_line_header() -> str:

@@ -239,3 +239,34 @@ def test_version(main: object, capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])  # type: ignore[operator]
     assert done.value.code == 0
     assert re.fullmatch(r"(gelastic|coordinator|nodeagent) \d+\.\d+\S*\n", capsys.readouterr().out)
+
+
+def test_followed_event_rows_line_up_with_their_header_for_every_kind() -> None:
+    from client._tables import event_line, event_line_header
+    from client.model import JobEvent
+
+    kinds = [
+        "submitted",
+        "round_formed",
+        "workers_started",
+        "worker_exited",
+        "worker_failed",
+        "stopping",
+        "restart",
+        "reform",
+        "node_lost",
+        "barrier_wait",
+        "barrier_timeout",
+        "stop_timeout",
+        "unkillable",
+        "adopted",
+        "recovered",
+        "assign_undeliverable",
+        "finished",
+    ]
+    header = event_line_header()
+    start = header.index("ATTEMPT")
+    for kind in kinds:
+        row = event_line(JobEvent(10001, "job-1", 1.0e9, kind, "why", 0, 1, "node-0", 3))
+        # The ATTEMPT column ends where its header does, whatever the kind before it.
+        assert row[start : start + len("ATTEMPT")].strip() == "0", (kind, row)
