@@ -381,7 +381,8 @@ class LocalCluster:
             # The failure reports name files in here (worker logs, error files): keep them.
             self.kept = self.workdir
             print(
-                f"gelastic: {len(failed)} job(s) failed ({', '.join(failed[:5])}); kept the "
+                f"gelastic: {len(failed)} job{'' if len(failed) == 1 else 's'} failed "
+                f"({', '.join(failed[:5])}); kept the "
                 f"cluster's directory {self.workdir} (worker logs in nodes/*/logs)",
                 file=sys.stderr,
             )
