@@ -270,3 +270,16 @@ def test_followed_event_rows_line_up_with_their_header_for_every_kind() -> None:
         row = event_line(JobEvent(10001, "job-1", 1.0e9, kind, "why", 0, 1, "node-0", 3))
         # The ATTEMPT column ends where its header does, whatever the kind before it.
         assert row[start : start + len("ATTEMPT")].strip() == "0", (kind, row)
+
+
+@pytest.mark.parametrize(
+    ("tty", "json_out", "want"), [(True, False, "0"), (False, False, None), (True, True, None)]
+)
+def test_watch_shows_rank_0_by_default_on_a_terminal_only(
+    tty: bool, json_out: bool, want: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli.sys, "stdout", _Out(tty))
+    argv = ["submit", "--watch", *(["--json"] if json_out else []), "--", "python", "x.py"]
+    args = cli._parser().parse_args(argv)
+    cli._check_submit_flags(args)
+    assert args.logs == want
