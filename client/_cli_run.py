@@ -174,16 +174,22 @@ def run_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the script as a program, without the Python interpreter",
     )
-    p.add_argument(
+    # torchrun's flags that change nothing here: listed in a group of their own.
+    compat = p.add_argument_group(
+        "accepted for compatibility with torchrun",
+        "these torchrun flags are accepted so a torchrun command line runs unchanged; "
+        "they change nothing here",
+    )
+    compat.add_argument(
         *_names("run-path"),
         dest="run_path",
         action="store_true",
-        help="accepted for torchrun compatibility: the script always runs in its own interpreter",
+        help="the script always runs in its own interpreter",
     )
-    p.add_argument(
+    compat.add_argument(
         "--standalone",
         action="store_true",
-        help="accepted for torchrun compatibility: every run is standalone",
+        help="every run is standalone",
     )
     p.add_argument(
         *_names("shutdown-timeout"),
@@ -229,17 +235,17 @@ def run_parser() -> argparse.ArgumentParser:
         help="log level of the embedded coordinator and agent (default ERROR: a worker's "
         "failure is in the report at the end)",
     )
-    for name in _IGNORED_WITH_VALUE:
-        p.add_argument(
-            *_names(name), dest=_ignored_dest(name), default=None, help=argparse.SUPPRESS
+    for name, why in _IGNORED_WITH_VALUE.items():
+        compat.add_argument(
+            *_names(name), dest=_ignored_dest(name), default=None, metavar="VALUE", help=why
         )
-    for name in _IGNORED_FLAGS:
-        p.add_argument(
+    for name, why in _IGNORED_FLAGS.items():
+        compat.add_argument(
             *_names(name),
             dest=_ignored_dest(name),
             action="store_true",
             default=None,
-            help=argparse.SUPPRESS,
+            help=why,
         )
     p.add_argument(
         "training_script",

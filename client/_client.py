@@ -12,14 +12,16 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import re
 import secrets
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, TextIO, TypeVar
+from typing import Any, BinaryIO, TextIO, TypeVar
 
 import grpc
 
@@ -214,6 +216,17 @@ class Client:
         shown = f"[{host}]" if ":" in host else host
         return f"{resp.scheme}://{shown}:{resp.port}/"
 
+    def forget_node(self, name: str) -> bool:
+        """Drop a lost node from the coordinator's list; False when no node had that name.
+
+        A live node is refused (GelasticError with FAILED_PRECONDITION)."""
+        req = pb.ForgetNodeRequest(name=name)
+        resp = self._call(
+            lambda: self._stub.ForgetNode(req, timeout=self.timeout, metadata=self._md),
+            idempotent=True,
+        )
+        return bool(resp.forgotten)
+
     def cancel(self, job_id: str) -> JobStatus:
         req = pb.CancelJobRequest(job_id=job_id)
         # Cancelling twice is harmless, so the call is safe to retry.
@@ -374,15 +387,22 @@ class Job:
         return replace(result, return_values=values, raw_return_values=raw)
 
     def wait(
-        self, timeout: float | None = None, *, progress: bool = False, out: TextIO | None = None
+        self,
+        timeout: float | None = None,
+        *,
+        progress: bool | _Progress = False,
+        out: TextIO | None = None,
     ) -> RunResult:
         """Block until the job is terminal and return its RunResult.
 
         Raises TimeoutError when `timeout` seconds pass first. With `progress`, prints one line
-        per change (or one updating line on a terminal).
+        per change of state (or one updating line on a terminal).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        printer = _Progress(out or sys.stderr) if progress else None
+        if isinstance(progress, _Progress):
+            printer: _Progress | None = progress
+        else:
+            printer = _Progress(out or sys.stderr) if progress else None
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -405,9 +425,17 @@ class Job:
                     raise
                 time.sleep(0.2)
             # A watch that ended without a result (coordinator restarting): ask once, then rewatch.
+            if printer is not None:
+                printer.reattaching()
             with _suppress_unavailable():
-                result = self.poll()
+                msg = self.client.get_job(self.job_id)
+                if printer is not None:
+                    # What happened meanwhile (a restart's recovery, the end): said once.
+                    printer.show_status(job_status_from_pb(msg), self.events(printer.seen_seq))
+                result = self._complete(_result_of(msg), msg.state)
                 if result is not None:
+                    if printer is not None:
+                        printer.done()
                     return result
 
     def cancel(self) -> JobStatus:
@@ -441,36 +469,99 @@ class _suppress_unavailable:
         return isinstance(ev, GelasticError) and ev.code == grpc.StatusCode.UNAVAILABLE
 
 
+_SHOWN_EVENTS = frozenset({"worker_failed", "node_lost", "restart", "round_formed"})
+"""Events the progress printer shows as lines of their own ("finished" is the last state line)."""
+_SECONDS = re.compile(r"\b\d+(?:\.\d+)? s\b")
+
+
 class _Progress:
-    """Live progress: one updating line on a terminal, plain lines otherwise."""
+    """Live progress: one updating line on a terminal; elsewhere a line per change of state.
+
+    Every line starts with the job's id. Worker output streamed beside it (`write_above`) goes
+    above the updating line, under the same lock, so the two never tear each other's lines.
+    """
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.tty = out.isatty()
         self.last = ""
+        self._last_key: tuple[object, ...] | None = None
+        self._open = False  # an updating line is on the terminal now
+        self.seen_seq = 0
+        self._reattaching = False
+        self.lock = threading.Lock()
 
     def show(self, update: pb.JobUpdate) -> None:
-        for e in update.events:
-            if e.kind in ("worker_failed", "node_lost", "restart", "round_formed", "finished"):
-                self._line(e.reason, keep=True)
-        line = progress_line(job_status_from_pb(update.job))
-        if line != self.last:
-            self._line(line, keep=False)
+        self.show_status(job_status_from_pb(update.job), [event_from_pb(e) for e in update.events])
+
+    def show_status(self, status: JobStatus, events: Sequence[JobEvent] = ()) -> None:
+        with self.lock:
+            for e in events:
+                if e.seq and e.seq <= self.seen_seq:
+                    continue  # a watch opened again replays the timeline from its start
+                self.seen_seq = max(self.seen_seq, e.seq)
+                if e.kind == "recovered":
+                    if self._reattaching:
+                        self._line(f"[{status.job_id}] coordinator restarted; re-attaching", True)
+                elif e.kind in _SHOWN_EVENTS:
+                    self._line(f"[{status.job_id}] {e.reason}", keep=True)
+            self._reattaching = False
+            line = progress_line(status)
+            if self.tty:
+                if line != self.last or not self._open:
+                    self._line(line, keep=False)
+            else:
+                # Countdowns ("closes in 3 s") change each second; a state change is the rest.
+                key = _progress_key(status)
+                if key != self._last_key:
+                    self._line(line, keep=True)
+                    self._last_key = key
             self.last = line
+
+    def reattaching(self) -> None:
+        """The watch broke (the coordinator went away): the next update says what happened."""
+        with self.lock:
+            self._reattaching = True
 
     def _line(self, text: str, keep: bool) -> None:
         if self.tty:
             # Reasons quote workers (failure messages): none of their escape sequences runs.
             text = strip_terminal_controls(text)
             self.out.write("\r\x1b[2K" + text + ("\n" if keep else ""))
+            self._open = not keep
         else:
             self.out.write(text + "\n")
         self.out.flush()
 
+    def write_above(self, stream: BinaryIO, data: bytes) -> None:
+        """Write `data` (whole lines) to `stream`, above the updating progress line."""
+        with self.lock:
+            if self._open:
+                self.out.write("\r\x1b[2K")
+                self.out.flush()
+            stream.write(data)
+            stream.flush()
+            if self._open:
+                self.out.write(strip_terminal_controls(self.last))
+                self.out.flush()
+
     def done(self) -> None:
-        if self.tty:
-            self.out.write("\n")
-            self.out.flush()
+        with self.lock:
+            if self.tty and self._open:
+                self.out.write("\n")
+                self.out.flush()
+            self._open = False
+
+
+def _progress_key(status: JobStatus) -> tuple[object, ...]:
+    from client.model import WorkerState
+
+    counts = tuple(
+        sum(1 for w in status.workers if w.state == s)
+        for s in (WorkerState.HEALTHY, WorkerState.SUCCEEDED, WorkerState.INIT)
+    )
+    reason = "" if status.state.value == "RUNNING" and status.workers else status.reason
+    return (status.state, status.attempt, status.round, counts, _SECONDS.sub("", reason))
 
 
 def progress_line(status: JobStatus) -> str:
@@ -488,7 +579,12 @@ def progress_line(status: JobStatus) -> str:
         if starting:
             parts.append(f"{starting} starting")
         return f"[{status.job_id}] attempt {status.attempt} running: {', '.join(parts)}"
-    return f"[{status.job_id}] {status.state.value.lower()}: {status.reason}"
+    state = status.state.value.lower()
+    reason = status.reason
+    # The coordinator's reasons often name the state already ("rendezvous: 2/3 nodes").
+    if reason.lower().startswith(state + ":"):
+        reason = reason[len(state) + 1 :].lstrip()
+    return f"[{status.job_id}] {state}: {reason}" if reason else f"[{status.job_id}] {state}"
 
 
 def _result_of(job: pb.Job) -> RunResult | None:

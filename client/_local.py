@@ -35,6 +35,7 @@ from typing import IO
 import psutil
 
 from client._client import CALL_TIMEOUT_S, Client
+from client.model import JobState
 from client.security import new_token_file
 
 __all__ = [
@@ -204,6 +205,8 @@ class LocalCluster:
         self.port = 0
         self.killed: list[KilledProcess] = []
         """Every process a `stop()` had to SIGKILL (empty when everything stopped on its own)."""
+        self.kept: Path | None = None
+        """The directory `stop()` kept because a job failed (its own temp dir only), or None."""
         self._client: Client | None = None
         self._token_file: Path | None = None
 
@@ -385,6 +388,7 @@ class LocalCluster:
         still carries the cluster's marker `grace` seconds later outlived its agent. Bounded,
         and safe to call twice.
         """
+        failed = self._failed_jobs() if self._own_tmp and self.kept is None else []
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -394,12 +398,32 @@ class LocalCluster:
         # Anything still carrying our marker was started by this cluster: it must not survive.
         killed += kill_marked(self.cluster_id, grace)
         self.killed.extend(killed)
-        if self._own_tmp:
+        if self._own_tmp and failed:
+            # The failure reports name files in here (worker logs, error files): keep them.
+            self.kept = self.workdir
+            print(
+                f"gelastic: {len(failed)} job{'' if len(failed) == 1 else 's'} failed "
+                f"({', '.join(failed[:5])}); kept the "
+                f"cluster's directory {self.workdir} (worker logs in nodes/*/logs)",
+                file=sys.stderr,
+            )
+        elif self._own_tmp and self.kept is None:
             shutil.rmtree(self.workdir, ignore_errors=True)
         if self._token_file is not None:
             shutil.rmtree(self._token_file.parent, ignore_errors=True)
             self._token_file = None
         return killed
+
+    def _failed_jobs(self) -> list[str]:
+        """Ids of the jobs that failed, asked (bounded) of a coordinator that still runs."""
+        if self.coordinator is None or self.coordinator.popen.poll() is not None:
+            return []
+        try:
+            with self.connect(timeout=5.0) as client:
+                jobs = client.list_jobs(include_finished=True)
+        except Exception:
+            return []
+        return [j.job_id for j in jobs if j.state == JobState.FAILED]
 
     def leftovers(self) -> list[psutil.Process]:
         """Live processes started by this cluster (coordinator, agents, workers)."""

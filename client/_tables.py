@@ -15,7 +15,15 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from client.model import JobEvent, JobStatus, NodeInfo, RunResult, WorkerState, WorkerStatus
+from client.model import (
+    JobEvent,
+    JobStatus,
+    NodeInfo,
+    RunResult,
+    WorkerState,
+    WorkerStatus,
+    signal_name,
+)
 
 __all__ = [
     "ago",
@@ -133,7 +141,7 @@ def status_text(s: JobStatus) -> str:
         f"state:     {s.state.value}",
         f"reason:    {_cell(s.reason) or '-'}",
         f"attempt:   {s.attempt} (round {s.round}); max_restarts {s.max_restarts}",
-        f"nodes:     {len(s.members)} (min {s.min_nodes}, max {s.max_nodes}); "
+        f"nodes:     {_nodes_now(s)} (min {s.min_nodes}, max {s.max_nodes}); "
         f"world size {s.world_size or '-'}",
         f"submitted: {_datetime(s.submitted_at)}"
         + (f"; finished {_datetime(s.finished_at)}" if s.finished_at > 0 else ""),
@@ -149,6 +157,7 @@ def status_text(s: JobStatus) -> str:
         )
     if s.workers:
         lines += ["", "ranks:"]
+        # An exited rank shows how it ended, not its last CPU and memory sample.
         worker_rows = [
             (
                 w.global_rank,
@@ -156,9 +165,9 @@ def status_text(s: JobStatus) -> str:
                 w.node,
                 w.state,
                 w.pid or "-",
-                f"{w.cpu_percent:.1f}",
-                f"{w.rss_bytes / (1024 * 1024):.1f}",
-                w.proc_state or "-",
+                "-" if _exited(w) else f"{w.cpu_percent:.1f}",
+                "-" if _exited(w) else f"{w.rss_bytes / (1024 * 1024):.1f}",
+                "-" if _exited(w) else (w.proc_state or "-"),
                 _exitcode(w),
             )
             for w in sorted(s.workers, key=lambda w: w.global_rank)
@@ -167,7 +176,7 @@ def status_text(s: JobStatus) -> str:
             table(
                 ("RANK", "LOCAL", "NODE", "STATE", "PID", "CPU%", "RSS_MB", "PROC", "EXIT"),
                 worker_rows,
-                right="RANK,LOCAL,PID,CPU%,RSS_MB,EXIT",
+                right="RANK,LOCAL,PID,CPU%,RSS_MB",
             )
         )
     return "\n".join(lines)
@@ -216,11 +225,25 @@ def result_text(result: RunResult, state: str) -> str:
     return "\n".join(lines)
 
 
-def _exitcode(w: WorkerStatus) -> object:
-    # A worker that has not exited has no exit code, whatever the wire's default says.
-    if w.exitcode is None or w.state in _NOT_EXITED:
+def _nodes_now(s: JobStatus) -> str:
+    # Before a round forms, the members are none but the nodes that joined its rendezvous are.
+    if s.members or s.state.is_terminal() or not s.nodes_joined:
+        return str(len(s.members))
+    return f"{s.nodes_joined} joined"
+
+
+def _exited(w: WorkerStatus) -> bool:
+    return w.exitcode is not None and w.state not in _NOT_EXITED
+
+
+def _exitcode(w: WorkerStatus) -> str:
+    """``exited 0``, ``signal SIGKILL``; ``-`` for a worker that has not exited, whatever the
+    wire's default says."""
+    if w.exitcode is None or not _exited(w):
         return "-"
-    return w.exitcode
+    if w.exitcode < 0:
+        return f"signal {signal_name(-w.exitcode)}"
+    return f"exited {w.exitcode}"
 
 
 _NOT_EXITED = frozenset(
@@ -263,7 +286,9 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-_EVENT_LINE = "{:>5}  {:<12}  {:<16}  {:>7}  {:<12}  {:>4}  {}"
+# Wide enough for every event kind ("assign_undeliverable"): a streamed row cannot widen its
+# column afterwards, so a longer kind would shift the rest of its row off the header.
+_EVENT_LINE = "{:>5}  {:<12}  {:<20}  {:>7}  {:<12}  {:>4}  {}"
 
 
 def event_line_header() -> str:

@@ -19,7 +19,8 @@ from typing import Any, NoReturn, TextIO
 
 import grpc
 
-from client._client import DEFAULT_COORDINATOR, Client, GelasticError, Job
+from client._client import DEFAULT_COORDINATOR, Client, GelasticError, Job, _Progress
+from client._logrelay import LogRelay, parse_logs_choice, print_all_ranks
 from client._tables import (
     event_line,
     event_line_header,
@@ -34,6 +35,7 @@ from client._terminal import TerminalFilter
 from client.model import JobSpec, JobState, RunResult, SpecError, is_function_reference
 from client.results import trusted_load
 from client.security import Security, describe_tls_failure
+from client.wire import job_status_from_pb
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "CliError", "main", "parse_nnodes"]
 
@@ -42,6 +44,12 @@ EXIT_FAILED = 1
 """The job failed or was cancelled."""
 EXIT_USAGE = 2
 """Bad usage, an unreachable coordinator, or a request the coordinator refused."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (a watched job goes on running)."""
+LOGS_DRAIN_S = 5.0
+"""How long `submit --watch --logs` waits for the last output once the job has ended."""
+MAX_FORGET = 1000
+"""Most node names one `gelastic nodes --forget ...` takes."""
 
 DEFAULT_CALL_TIMEOUT_S = 10.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
@@ -70,6 +78,24 @@ class CliError(Exception):
 
 def one_line(text: str) -> str:
     return " ".join(str(text).split())
+
+
+class _Version(argparse.Action):
+    """--version: the installed distribution's version, looked up only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: Any) -> None:
+        kw.setdefault("help", "print the version and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kw: object) -> None:
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("gelastic")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown (not installed)"
+        sys.stdout.write(f"{parser.prog} {version}\n")
+        parser.exit(0)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -200,6 +226,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 success, 1 the job failed or was cancelled, 2 usage or "
         "connection error.",
     )
+    p.add_argument("--version", action=_Version)
     _add_connection_options(p, suppress=False)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
@@ -345,6 +372,16 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="with --watch: give up waiting after S seconds (exit 2)",
     )
+    s.add_argument(
+        "--logs",
+        nargs="?",
+        const="rank0",
+        default=None,
+        metavar="rank0|all|N|none",
+        help="with --watch: print the workers' output as they run, stdout to stdout and "
+        "stderr to stderr: rank 0's (the default, on when stdout is a terminal), every "
+        "rank's with a [rank]: prefix, rank N's, or none",
+    )
     _add_json(s)
     s.add_argument(
         "entry",
@@ -359,14 +396,21 @@ def _parser() -> argparse.ArgumentParser:
     _add_json(s)
 
     s = command("nodes", "list nodes")
+    s.add_argument(
+        "--forget",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="drop lost node NAME from the list now (repeatable; a live node is refused)",
+    )
     _add_json(s)
 
     s = command("status", "show a job: state, reason, members, and every rank")
-    s.add_argument("job_id", metavar="JOB")
+    s.add_argument("job_id", metavar="JOB", help="the job's id")
     _add_json(s)
 
     s = command("result", "show a finished job's return values or its failure report")
-    s.add_argument("job_id", metavar="JOB")
+    s.add_argument("job_id", metavar="JOB", help="the job's id")
     s.add_argument(
         "--trusted-load",
         action="store_true",
@@ -377,9 +421,11 @@ def _parser() -> argparse.ArgumentParser:
     _add_json(s)
 
     s = command("logs", "print a rank's output (raw bytes)")
-    s.add_argument("job_id", metavar="JOB")
+    s.add_argument("job_id", metavar="JOB", help="the job's id")
     s.add_argument("--rank", type=int, default=0, help="global rank (default %(default)s)")
-    s.add_argument("--stream", choices=("stdout", "stderr"), default="stdout")
+    s.add_argument(
+        "--stream", choices=("stdout", "stderr"), default="stdout", help="which output stream"
+    )
     s.add_argument(
         "--attempt", type=int, default=None, metavar="N", help="which attempt (default: the latest)"
     )
@@ -389,9 +435,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="one JSON object per line: job, rank, stream, line (UTF-8, bad bytes replaced)",
     )
+    s.add_argument(
+        "--all", action="store_true", help="every rank, each line prefixed [rank]: (not --rank)"
+    )
 
     s = command("events", "print a job's timeline")
-    s.add_argument("job_id", metavar="JOB")
+    s.add_argument("job_id", metavar="JOB", help="the job's id")
     s.add_argument(
         "--after", type=int, default=0, metavar="SEQ", help="only events after this sequence number"
     )
@@ -411,7 +460,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_json(s)
 
     s = command("cancel", "stop every worker of a job; the job ends CANCELED")
-    s.add_argument("job_id", metavar="JOB")
+    s.add_argument("job_id", metavar="JOB", help="the job's id")
     s.add_argument("--wait", action="store_true", help="return once the job has ended")
     s.add_argument(
         "--wait-timeout",
@@ -574,6 +623,36 @@ def _check_spec(spec: JobSpec) -> None:
         raise CliError(f"invalid job: {exc}") from None
 
 
+def _check_submit_flags(args: argparse.Namespace) -> None:
+    # Refused rather than ignored: each of these only means something while watching.
+    if args.wait_timeout is not None and not args.watch:
+        raise CliError("--wait-timeout needs --watch")
+    if args.logs is not None:
+        if not args.watch:
+            raise CliError("--logs needs --watch")
+        try:
+            args.logs = parse_logs_choice(args.logs)
+        except ValueError as exc:
+            raise CliError(f"--logs: {exc}") from None
+        if args.json and args.logs != "none":
+            raise CliError("--logs writes the workers' output to stdout: not with --json")
+    elif args.watch and not args.json and sys.stdout.isatty():
+        args.logs = "0"
+
+
+class _WatchProgress(_Progress):
+    """The progress lines, and the ranks' output streamed above them."""
+
+    def __init__(self, out: TextIO, job: Job, logs: str | None) -> None:
+        super().__init__(out)
+        self.relay = LogRelay(job, logs, self.write_above) if logs not in (None, "none") else None
+
+    def show(self, update: Any) -> None:
+        super().show(update)
+        if self.relay is not None:
+            self.relay.update(job_status_from_pb(update.job))
+
+
 def _cmd_submit(client: Client, args: argparse.Namespace) -> int:
     job = client.submit(build_spec(args))
     if not args.watch:
@@ -584,10 +663,23 @@ def _cmd_submit(client: Client, args: argparse.Namespace) -> int:
         return EXIT_OK
     if not args.json:
         print(job.job_id, flush=True)
+    printer = _WatchProgress(sys.stderr, job, args.logs)
     try:
-        job.wait(args.wait_timeout, progress=True, out=sys.stderr)
+        job.wait(args.wait_timeout, progress=printer)
     except TimeoutError as exc:
         raise CliError(str(exc)) from None
+    except KeyboardInterrupt:
+        # Ctrl-C stops the watching, not the job.
+        printer.done()
+        print(
+            f"gelastic submit: detached; job {job.job_id} is still running "
+            f"(gelastic cancel {job.job_id})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_INTERRUPTED
+    if printer.relay is not None:
+        printer.relay.join(LOGS_DRAIN_S)
     state, result = _finished(job)
     if args.json:
         _print_json(_result_json(job.job_id, state, result))
@@ -606,6 +698,16 @@ def _cmd_jobs(client: Client, args: argparse.Namespace) -> int:
 
 
 def _cmd_nodes(client: Client, args: argparse.Namespace) -> int:
+    if len(args.forget) > MAX_FORGET:
+        raise CliError(f"--forget: at most {MAX_FORGET} names at once")
+    if args.forget:
+        forgotten = {name: client.forget_node(name) for name in args.forget}
+        if args.json:
+            _print_json({"forgotten": [n for n, done in forgotten.items() if done]})
+        else:
+            for name, done in forgotten.items():
+                print(f"{name} forgotten" if done else f"{name}: no such node", flush=True)
+        return EXIT_OK
     nodes = client.list_nodes()
     if args.json:
         _print_json(nodes)
@@ -679,6 +781,17 @@ class _JsonLogLines:
 
 
 def _cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    if getattr(args, "all", False):
+        if getattr(args, "json", False):
+            raise CliError("logs: --all and --json cannot be combined; use --json per --rank")
+        job = client.job(args.job_id)
+        ranks = sorted(w.global_rank for w in job.status().workers)
+        if not ranks:
+            raise CliError(f"job {args.job_id} has no ranks yet", EXIT_FAILED)
+        missing = print_all_ranks(job, ranks, args.stream, args.attempt, args.follow)
+        if missing:
+            print(f"gelastic logs: {missing} of {len(ranks)} ranks had no log", file=sys.stderr)
+        return EXIT_OK
     out = sys.stdout.buffer
     # Raw bytes into a pipe or a file; on a terminal, no escape sequence of the worker's runs.
     # With --json, one object per line (JSON escapes every control character).
@@ -831,6 +944,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     client: Client | None = None
     try:
         if args.command == "submit":
+            _check_submit_flags(args)
             _check_spec(build_spec(args))
         try:
             client = _connect(args)
@@ -848,7 +962,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gelastic {args.command}: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # `gelastic logs JOB | head`: the reader is gone; say nothing more.
         _silence_stdout()

@@ -52,6 +52,7 @@ __all__ = [
     "EventRecorded",
     "JobChanged",
     "JobNotFound",
+    "NodeIsLive",
     "NodeNameInUse",
     "ReleaseRound",
     "RequestPort",
@@ -81,6 +82,10 @@ MAX_NODES_KEPT = 1_000
 
 class JobNotFound(KeyError):
     """No job has this id."""
+
+
+class NodeIsLive(ValueError):
+    """A request that only a lost node allows named a live one."""
 
 
 class NodeNameInUse(ValueError):
@@ -236,6 +241,10 @@ class ClusterConfig:
     """Finished jobs kept (with their events and results); the oldest beyond are deleted."""
     retain_seconds: float = 7 * 24 * 3600.0
     """How long a finished job, and a node that is gone, is kept."""
+    lost_node_retention: float = 24 * 3600.0
+    """How long a lost node stays listed (from when it was last seen) before it is dropped."""
+    max_lost_nodes: int = 1000
+    """Lost nodes kept at most; past it the longest unseen are dropped first."""
     start_timeout: float = 120.0
     """Seconds a node has, from a round's assignment, until every worker of it reported started.
     Past it the round fails: a platform failure of each rank that did not start, which spends
@@ -249,6 +258,10 @@ class ClusterConfig:
             raise ValueError(f"retain_jobs: must be >= 0, got {self.retain_jobs}")
         if not self.retain_seconds >= 0:
             raise ValueError(f"retain_seconds: must be >= 0, got {self.retain_seconds}")
+        if not self.lost_node_retention >= 0:
+            raise ValueError(f"lost_node_retention: must be >= 0, got {self.lost_node_retention}")
+        if self.max_lost_nodes < 0:
+            raise ValueError(f"max_lost_nodes: must be >= 0, got {self.max_lost_nodes}")
 
 
 @dataclass
@@ -589,7 +602,9 @@ class Cluster:
                 continue
             n.jobs = {}
             n.attached = False
-            n.last_seen = now + max(0.0, reconnect_grace - self.config.lease)
+            if n.live:
+                # A lost node keeps the time it was really last seen; a live one gets the grace.
+                n.last_seen = now + max(0.0, reconnect_grace - self.config.lease)
             self._nodes[n.name] = n
             self._n_live += 1 if n.live else 0
         for i, d in enumerate(jobs):
@@ -884,7 +899,9 @@ class Cluster:
             job.start_deadline = None
         if job.state == JobState.RUNNING and self._all_started(job):
             self._set_reason(
-                job, f"attempt {job.attempt} running: {self._worker_count(job)} workers", now
+                job,
+                f"attempt {job.attempt} running: {_count(self._worker_count(job), 'worker')}",
+                now,
             )
         self._changed(job)
         return self._finish(now)
@@ -1156,7 +1173,7 @@ class Cluster:
                 self._set_reason(
                     job,
                     f"waiting for free nodes: {len(free)}/{spec.min_nodes} free "
-                    f"({capacity} nodes fit this job once busy ones finish)",
+                    f"({_count(capacity, 'node')} fit this job once busy ones finish)",
                     now,
                 )
             elif now >= job.join_deadline:
@@ -1165,7 +1182,8 @@ class Cluster:
                     JobState.FAILED,
                     WorkerState.FAILED,
                     f"rendezvous timed out after {spec.join_timeout:g} s: only {capacity} of "
-                    f"min_nodes={spec.min_nodes} nodes with {spec.nproc_per_node} free slots joined",
+                    f"min_nodes={spec.min_nodes} nodes with {_count(spec.nproc_per_node, 'free slot')} "
+                    "joined",
                     now,
                 )
             else:
@@ -1262,7 +1280,7 @@ class Cluster:
             job,
             now,
             "round_formed",
-            f"round {job.round} formed with {len(ordered)} nodes "
+            f"round {job.round} formed with {_count(len(ordered), 'node')} "
             f"({_named(f'{m.node}=group {m.group_rank}' for m in job.members[: MAX_NODES_NAMED + 1])}"
             f"{_more(len(job.members))}); world size {ranks[0].world_size}",
         )
@@ -1301,7 +1319,7 @@ class Cluster:
         job.start_deadline = now + self.config.start_timeout
         self._transition(job, JobState.RUNNING, now)
         self._set_reason(
-            job, f"attempt {job.attempt} starting: {self._worker_count(job)} workers", now
+            job, f"attempt {job.attempt} starting: {_count(self._worker_count(job), 'worker')}", now
         )
         self._changed(job)
 
@@ -1761,13 +1779,34 @@ class Cluster:
             self._effects.append(Forgotten(job_id=job.job_id))
 
     def _retain_nodes(self, now: float) -> None:
-        for node in list(self._nodes.values()):
-            if node.live or node.jobs or now - node.last_seen <= self.config.retain_seconds:
+        """Drop lost nodes past `lost_node_retention`, then the longest unseen past the count."""
+        lost = sorted(
+            (n for n in self._nodes.values() if not n.live and not n.jobs),
+            key=lambda n: n.last_seen,
+        )
+        named = {m.node for job in self._active_jobs() for m in job.members}
+        keep_for = min(self.config.lost_node_retention, self.config.retain_seconds)
+        excess = len(lost) - self.config.max_lost_nodes
+        for node in lost:
+            too_old = now - node.last_seen > keep_for
+            if not (too_old or excess > 0):
                 continue
-            if any(job.member(node.name) is not None for job in self._active_jobs()):
+            if node.name in named:
                 continue  # an active job's history still names it
+            excess -= 1
             del self._nodes[node.name]
             self._effects.append(Forgotten(node=node.name))
+
+    def forget_node(self, name: str, now: float) -> list[Effect]:
+        """Drop a lost node from the list now. A live node is refused (NodeIsLive); an unknown
+        name is nothing to do."""
+        node = self._nodes.get(name)
+        if node is not None:
+            if node.live:
+                raise NodeIsLive(f"node {name!r} is {'live' if node.attached else 'reconnecting'}")
+            del self._nodes[name]
+            self._effects.append(Forgotten(node=name))
+        return self._finish(now)
 
     def _release_all(self, job: _Job) -> None:
         for m in job.members:
@@ -2045,6 +2084,11 @@ def _named(items: Iterable[str]) -> str:
     return ", ".join(list(items)[:MAX_NODES_NAMED])
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 node``, ``2 nodes``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _more(count: int) -> str:
     return f" ... and {count - MAX_NODES_NAMED:,} more nodes" if count > MAX_NODES_NAMED else ""
 
@@ -2171,6 +2215,7 @@ def _describe_spec(spec: JobSpec) -> str:
         else f"{spec.min_nodes}:{spec.max_nodes}"
     )
     return (
-        f"submitted {what}: {nodes} nodes x {spec.nproc_per_node} workers, "
+        f"submitted {what}: {nodes} node{'' if nodes == '1' else 's'} x "
+        f"{_count(spec.nproc_per_node, 'worker')}, "
         f"max_restarts={spec.max_restarts}"
     )

@@ -45,6 +45,7 @@ from coordinator._cluster import (
     Forgotten,
     JobChanged,
     JobNotFound,
+    NodeIsLive,
     NodeNameInUse,
     ReleaseRound,
     RequestPort,
@@ -180,6 +181,7 @@ class CoordinatorService:
         self._flush_wanted = asyncio.Event()
         self._flush_task: asyncio.Task[None] | None = None
         self._restore_effects: list[Effect] = []
+        self._stopping = False
         # Nothing an agent is told and nothing a client reads runs ahead of the disk: messages
         # to agents wait here (in order) while a change they follow is not yet written, and
         # readers of a job wait while that job has unwritten changes.
@@ -238,6 +240,9 @@ class CoordinatorService:
             self.apply(effects)
 
     async def stop(self) -> None:
+        # The sessions end because this process stops, not because their nodes went away:
+        # nobody is told those nodes were lost (a restart gives them the reconnect grace).
+        self._stopping = True
         for task in (self._tick_task, self._flush_task):
             if task is not None:
                 task.cancel()
@@ -672,6 +677,8 @@ class CoordinatorService:
         if self._sessions.get(session.name) is session:
             del self._sessions[session.name]
             self._dirty_nodes.add(session.name)
+            if self._stopping:
+                return
             self.apply(
                 self.cluster.node_disconnected(session.name, session.incarnation, self.now())
             )
@@ -980,6 +987,32 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListNodesResponse:
         return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in self._svc.cluster.nodes()])
+
+    async def ForgetNode(
+        self, request: pb.ForgetNodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ForgetNodeResponse:
+        try:
+            if not is_name(request.name):
+                raise RequestError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"name: must be 1-128 of [A-Za-z0-9_.-], got {request.name[:200]!r}",
+                )
+            svc = self._svc
+            known = svc.cluster.dump_node(request.name) is not None
+            try:
+                effects = svc.cluster.forget_node(request.name, svc.now())
+            except NodeIsLive as exc:
+                raise RequestError(
+                    grpc.StatusCode.FAILED_PRECONDITION, f"{exc}: only a lost node can be forgotten"
+                ) from None
+            svc.apply(effects)
+            await svc.flush()
+            if known:
+                logger.info("node %s forgotten on request", request.name)
+            return pb.ForgetNodeResponse(forgotten=known)
+        except Exception as exc:
+            await _abort_for(context, exc)
+            raise
 
     async def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext

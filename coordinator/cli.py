@@ -8,14 +8,34 @@ import gc
 import logging
 import signal
 import sys
+from typing import Any
 
 from coordinator.server import Coordinator, CoordinatorConfig
 
 __all__ = ["main"]
 
 
+class _Version(argparse.Action):
+    """--version: the installed distribution's version, looked up only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: Any) -> None:
+        kw.setdefault("help", "print the version and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kw: object) -> None:
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("gelastic")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown (not installed)"
+        sys.stdout.write(f"{parser.prog} {version}\n")
+        parser.exit(0)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="coordinator", description="gelastic coordinator")
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the coordinator")
     d = CoordinatorConfig()
@@ -69,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
         help="how long finished jobs and gone nodes are kept (default %(default)s = 7 days)",
     )
     s.add_argument(
+        "--lost-node-retention",
+        type=float,
+        default=d.lost_node_retention,
+        metavar="SECONDS",
+        help="how long a lost node stays in the node list (default %(default)g = 24 h; at most "
+        "the --retain-seconds; `gelastic nodes --forget NAME` drops one at once)",
+    )
+    s.add_argument(
         "--start-timeout",
         type=float,
         default=d.start_timeout,
@@ -115,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--port-file", default="", help="write the port actually bound to this file once listening"
     )
-    s.add_argument("--log-level", default="INFO")
+    s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
 
 
@@ -165,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         reconnect_grace=args.reconnect_grace,
         retain_jobs=args.retain_jobs,
         retain_seconds=args.retain_seconds,
+        lost_node_retention=args.lost_node_retention,
         start_timeout=args.start_timeout,
         token_file=args.token_file,
         agent_token_file=args.agent_token_file,

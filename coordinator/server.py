@@ -68,6 +68,8 @@ class CoordinatorConfig:
     """Finished jobs kept, with their events and results; the oldest beyond are deleted."""
     retain_seconds: float = 7 * 24 * 3600.0
     """How long a finished job, and a node that is gone, is kept before it is deleted."""
+    lost_node_retention: float = 24 * 3600.0
+    """How long a lost node stays listed (from when it was last seen) before it is dropped."""
     start_timeout: float = 120.0
     """Seconds a node has, from a round's assignment, until all its workers reported started;
     past it the round fails (a platform failure that spends one restart)."""
@@ -145,6 +147,10 @@ class CoordinatorConfig:
             raise ValueError(f"retain_jobs: must be 0-10000000, got {self.retain_jobs}")
         if not 0 <= self.retain_seconds <= 10 * 365 * 86400:
             raise ValueError(f"retain_seconds: must be 0 to 10 years, got {self.retain_seconds}")
+        if not 0 <= self.lost_node_retention <= 10 * 365 * 86400:
+            raise ValueError(
+                f"lost_node_retention: must be 0 to 10 years, got {self.lost_node_retention}"
+            )
         self.etcd_settings()
         if not 0 < self.start_timeout <= 7 * 86400:
             raise ValueError(f"start_timeout: must be in (0, 7 days] s, got {self.start_timeout}")
@@ -253,6 +259,7 @@ class Coordinator:
                 lease=self.config.lease,
                 retain_jobs=self.config.retain_jobs,
                 retain_seconds=self.config.retain_seconds,
+                lost_node_retention=self.config.lost_node_retention,
                 start_timeout=self.config.start_timeout,
             ),
             store=self.store,

@@ -14,6 +14,7 @@ import asyncio  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
+from typing import Any  # noqa: E402
 
 from nodeagent._launch import without_agent_secrets  # noqa: E402
 from nodeagent.session import AgentConfig, NodeAgent  # noqa: E402
@@ -21,9 +22,28 @@ from nodeagent.session import AgentConfig, NodeAgent  # noqa: E402
 __all__ = ["main"]
 
 
+class _Version(argparse.Action):
+    """--version: the installed distribution's version, looked up only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: Any) -> None:
+        kw.setdefault("help", "print the version and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kw: object) -> None:
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("gelastic")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown (not installed)"
+        sys.stdout.write(f"{parser.prog} {version}\n")
+        parser.exit(0)
+
+
 def _parser() -> argparse.ArgumentParser:
     d = AgentConfig(coordinator="127.0.0.1:29400")
     p = argparse.ArgumentParser(prog="nodeagent", description="gelastic node agent")
+    p.add_argument("--version", action=_Version)
     p.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator")
     p.add_argument(
         "--slots",
@@ -87,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds to let workers stop when the agent is asked to exit",
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
 
 

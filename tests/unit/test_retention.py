@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from client.model import JobState
-from coordinator._cluster import Cluster, ClusterConfig, Forgotten
+from coordinator._cluster import Cluster, ClusterConfig, Forgotten, NodeIsLive
 from coordinator._codec import encode
 
 from ._cluster_driver import Driver, of_type, spec
@@ -95,3 +97,58 @@ def test_restore_trims_to_the_same_bounds() -> None:
     out = c.restore(jobs, events, nodes, d.now, reconnect_grace=15.0)
     assert c.job_ids() == ["j3"]
     assert sorted(f.job_id for f in of_type(out, Forgotten)) == ["j0", "j1", "j2"]
+
+
+def test_lost_nodes_are_dropped_after_the_lost_node_retention() -> None:
+    d = Driver(_config(lost_node_retention=100.0))
+    d.connect("n0")
+    d.connect("n1")
+    d.disconnect("n1")
+    d.advance(70)
+    assert {n.name for n in d.cluster.nodes()} == {"n0", "n1"}
+    d.advance(100)
+    assert {n.name for n in d.cluster.nodes()} == {"n0"}
+    assert Forgotten(node="n1") in d.history
+
+
+def test_lost_nodes_beyond_the_count_go_longest_unseen_first() -> None:
+    d = Driver(_config(max_lost_nodes=2))
+    d.connect("live")
+    for i in range(4):
+        d.connect(f"gone{i}")
+    for i in range(4):
+        d.advance(1)
+        d.disconnect(f"gone{i}")
+    d.advance(61)  # the node retention runs once a minute
+    assert {n.name for n in d.cluster.nodes()} == {"live", "gone2", "gone3"}
+    assert {f.node for f in of_type(d.history, Forgotten)} == {"gone0", "gone1"}
+
+
+def test_a_restart_keeps_the_time_a_lost_node_was_last_seen() -> None:
+    d = Driver(_config())
+    d.connect("n0")
+    d.connect("n1")
+    d.advance(5)
+    d.disconnect("n1")
+    lost_at = next(n.last_seen for n in d.cluster.nodes() if n.name == "n1")
+    d.advance(600)
+    nodes = [json.loads(json.dumps(n)) for n in d.cluster.dump_nodes()]
+    c = Cluster(_config())
+    c.restore([], [], nodes, d.now, reconnect_grace=15.0)
+    after = {n.name: n for n in c.nodes()}
+    assert after["n1"].state == "lost"
+    assert after["n1"].last_seen == lost_at
+    assert after["n0"].last_seen >= d.now  # a live one gets the reconnect grace
+
+
+def test_forget_node_drops_a_lost_node_refuses_a_live_one_and_ignores_unknown() -> None:
+    d = Driver(_config())
+    d.connect("n0")
+    d.connect("n1")
+    d.disconnect("n1")
+    with pytest.raises(NodeIsLive):
+        d.cluster.forget_node("n0", d.now)
+    assert Forgotten(node="n1") in d.cluster.forget_node("n1", d.now)
+    assert of_type(d.cluster.forget_node("n1", d.now), Forgotten) == []
+    assert of_type(d.cluster.forget_node("nobody", d.now), Forgotten) == []
+    assert {n.name for n in d.cluster.nodes()} == {"n0"}

@@ -89,6 +89,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetDashboardRequest.SerializeToString,
                 response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetDashboardResponse.FromString,
                 _registered_method=True)
+        self.ForgetNode = channel.unary_unary(
+                '/gelastic.v1.Coordinator/ForgetNode',
+                request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ForgetNodeRequest.SerializeToString,
+                response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ForgetNodeResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -162,6 +167,12 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -219,6 +230,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetDashboard,
                     request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetDashboardRequest.FromString,
                     response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetDashboardResponse.SerializeToString,
+            ),
+            'ForgetNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetNode,
+                    request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ForgetNodeRequest.FromString,
+                    response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ForgetNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -518,6 +534,33 @@ class Coordinator:
             '/gelastic.v1.Coordinator/GetDashboard',
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetDashboardRequest.SerializeToString,
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetDashboardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gelastic.v1.Coordinator/ForgetNode',
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ForgetNodeRequest.SerializeToString,
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ForgetNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
