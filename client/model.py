@@ -503,7 +503,8 @@ def _function_entrypoint(fn: Callable[..., Any]) -> tuple[str, str, Any]:
             )
         main_path = os.path.abspath(file)
     resolved = _lookup(sys.modules.get(module), qualname)
-    if resolved is not target:
+    # A classmethod is bound anew on each lookup: equal (same class, same function), not identical.
+    if not (resolved is target or (isinstance(target, types.MethodType) and resolved == target)):
         raise SpecError(
             "entrypoint",
             f"{name} does not name {_shown(fn)} (a worker importing {name} gets another "

@@ -463,7 +463,8 @@ def check_main_script(main_path: str, cwd: str) -> None:
         st = os.stat(path)
     except OSError as e:
         raise ValueError(
-            f"main_path {shown!r} cannot be used on this node: {e.strerror or e}"
+            f"main_path {shown!r} cannot be used on this node: {e.strerror or e} (a function "
+            "of a main script needs that script at the same path on every node)"
         ) from None
     if not stat.S_ISREG(st.st_mode):
         raise ValueError(f"main_path {shown!r} is not a regular file on this node")
