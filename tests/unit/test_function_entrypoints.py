@@ -20,6 +20,7 @@ from client.assignment import RoundAssignment, WorkerRanks
 from client.model import MAX_FUNCTION_ARGS_BYTES, JobSpec, SpecError, function_reference
 from client.wire import spec_from_pb, spec_to_pb
 from nodeagent._launch import build_launch_plan, check_main_script
+from protos.gelastic.v1 import gelastic_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]
 HOW = "define it at the top level of an importable module or of the script you run"
@@ -176,7 +177,7 @@ def test_a_name_that_holds_another_object_is_refused() -> None:
 
 def _unwrapped_shadowed() -> Any:
     # The function `shadowed` was defined as before the decorator replaced it.
-    inner = shadowed.__closure__[0].cell_contents  # type: ignore[index]
+    inner = shadowed.__closure__[0].cell_contents
     assert inner.__qualname__ == "shadowed"
     return inner
 
@@ -299,3 +300,10 @@ def test_the_agent_refuses_a_main_path_that_is_not_a_regular_py_file(tmp_path: P
         with pytest.raises(ValueError, match=needle) as info:
             check_main_script(bad, str(tmp_path))
         assert bad in str(info.value)
+
+
+def test_the_coordinator_refuses_a_bad_main_path_from_the_wire() -> None:
+    msg = pb.JobSpec(function="__main__:train", main_path="/x/\x00.py")
+    with pytest.raises(SpecError) as info:
+        spec_from_pb(msg).validate()  # what Submit runs before storing anything
+    assert info.value.field == "main_path"
