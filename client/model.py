@@ -329,11 +329,11 @@ class JobSpec:
             object.__setattr__(self, "entrypoint", tuple(ep))
         if not self.function:
             object.__setattr__(self, "args", tuple(self.args))
+        elif not self.function_args:  # not yet pickled by submit(): say now what cannot be
+            _check_picklable(self.function, self.args, self.kwargs)
         object.__setattr__(self, "env", dict(self.env))
         object.__setattr__(self, "preload", tuple(self.preload))
         object.__setattr__(self, "kwargs", dict(self.kwargs))
-        if self.function and not self.function_args:
-            _check_picklable(self.function, self.args, self.kwargs)
 
     def __repr__(self) -> str:
         # The public fields only; a function entrypoint shows as the reference it was given.
