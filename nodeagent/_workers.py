@@ -75,6 +75,17 @@ _READ_CHUNK = 65536
 _MAX_PARTIAL_LINE = 64 * 1024
 _EXIT_NOT_FOUND = 127
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGKILL})
+
+
+def _stopped_by_us(handle: Any, rc: int) -> bool:
+    """Whether a death by signal `-rc` is the agent's stop: one of its stop signals, and one it
+    sent (a worker SIGKILLed by someone else while the stop began is a failure, not a stop)."""
+    if -rc not in _STOP_SIGNALS:
+        return False
+    sent = getattr(handle, "signals_sent", None)
+    return sent is None or -rc in sent
+
+
 _EXIT_CANNOT_EXECUTE = 126
 _STORE_STOP_GRACE = 2.0
 # errnos that mean the agent's host, not the worker's program, is at fault.
@@ -817,7 +828,9 @@ class WorkerGroup:
             # During a stop, only a death by the agent's own signals (or a clean exit) is "stopped
             # on purpose". A worker that fails by itself meanwhile, e.g. on the collective its
             # crashed peer broke, is a real (collateral) failure and must be reported as one.
-            stopped = stopping and w.kill_reason is None and (rc == 0 or -rc in _STOP_SIGNALS)
+            stopped = (
+                stopping and w.kill_reason is None and (rc == 0 or _stopped_by_us(w.handle, rc))
+            )
             # A worker that recorded its failure is a failure however it ends (the stop that its
             # own early report caused usually cuts its teardown short).
             stopped = stopped and w.early is None

@@ -576,6 +576,27 @@ async def test_stop_escalates_to_sigkill(h: Harness) -> None:
     assert g.state is WorkerState.STOPPED
 
 
+async def test_a_worker_killed_by_another_while_the_stop_waits_is_a_failure(h: Harness) -> None:
+    # The stop has sent SIGTERM (ignored) and waits its grace; someone else SIGKILLs the worker
+    # meanwhile. The agent never sent SIGKILL, so this death is the worker's failure, not a stop.
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(120)"
+    )
+    console = Console()
+    g, exits = h.group(JobSpec(entrypoint=[PY, "-c", code]), console=console)
+    pids = await h.start(g)
+    await console.wait_for("ready")
+    stopping = asyncio.ensure_future(g.stop(30.0))
+    handle = g._workers[0].handle
+    assert await poll_until(lambda: signal.SIGTERM in handle.signals_sent, DEADLINE)
+    os.kill(pids[0], signal.SIGKILL)
+    assert await asyncio.wait_for(stopping, DEADLINE) == []
+    (ex,) = exits.items
+    assert (ex.exitcode, ex.stopped_by_agent) == (-9, False)
+    assert ex.failure is not None and ex.failure.signal == "SIGKILL"
+
+
 async def test_stop_with_sigterm_and_close_without_stop(h: Harness) -> None:
     console = Console()
     code = "import time; print('up', flush=True); time.sleep(120)"
