@@ -5,8 +5,8 @@ holds: in a 0600 file of a private 0700 temp dir) and one node agent inside this
 asyncio loop in a background thread, submits the script as a one-node job and waits for it with
 the Python client, like any other job. Worker output is teed to this console with a `[rank]:`
 prefix, a failure ends with the torchelastic-style failure report, and the exit code is
-torchrun's: 0 when every rank succeeded, 1 otherwise. SIGINT, SIGTERM and SIGHUP cancel the job
-and stop everything before the command exits.
+torchrun's: 0 when every rank succeeded, 1 otherwise. SIGINT, SIGTERM, SIGHUP and SIGQUIT cancel
+the job and stop everything before the command exits.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 from client._client import Client, GelasticError, Job
 from client._terminal import strip_terminal_controls
-from client.model import JobSpec, JobState, RunResult, SpecError, is_name
+from client.model import JobSpec, JobState, RunResult, SpecError, is_host, is_name
 from client.security import new_token_file
 
 __all__ = ["EmbeddedCluster", "RunPlan", "main", "plan_run", "run_parser"]
@@ -564,6 +564,10 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
         master_addr=args.master_addr or args.local_addr or "",
         master_port=args.master_port or 0,
     )
+    if args.local_addr is not None and not is_host(args.local_addr):
+        raise RunError(
+            f"--local-addr must be a host name or IP address, got {args.local_addr!r:.80}"
+        )
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise RunError(f"--master-port must be 1-65535, got {args.master_port}")
     try:
@@ -731,7 +735,7 @@ def _node_name() -> str:
 
 
 class Interrupted(BaseException):
-    """SIGINT, SIGTERM or SIGHUP arrived: cancel the job and stop."""
+    """SIGINT, SIGTERM, SIGHUP or SIGQUIT arrived: cancel the job and stop."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
