@@ -1274,8 +1274,9 @@ class Cluster:
         job.round_started_at = now
         if job.state == JobState.QUEUED:
             self._transition(job, JobState.RENDEZVOUS, now)
-        job.port_deadline = now + PORT_TIMEOUT_S
-        self._effects.append(RequestPort(ordered[0].name, job.job_id, job.round))
+        if not spec.master_port:
+            job.port_deadline = now + PORT_TIMEOUT_S
+            self._effects.append(RequestPort(ordered[0].name, job.job_id, job.round))
         self._event(
             job,
             now,
@@ -1284,6 +1285,11 @@ class Cluster:
             f"({_named(f'{m.node}=group {m.group_rank}' for m in job.members[: MAX_NODES_NAMED + 1])}"
             f"{_more(len(job.members))}); world size {ranks[0].world_size}",
         )
+        if spec.master_port:
+            # A fixed port: nothing to reserve; the store host (or worker RANK 0) binds it, and
+            # fails the round naming it if it is taken.
+            job.master_port = spec.master_port
+            self._assign(job, now)
         self._changed(job)
 
     def _assign(self, job: _Job, now: float) -> None:
@@ -1309,7 +1315,7 @@ class Cluster:
                         spec=job.spec,
                         group_rank=m.group_rank,
                         group_world_size=len(job.members),
-                        master_addr=master.addr,
+                        master_addr=job.spec.master_addr or master.addr,
                         master_port=job.master_port,
                         workers=workers,
                         run_id=job.job_id,

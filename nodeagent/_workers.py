@@ -56,6 +56,7 @@ from nodeagent._launch import (
     build_standby_launch,
     build_store_host_launch,
     describe_executable,
+    entrypoint_name,
     resolve_attempt_dir,
     resolve_executable,
 )
@@ -445,7 +446,10 @@ class WorkerGroup:
     def _ctx(self, launch: WorkerLaunch | None = None) -> str:
         a = self.assignment
         rank = f" rank {launch.global_rank} (local {launch.local_rank})" if launch else ""
-        return f"[job {a.job_id} attempt {a.attempt} round {a.round} node {self.node_name}{rank}]"
+        return (
+            f"[job {a.job_id} ({entrypoint_name(a.spec)}) attempt {a.attempt} round {a.round} "
+            f"node {self.node_name}{rank}]"
+        )
 
     async def start(self) -> dict[int, int]:
         """Start every worker; returns {local_rank: pid} of those that started.

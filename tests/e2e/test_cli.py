@@ -438,8 +438,8 @@ def test_run_a_torchrun_script_on_two_processes(tmp_path: Path) -> None:
     proc = run_cli(
         "--nproc-per-node",
         "2",
-        "--master-port",
-        "29999",
+        "--monitor-interval",
+        "1",
         "--rdzv-backend=c10d",
         script("cli_torchrun_ok.py"),
         marker=marker,
@@ -450,7 +450,10 @@ def test_run_a_torchrun_script_on_two_processes(tmp_path: Path) -> None:
     assert "[0]:rank 0 of 2 local 0 sum 1.0" in lines, proc.stdout
     assert "[1]:rank 1 of 2 local 1 sum 1.0" in lines, proc.stdout
     notes = [line for line in proc.stderr.splitlines() if "ignoring" in line]
-    assert sorted(n.split(":")[1].split()[-1] for n in notes) == ["--master-port", "--rdzv-backend"]
+    assert sorted(n.split(":")[1].split()[-1] for n in notes) == [
+        "--monitor-interval",
+        "--rdzv-backend",
+    ]
     assert_nothing_left(marker)
     assert list((tmp_path / "tmp").iterdir()) == []  # the logs of a run that succeeded are gone
 
