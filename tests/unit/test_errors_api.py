@@ -491,8 +491,8 @@ def test_child_failed_error_blocks_match_torch(
     assert set(_blocks(str(ours))) == {"[0]:", "[1]:"}
     # Character for character: frame, width, section order, blocks.
     assert str(ours) == str(theirs)
-    assert ours.format_msg() == theirs.format_msg()
-    assert ours.format_msg("#", "~") == theirs.format_msg("#", "~")
+    assert ours.format_msg() == theirs.format_msg()  # type: ignore[no-untyped-call]
+    assert ours.format_msg("#", "~") == theirs.format_msg("#", "~")  # type: ignore[no-untyped-call]
 
 
 def test_child_failed_error_single_failure_matches_torch(
