@@ -1381,3 +1381,22 @@ def test_an_agent_that_died_silently_leaves_infra_failures() -> None:
     assert (f.node, f.category, f.global_rank) == ("n1", FailureCategory.INFRA, 1)
     assert f.message.startswith("node n1 lost: no message for ")
     assert d.attempt("j") == 0
+
+
+def test_a_node_that_comes_back_without_its_round_leaves_infra_failures() -> None:
+    import json
+
+    from coordinator._cluster import Cluster
+    from coordinator._codec import encode
+
+    d = running_job(nodes=2, nproc=1, min_nodes=1, max_nodes=2)
+    # The coordinator restarts; n1 reconnects on the same incarnation but holds no round.
+    jobs = [json.loads(json.dumps(d.cluster.dump_job("j")))]
+    nodes = [json.loads(json.dumps(x)) for x in d.cluster.dump_nodes()]
+    events = [encode(e) for e in d.cluster.job_events("j")]
+    c = Cluster(d.cluster.config)
+    c.restore(jobs, events, nodes, d.now + 1, reconnect_grace=15.0)
+    c.node_connected("n1", "10.0.0.2", 1, d.nodes["n1"].incarnation, d.now + 2, [])
+    f = c.failure("j", 1, 1)
+    assert f is not None and f.category == FailureCategory.INFRA, f
+    assert "reconnected without round 1" in f.message
