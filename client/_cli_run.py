@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from client._client import Client, GelasticError, Job
+from client._scheduler_error import write_scheduler_error_file
 from client._terminal import strip_terminal_controls
 from client.model import JobSpec, JobState, RunResult, SpecError, is_host, is_name
 from client.security import new_token_file
@@ -851,6 +852,8 @@ def _cancel(job: Job, timeout: float) -> None:
 def _report(plan: RunPlan, state: JobState, result: RunResult) -> None:
     if state == JobState.SUCCEEDED:
         return
+    # The workers ran on this host: the root cause's own error file is copied as it is.
+    write_scheduler_error_file(result, plan.report_name, local_error_files=True)
     if result.failures:
         table = result.format_failures(plan.report_name).rstrip("\n") + "\n"
         # The table quotes the workers (tracebacks, stderr): on a terminal none of it runs.

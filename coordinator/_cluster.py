@@ -788,6 +788,13 @@ class Cluster:
                 continue
             # Its assignment went down with the old stream: nothing of this round runs there, and
             # nothing would ever report. Re-form rather than wait forever (no budget spent).
+            self._infra_failures(
+                job,
+                m,
+                f"node {name} reconnected without round {job.round} (its agent restarted or "
+                "lost the assignment); its workers of that round are gone",
+                now,
+            )
             m.stopped = True
             self._begin_stop(
                 job,
@@ -1839,6 +1846,8 @@ class Cluster:
             self._free_member(job, m)
             if m.done:
                 continue
+            if job.state == JobState.RUNNING:  # while stopping, its workers were being stopped
+                self._infra_failures(job, m, f"node {node.name} lost: {why}", now)
             m.lost = True
             m.stopped = True
             self._event(job, now, "node_lost", f"node {node.name} lost: {why}", node=node.name)
@@ -1855,6 +1864,34 @@ class Cluster:
             self._changed(job)
         node.jobs.clear()
         node.fenced.clear()
+
+    def _infra_failures(self, job: _Job, member: _Member, message: str, now: float) -> None:
+        """The workers of `member` that were starting or running are gone with their node or
+        agent: INFRA failures of this round (a re-form for membership spends no budget)."""
+        if member.stopped:
+            return
+        for w in member.workers.values():
+            if w.phase not in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
+                continue
+            job.set_phase(w, _WorkerPhase.FAILED)
+            job.failures.setdefault(
+                w.global_rank,
+                _stamp(
+                    ProcessFailure(
+                        global_rank=w.global_rank,
+                        local_rank=w.local_rank,
+                        pid=w.pid,
+                        exitcode=-1,
+                        message=message,
+                        timestamp=now,
+                        signal="<N/A>",  # the exit is unknown: not a SIGHUP (-1)
+                        category=FailureCategory.INFRA,
+                    ),
+                    member.node,
+                    w,
+                    job,
+                ),
+            )
 
     def _adopt(self, node: _Node, report: RunningGroupReport, now: float) -> None:
         job = self._jobs.get(report.job_id)

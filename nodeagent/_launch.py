@@ -60,6 +60,7 @@ __all__ = [
     "resolve_executable",
     "tee_prefix",
     "uses_agent_store",
+    "watchdog_request",
 ]
 
 STDOUT = 1
@@ -437,6 +438,22 @@ def _job_env(spec: JobSpec, agent_env: Mapping[str, str]) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(spec.env)
     return env
+
+
+ENABLE_FILE_TIMER_ENV = "TORCHELASTIC_ENABLE_FILE_TIMER"
+TIMER_FILE_ENV = "TORCHELASTIC_TIMER_FILE"
+
+
+def watchdog_request(spec: JobSpec, agent_env: Mapping[str, str]) -> tuple[bool, str | None]:
+    """(serve the watchdog?, the FIFO path the job asks for, or None to make one).
+
+    As torch's agent: TORCHELASTIC_ENABLE_FILE_TIMER=1 (the agent's env or the job's) or the
+    spec's `watchdog` turns it on, and TORCHELASTIC_TIMER_FILE, when set, is where it is served
+    (the agent checks it with `validate_timer_file` first).
+    """
+    env = _job_env(spec, agent_env)
+    enabled = spec.watchdog or env.get(ENABLE_FILE_TIMER_ENV) == "1"
+    return enabled, (env.get(TIMER_FILE_ENV) or None) if enabled else None
 
 
 def _worker_env(

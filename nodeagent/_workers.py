@@ -59,11 +59,12 @@ from nodeagent._launch import (
     entrypoint_name,
     resolve_attempt_dir,
     resolve_executable,
+    watchdog_request,
 )
 from nodeagent._process import ProcessHandle, spawn
 from nodeagent._reaper import PidRegistry
 from nodeagent._store_host import StoreHost, StoreHostError, WarmStoreHost
-from nodeagent._watchdog import FileTimerServer
+from nodeagent._watchdog import FileTimerServer, TimerFileError, validate_timer_file
 
 __all__ = ["ConsoleWriter", "WorkerExit", "WorkerGroup", "WorkerHealth", "agent_console"]
 
@@ -420,9 +421,6 @@ class WorkerGroup:
 
     # -- start -------------------------------------------------------------------------------
 
-    def _watchdog_wanted(self) -> bool:
-        return self.spec.watchdog or self._agent_env.get("TORCHELASTIC_ENABLE_FILE_TIMER") == "1"
-
     def _prepare(self) -> Path:
         a = self.assignment
         log_dir = resolve_attempt_dir(self.log_root, a.job_id, a.attempt, a.round)
@@ -464,8 +462,11 @@ class WorkerGroup:
         setup_category = FailureCategory.PLATFORM
         try:
             self.log_dir = await asyncio.to_thread(self._prepare)
-            if self._watchdog_wanted():
-                timer_file = str(self._run_dir / f"gelastic_timer_{uuid.uuid4().hex}")
+            wanted, given = watchdog_request(self.spec, self._agent_env)
+            if wanted:
+                timer_file = given or str(self._run_dir / f"gelastic_timer_{uuid.uuid4().hex}")
+                if given:
+                    validate_timer_file(given)
             self.plan = build_launch_plan(
                 self.assignment,
                 log_root=self.log_root,
@@ -485,6 +486,8 @@ class WorkerGroup:
                 agent_cwd=self._agent_cwd,
             )
             await asyncio.to_thread(self._prepare_workers, self.plan)
+        except TimerFileError as e:
+            setup_error, setup_category = str(e), FailureCategory.INPUT
         except OSError as e:
             setup_error = f"cannot prepare the log directory under {self.log_root}: {e}"
         except Exception as e:  # a bad spec that slipped through validation
@@ -497,6 +500,10 @@ class WorkerGroup:
             )
             try:
                 self._watchdog.start()
+            except TimerFileError as e:
+                setup_error, setup_category = str(e), FailureCategory.INPUT
+                self._watchdog.close()
+                self._watchdog = None
             except OSError as e:
                 setup_error = f"cannot serve the watchdog timer file {timer_file}: {e}"
                 self._watchdog.close()
