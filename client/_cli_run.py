@@ -5,8 +5,8 @@ holds: in a 0600 file of a private 0700 temp dir) and one node agent inside this
 asyncio loop in a background thread, submits the script as a one-node job and waits for it with
 the Python client, like any other job. Worker output is teed to this console with a `[rank]:`
 prefix, a failure ends with the torchelastic-style failure report, and the exit code is
-torchrun's: 0 when every rank succeeded, 1 otherwise. SIGINT, SIGTERM and SIGHUP cancel the job
-and stop everything before the command exits.
+torchrun's: 0 when every rank succeeded, 1 otherwise. SIGINT, SIGTERM, SIGHUP and SIGQUIT cancel
+the job and stop everything before the command exits.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -28,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from client._client import Client, GelasticError, Job
+from client._scheduler_error import write_scheduler_error_file
 from client._terminal import strip_terminal_controls
-from client.model import JobSpec, JobState, RunResult, SpecError, is_name
+from client.model import JobSpec, JobState, RunResult, SpecError, is_host, is_name
 from client.security import new_token_file
 
 __all__ = ["EmbeddedCluster", "RunPlan", "main", "plan_run", "run_parser"]
@@ -48,29 +50,70 @@ START_TIMEOUT_S = 30.0
 CANCEL_SLACK_S = 15.0
 """Time on top of the job's stop grace for a cancelled job to end."""
 
-# torchrun flags that configure a rendezvous or launcher this command does not have. They are
-# accepted, so a torchrun command line works unchanged, and named in a one-line note.
+# torchrun flags that change nothing on one host: accepted, so a torchrun command line works
+# unchanged, listed in --help as such and named in a one-line note.
 _IGNORED_WITH_VALUE: dict[str, str] = {
     "rdzv-backend": "the embedded coordinator is the rendezvous",
-    "rdzv-endpoint": "the embedded coordinator is the rendezvous",
     "rdzv-id": "the run id is the job id the embedded coordinator makes",
     "rdzv-conf": "the embedded coordinator is the rendezvous",
-    "master-addr": "MASTER_ADDR is this host's loopback address",
-    "master-port": "MASTER_PORT is a free port the agent reserves",
-    "node-rank": "this host is the only node",
     "monitor-interval": "workers' exits are reported the moment they happen",
     "start-method": "every worker is a fresh process",
-    "local-addr": "this host is reached on loopback",
-    "event-log-handler": "events are kept by the coordinator",
-    "logs-specs": "logs go to --log-dir/<job>/attempt_<n>/<rank>/",
-    "numa-binding": "NUMA binding is not supported",
-    "signals-to-handle": "SIGINT, SIGTERM and SIGHUP always cancel the job",
-    "duplicate-stdout-filters": "output filters are not supported",
-    "duplicate-stderr-filters": "output filters are not supported",
 }
-_IGNORED_FLAGS: dict[str, str] = {
+# torchrun flags whose effect this command does not have: ignoring them would change what the
+# job does, so they are refused unless they hold torchrun's default (the value that asks for
+# nothing). Each reads PET_<DEST> as torchrun does.
+_REFUSED: dict[str, str] = {
+    "rdzv-endpoint": "the embedded coordinator on this host is the rendezvous; to join other "
+    "hosts, start a coordinator and node agents and use 'gelastic submit'",
+    "node-rank": "this host is the only node, so its node rank is 0",
+    "event-log-handler": "events are kept by the coordinator (see 'gelastic events'); only "
+    "'null' is accepted",
+    "logs-specs": "logs go to --log-dir/<job>/attempt_<n>/<rank>/ and cannot be replaced",
+    "numa-binding": "NUMA binding is not available",
+    "signals-to-handle": "SIGINT, SIGTERM, SIGHUP (and SIGQUIT) cancel the job; no other "
+    "signal can be forwarded to the workers",
+    "duplicate-stdout-filters": "output filters are not available",
+    "duplicate-stderr-filters": "output filters are not available",
     "virtual-local-rank": "every worker sees its own LOCAL_RANK",
 }
+_DEFAULT_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"})
+_NO_ENV = frozenset({"logs-specs", "numa-binding"})
+"""Options torchrun does not read from PET_*."""
+
+PET_NAMES: tuple[str, ...] = (
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+    "PET_RDZV_BACKEND",
+    "PET_RDZV_ENDPOINT",
+    "PET_RDZV_ID",
+    "PET_RDZV_CONF",
+    "PET_STANDALONE",
+    "PET_MAX_RESTARTS",
+    "PET_MONITOR_INTERVAL",
+    "PET_START_METHOD",
+    "PET_EVENT_LOG_HANDLER",
+    "PET_ROLE",
+    "PET_MODULE",
+    "PET_NO_PYTHON",
+    "PET_RUN_PATH",
+    "PET_LOG_DIR",
+    "PET_REDIRECTS",
+    "PET_TEE",
+    "PET_LOCAL_RANKS_FILTER",
+    "PET_DUPLICATE_STDOUT_FILTERS",
+    "PET_DUPLICATE_STDERR_FILTERS",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "PET_LOCAL_ADDR",
+    "PET_SIGNALS_TO_HANDLE",
+    "PET_SHUTDOWN_TIMEOUT",
+    "PET_VIRTUAL_LOCAL_RANK",
+)
+"""Every default torchrun 2.13 reads from the environment (its `env`/`check_env` options)."""
+
+_TRUE = frozenset({"true", "yes", "on"})
+_FALSE = frozenset({"false", "no", "off", ""})
 
 
 class RunError(Exception):
@@ -92,15 +135,46 @@ def _names(name: str) -> list[str]:
 
 
 def _env_default(dest: str, default: str | None) -> str | None:
-    # torchrun reads each option's default from PET_<DEST>.
+    # torchrun's `env` action: the default comes from PET_<DEST> (converted by `type`).
     return os.environ.get(f"PET_{dest.upper()}", default)
+
+
+@dataclass(frozen=True)
+class _BadEnv:
+    """A PET_* flag whose value is not a boolean; refused by `plan_run`."""
+
+    name: str
+    value: str
+
+
+def _env_flag(dest: str) -> bool | _BadEnv:
+    # torchrun's `check_env` action: bool(int(PET_<DEST>)); "true"/"false" are read too.
+    name = f"PET_{dest.upper()}"
+    raw = os.environ.get(name)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value.lstrip("-").isdigit() and len(value) < 20:
+        return int(value) != 0
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    return _BadEnv(name, raw[:40])
+
+
+def _flag(group: Any, name: str, help_: str, *short: str) -> None:
+    dest = name.replace("-", "_")
+    group.add_argument(
+        *short, *_names(name), dest=dest, action="store_true", default=_env_flag(dest), help=help_
+    )
 
 
 def run_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="gelastic run",
         description="Run a torchrun-style training script on this host: an embedded "
-        "coordinator and node agent start the workers with torchrun's environment.",
+        "coordinator and node agent start the workers with torchrun's environment. Every "
+        "option reads its default from PET_<OPTION> as torchrun does (e.g. PET_NPROC_PER_NODE, "
+        "PET_NO_PYTHON=1).",
         epilog="Exit code: 0 when every rank succeeded, 1 otherwise (like torchrun); 2 for a "
         "command line that cannot run here.",
     )
@@ -109,21 +183,23 @@ def run_parser() -> argparse.ArgumentParser:
         dest="nnodes",
         metavar="N",
         default=_env_default("nnodes", "1"),
-        help="must resolve to 1: this command runs on this host only (default 1)",
+        help="N or MIN:MAX; MIN must be 1: this command runs on this host only, as one node "
+        "(default 1)",
     )
     p.add_argument(
         *_names("nproc-per-node"),
         dest="nproc_per_node",
         metavar="N",
         default=_env_default("nproc_per_node", "1"),
-        help="workers on this host: a number, or auto, cpu, gpu (default 1)",
+        help="workers on this host: a number, or auto, cpu, gpu, xpu or the name of torch's "
+        "custom device (counted by torch, as torchrun does; default 1)",
     )
     p.add_argument(
         *_names("max-restarts"),
         dest="max_restarts",
         metavar="N",
         type=int,
-        default=int(_env_default("max_restarts", "0") or 0),
+        default=_env_default("max_restarts", "0"),
         help="failure restarts before the job fails (default 0)",
     )
     p.add_argument(
@@ -138,7 +214,7 @@ def run_parser() -> argparse.ArgumentParser:
         *_names("redirects"),
         dest="redirects",
         metavar="MASK",
-        default=None,
+        default=_env_default("redirects", None),
         help="torchrun --redirects: 0-3 or 'local_rank:mask,...' "
         "(default: none, output is teed with a [rank]: prefix)",
     )
@@ -147,14 +223,14 @@ def run_parser() -> argparse.ArgumentParser:
         *_names("tee"),
         dest="tee",
         metavar="MASK",
-        default=None,
+        default=_env_default("tee", None),
         help="torchrun --tee: 0-3 or 'local_rank:mask,...' (default 3)",
     )
     p.add_argument(
         *_names("local-ranks-filter"),
         dest="local_ranks_filter",
         metavar="RANKS",
-        default="",
+        default=_env_default("local_ranks_filter", ""),
         help="only show the output of these local ranks, e.g. 0,1 "
         "(the others go to the log files only)",
     )
@@ -165,14 +241,32 @@ def run_parser() -> argparse.ArgumentParser:
         default=_env_default("log_dir", None),
         help="where worker logs go (default: a temporary directory, removed when the job succeeds)",
     )
+    _flag(p, "module", "the script is a module: run it as 'python -m'", "-m")
+    _flag(p, "no-python", "run the script as a program, without the Python interpreter")
     p.add_argument(
-        "-m", "--module", action="store_true", help="the script is a module: run it as 'python -m'"
+        *_names("master-addr"),
+        dest="master_addr",
+        metavar="ADDR",
+        default=_env_default("master_addr", None),
+        help="MASTER_ADDR of the workers, where the round's c10d store listens "
+        "(default: this host's loopback address)",
     )
     p.add_argument(
-        *_names("no-python"),
-        dest="no_python",
-        action="store_true",
-        help="run the script as a program, without the Python interpreter",
+        *_names("master-port"),
+        dest="master_port",
+        metavar="PORT",
+        type=int,
+        default=_env_default("master_port", None),
+        help="a fixed MASTER_PORT (default: a free port reserved for each round); if it is "
+        "taken, the round fails naming it",
+    )
+    p.add_argument(
+        *_names("local-addr"),
+        dest="local_addr",
+        metavar="ADDR",
+        default=_env_default("local_addr", None),
+        help="the address of this node (its MASTER_ADDR unless --master-addr is given; "
+        "default 127.0.0.1)",
     )
     # torchrun's flags that change nothing here: listed in a group of their own.
     compat = p.add_argument_group(
@@ -180,23 +274,19 @@ def run_parser() -> argparse.ArgumentParser:
         "these torchrun flags are accepted so a torchrun command line runs unchanged; "
         "they change nothing here",
     )
-    compat.add_argument(
-        *_names("run-path"),
-        dest="run_path",
-        action="store_true",
-        help="the script always runs in its own interpreter",
+    _flag(
+        compat,
+        "run-path",
+        "the script always runs in its own interpreter (as a python script, even with "
+        "--no-python, as torchrun does)",
     )
-    compat.add_argument(
-        "--standalone",
-        action="store_true",
-        help="every run is standalone",
-    )
+    _flag(compat, "standalone", "every run is standalone")
     p.add_argument(
         *_names("shutdown-timeout"),
         dest="shutdown_timeout",
         metavar="S",
         type=float,
-        default=float(_env_default("shutdown_timeout", "30") or 30),
+        default=_env_default("shutdown_timeout", "30"),
         help="seconds between SIGTERM and SIGKILL when workers are stopped (default 30)",
     )
     p.add_argument(
@@ -236,15 +326,33 @@ def run_parser() -> argparse.ArgumentParser:
         "failure is in the report at the end)",
     )
     for name, why in _IGNORED_WITH_VALUE.items():
-        compat.add_argument(
-            *_names(name), dest=_ignored_dest(name), default=None, metavar="VALUE", help=why
-        )
-    for name, why in _IGNORED_FLAGS.items():
+        dest = name.replace("-", "_")
+        extra: dict[str, Any] = {}
+        if name == "start-method":
+            extra["choices"] = ["spawn", "fork", "forkserver"]
         compat.add_argument(
             *_names(name),
             dest=_ignored_dest(name),
-            action="store_true",
-            default=None,
+            default=_env_default(dest, None),
+            metavar="VALUE",
+            help=why,
+            **extra,
+        )
+    refused = p.add_argument_group(
+        "torchrun flags refused",
+        "this command has no such feature: given with anything but torchrun's default, "
+        "these flags are refused (exit 2) rather than ignored",
+    )
+    for name, why in _REFUSED.items():
+        dest = name.replace("-", "_")
+        if name == "virtual-local-rank":
+            _flag(refused, name, why)
+            continue
+        refused.add_argument(
+            *_names(name),
+            dest=dest,
+            default=None if name in _NO_ENV else _env_default(dest, None),
+            metavar="VALUE",
             help=why,
         )
     p.add_argument(
@@ -280,43 +388,109 @@ class RunPlan:
     log_level: str = "ERROR"
     dashboard_port: int | None = None
     """Serve the web dashboard on this port (0: any free one); None: no dashboard."""
+    local_addr: str = "127.0.0.1"
+    """The embedded node's address (torchrun's --local-addr)."""
 
 
 def _parse_nnodes(value: str) -> None:
     parts = value.split(":")
     if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
         raise RunError(f"--nnodes must be N or MIN:MAX, got {value!r}")
-    if any(int(p) != 1 for p in parts):
+    low, high = int(parts[0]), int(parts[-1])
+    if not 0 < low <= high:
+        raise RunError(f"--nnodes={value}: needs 0 < MIN <= MAX")
+    if low != 1:
+        # MIN:MAX with MIN 1 runs with the one node this host is, as torchrun does.
         raise RunError(
-            f"--nnodes={value}: gelastic run runs on this host only, so it must be 1; "
-            "for several nodes start a coordinator and node agents and use 'gelastic submit'"
+            f"--nnodes={value}: gelastic run runs on this host only, so at least {low} nodes "
+            "can never join; for several nodes start a coordinator and node agents and use "
+            "'gelastic submit'"
         )
 
 
+def cpu_count() -> int:
+    """The CPUs this process may run on, as torch counts them (`torch._utils.cpu_count`)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _parse_nproc(value: str) -> int:
-    if value.isdigit():
+    # torchrun's determine_local_world_size: int() first, then the device names.
+    try:
         n = int(value)
+    except ValueError:
+        pass
+    else:
         if n < 1:
             raise RunError(f"--nproc-per-node must be at least 1, got {value}")
         return n
     if value == "cpu":
-        return os.cpu_count() or 1
-    if value in ("auto", "gpu"):
-        gpus = _gpu_count()
-        if gpus:
-            return gpus
-        if value == "gpu":
-            raise RunError("--nproc-per-node=gpu: no GPU is visible to torch on this host")
-        return os.cpu_count() or 1
-    raise RunError(f"--nproc-per-node must be a number, auto, cpu or gpu, got {value!r}")
+        return cpu_count()
+    if not _DEVICE_NAME.fullmatch(value):
+        raise RunError(
+            f"--nproc-per-node must be a number, auto, cpu, gpu, xpu or a device name, "
+            f"got {value[:40]!r}"
+        )
+    n = _device_count(value)
+    if n < 1:
+        raise RunError(f"--nproc-per-node={value}: no {value} device is visible on this host")
+    return n
 
 
-def _gpu_count() -> int:
+_DEVICE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+
+
+def _device_count(value: str) -> int:
+    """Workers for a device name, counted by torch (imported here only) as torchrun does."""
     try:
         import torch
     except ImportError:
-        return 0
-    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+        if value == "auto":
+            return cpu_count()
+        raise RunError(f"--nproc-per-node={value} needs torch, which is not importable") from None
+    if value == "gpu":
+        if not torch.cuda.is_available():
+            raise RunError("--nproc-per-node=gpu: CUDA is not available")
+        return int(torch.cuda.device_count())
+    if value == "xpu":
+        if not torch.xpu.is_available():
+            raise RunError("--nproc-per-node=xpu: XPU is not available")
+        return int(torch.xpu.device_count())
+    if value == torch._C._get_privateuse1_backend_name():
+        from torch.utils.backend_registration import _get_custom_mod_func
+
+        if not _get_custom_mod_func("is_available")():
+            raise RunError(f"--nproc-per-node={value}: {value} is not available")
+        return int(_get_custom_mod_func("device_count")())
+    if value == "auto":
+        if torch.accelerator.is_available():
+            return int(torch.accelerator.device_count())
+        return cpu_count()
+    raise RunError(f"--nproc-per-node: unsupported value {value!r}")
+
+
+_LOOPBACK = frozenset({"", "localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"})
+
+
+def _refusal(name: str, value: Any) -> bool:
+    """Whether `value` of the refused flag `name` asks for something this command lacks."""
+    if value is None or value is False:
+        return False
+    text = str(value).strip()
+    if name == "rdzv-endpoint":
+        host = text.rsplit(":", 1)[0] if text.count(":") <= 1 or text.startswith("[") else text
+        return host.lower() not in _LOOPBACK and not host.startswith("127.")
+    if name == "node-rank":
+        return text != "0"
+    if name == "event-log-handler":
+        return text != "null"
+    if name == "signals-to-handle":
+        names = {s.strip() for s in text.split(",") if s.strip()}
+        return not names <= _DEFAULT_SIGNALS
+    if name in ("duplicate-stdout-filters", "duplicate-stderr-filters"):
+        return text != ""
+    return True
 
 
 def _ranks_filter(value: str, nproc: int) -> set[int]:
@@ -333,9 +507,15 @@ def _ranks_filter(value: str, nproc: int) -> set[int]:
 
 def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPlan:
     """Turn `gelastic run`'s parsed command line into a JobSpec; raise RunError if it cannot run."""
+    for value in vars(args).values():
+        if isinstance(value, _BadEnv):
+            raise RunError(f"{value.name} must be 0, 1, true or false, got {value.value!r}")
+    for name, why in _REFUSED.items():
+        if _refusal(name, getattr(args, name.replace("-", "_"))):
+            raise RunError(f"--{name} is not supported: {why}")
     notes = [
         f"ignoring --{name}: {why}"
-        for name, why in {**_IGNORED_WITH_VALUE, **_IGNORED_FLAGS}.items()
+        for name, why in _IGNORED_WITH_VALUE.items()
         if getattr(args, _ignored_dest(name)) is not None
     ]
     _parse_nnodes(str(args.nnodes))
@@ -343,11 +523,16 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
     log_level = str(args.log_level).upper()
     if not isinstance(logging.getLevelName(log_level), int):
         raise RunError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {args.log_level!r}")
-    if args.module and args.no_python:
+    if args.module and args.no_python and not args.run_path:
         raise RunError("use either --module (-m) or --no-python, not both")
     script: str = args.training_script
     script_args = list(args.training_script_args)
-    if args.no_python:
+    # torchrun: python entrypoints run under $PYTHON_EXEC when it is set.
+    python = os.environ.get("PYTHON_EXEC") or python
+    if args.run_path:
+        # torchrun's --run-path runs the script as a python script, before --no-python/-m.
+        entry = [python, "-u", script]
+    elif args.no_python:
         entry = [script]
     elif args.module:
         # `-u`: unbuffered, as torchrun runs its workers, so teed lines arrive as printed.
@@ -377,12 +562,20 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
         exit_barrier_timeout=START_TIMEOUT_S,
         stop_grace=args.shutdown_timeout,
         preload=tuple(args.preload),
+        master_addr=args.master_addr or args.local_addr or "",
+        master_port=args.master_port or 0,
     )
+    if args.local_addr is not None and not is_host(args.local_addr):
+        raise RunError(
+            f"--local-addr must be a host name or IP address, got {args.local_addr!r:.80}"
+        )
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        raise RunError(f"--master-port must be 1-65535, got {args.master_port}")
     try:
         spec.validate()
     except SpecError as exc:
         raise RunError(str(exc)) from None
-    name = script if args.module else os.path.basename(script)
+    name = script if args.module and not args.run_path else os.path.basename(script)
     dashboard_port = None
     if args.dashboard or args.dashboard_port is not None:
         dashboard_port = args.dashboard_port or 0
@@ -397,6 +590,7 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
         progress=not args.quiet,
         log_level=log_level,
         dashboard_port=dashboard_port,
+        local_addr=args.local_addr or "127.0.0.1",
     )
 
 
@@ -411,9 +605,16 @@ class EmbeddedCluster:
     """
 
     def __init__(
-        self, *, slots: int, log_dir: str, state_dir: str, dashboard_port: int | None = None
+        self,
+        *,
+        slots: int,
+        log_dir: str,
+        state_dir: str,
+        dashboard_port: int | None = None,
+        addr: str = "127.0.0.1",
     ) -> None:
         self.slots = slots
+        self.addr = addr
         self.dashboard_port = dashboard_port
         self.dashboard_url = ""
         """Where the web dashboard serves (with `dashboard_port`), once started."""
@@ -469,7 +670,7 @@ class EmbeddedCluster:
                 coordinator=self.address,
                 slots=self.slots,
                 name=_node_name(),
-                addr="127.0.0.1",
+                addr=self.addr,
                 log_dir=self.log_dir,
                 state_dir=self.state_dir,
                 token_file=self.token_file,
@@ -535,14 +736,14 @@ def _node_name() -> str:
 
 
 class Interrupted(BaseException):
-    """SIGINT, SIGTERM or SIGHUP arrived: cancel the job and stop."""
+    """SIGINT, SIGTERM, SIGHUP or SIGQUIT arrived: cancel the job and stop."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
-_HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 class _SignalGuard:
@@ -597,6 +798,7 @@ def execute(plan: RunPlan) -> int:
         log_dir=log_dir,
         state_dir=state_dir,
         dashboard_port=plan.dashboard_port,
+        addr=plan.local_addr,
     )
     client: Client | None = None
     job: Job | None = None
@@ -650,6 +852,8 @@ def _cancel(job: Job, timeout: float) -> None:
 def _report(plan: RunPlan, state: JobState, result: RunResult) -> None:
     if state == JobState.SUCCEEDED:
         return
+    # The workers ran on this host: the root cause's own error file is copied as it is.
+    write_scheduler_error_file(result, plan.report_name, local_error_files=True)
     if result.failures:
         table = result.format_failures(plan.report_name).rstrip("\n") + "\n"
         # The table quotes the workers (tracebacks, stderr): on a terminal none of it runs.

@@ -21,6 +21,7 @@ import grpc
 
 from client._client import DEFAULT_COORDINATOR, Client, GelasticError, Job, _Progress
 from client._logrelay import LogRelay, parse_logs_choice, print_all_ranks
+from client._scheduler_error import write_scheduler_error_file
 from client._tables import (
     event_line,
     event_line_header,
@@ -685,6 +686,8 @@ def _cmd_submit(client: Client, args: argparse.Namespace) -> int:
         _print_json(_result_json(job.job_id, state, result))
     elif result is not None:
         print(result_text(result, state.value), flush=True)
+    if result is not None:
+        write_scheduler_error_file(result, result.name or job.job_id)
     return exit_code_of(state)
 
 
@@ -749,6 +752,7 @@ def _cmd_result(client: Client, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if not args.json:
         print(result_text(result, state.value))
+    write_scheduler_error_file(result, result.name or job.job_id)
     return exit_code_of(state)
 
 

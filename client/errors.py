@@ -31,6 +31,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +50,7 @@ __all__ = [
     "ErrorFileRecord",
     "ErrorHandler",
     "FailureLike",
+    "ProcessFailure",
     "read_error_file",
     "record",
 ]
@@ -80,10 +82,12 @@ class ErrorHandler:
             logger.warning("cannot enable faulthandler: %s: %s", type(e).__name__, e)
 
     def record_exception(self, e: BaseException) -> None:
-        """Write `e` and its traceback to the error file; does nothing if the variable is unset."""
+        """Write `e` and its traceback to the error file.
+
+        When TORCHELASTIC_ERROR_FILE is unset, the JSON that would have been written is logged
+        (at INFO) instead, which is what torch's ErrorHandler documents.
+        """
         path = self.error_file_path()
-        if not path:
-            return
         now_ns = time.time_ns()
         data = {
             "message": {
@@ -99,56 +103,124 @@ class ErrorHandler:
                 },
             }
         }
+        if not path:
+            logger.info(
+                "%s is not set; the error file would have held:\n%s",
+                ERROR_FILE_ENV,
+                json.dumps(data, indent=2),
+            )
+            return
         self._write(path, data)
 
     def dump_error_file(self, rootcause_error_file: str, error_code: int = 0) -> None:
-        """Copy a child's error file to this process's error file.
+        """Copy a child's error file to this process's error file, as torch's handler does.
 
         A non-zero `error_code` (the child's exit code) is stored as `message.errorCode` when
         `message` is a dict, because a child killed by a signal could not record it itself.
+        An existing error file of this process is logged (WARNING) and replaced; without
+        TORCHELASTIC_ERROR_FILE nothing is written and torch's error line is logged.
         """
         with open(rootcause_error_file, encoding="utf-8") as fp:
             data = json.load(fp)
         if error_code:
-            message = data.get("message") if isinstance(data, dict) else None
-            if isinstance(message, dict):
-                message["errorCode"] = error_code
-            else:
-                logger.warning(
-                    "child error file %s has no dict `message`; not adding errorCode %s",
-                    rootcause_error_file,
-                    error_code,
-                )
+            _override_error_code(rootcause_error_file, data, error_code)
+        logger.debug(
+            "child error file (%s) contents:\n%s",
+            rootcause_error_file,
+            json.dumps(data, indent=2),
+        )
         path = self.error_file_path()
         if not path:
             logger.error(
-                "%s is not set; cannot copy child error file %s",
-                ERROR_FILE_ENV,
+                "no error file defined for parent, to copy child error file (%s)",
                 rootcause_error_file,
             )
             return
-        if os.path.isfile(path):
-            # A child that inherited our environment may have written to our file before it
-            # was given its own; keep its text in the log, then replace it.
-            logger.warning(
-                "error file %s already exists and will be overwritten; it held:\n%s",
-                path,
-                _read_text(path),
-            )
-        self._write(path, data)
+        warn_if_error_file_exists(path)
+        if self._write(path, data):
+            logger.info("dumped error file to parent's %s", path)
 
-    def _write(self, path: str, data: Mapping[str, Any]) -> None:
+    def _write(self, path: str, data: Mapping[str, Any]) -> bool:
         # Write then rename, so a reader never sees half a file. Failing to write must not
         # replace the worker's own exception with an OSError.
-        tmp = f"{path}.{os.getpid()}.tmp"
         try:
-            with open(tmp, "w", encoding="utf-8") as fp:
-                json.dump(data, fp)
-            os.replace(tmp, path)
+            write_error_file_atomically(path, json.dumps(data))
         except OSError as e:
             logger.warning("cannot write error file %s: %s: %s", path, type(e).__name__, e)
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
+            return False
+        return True
+
+
+def _override_error_code(path: str, data: Any, error_code: int) -> None:
+    # torch's override_error_code_in_rootcause_data, with its warnings.
+    if not isinstance(data, dict) or "message" not in data:
+        logger.warning(
+            "child error file (%s) does not have field `message`. \ncannot override error code: %s",
+            path,
+            error_code,
+        )
+    elif isinstance(data["message"], str):
+        logger.warning(
+            "child error file (%s) has a new message format. \nskipping error code override",
+            path,
+        )
+    elif isinstance(data["message"], dict):
+        data["message"]["errorCode"] = error_code
+    else:
+        logger.warning(
+            "child error file (%s): `message` is neither a string nor an object; "
+            "cannot override error code: %s",
+            path,
+            error_code,
+        )
+
+
+_MAX_LOGGED_ORIGINAL = 64 * 1024
+
+
+def warn_if_error_file_exists(path: str) -> None:
+    """Log (WARNING) that `path` will be overwritten, with what it holds, as torch does.
+
+    torch pretty-prints the old JSON, or says it could not load it; at most the first 64 KiB
+    are read, and a path that is not a regular file is named without being opened.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        logger.warning("%s already exists (not a regular file) and will be replaced.", path)
+        return
+    try:
+        original = json.dumps(json.loads(_read_text(path, _MAX_LOGGED_ORIGINAL)), indent=2)
+    except ValueError:
+        logger.warning(
+            "%s already exists and will be overwritten. Unable to load original contents:\n",
+            path,
+        )
+        return
+    logger.warning(
+        "%s already exists and will be overwritten. Original contents:\n%s", path, original
+    )
+
+
+def write_error_file_atomically(path: str, text: str) -> None:
+    """Write `text` to `path` through a 0600 temporary file in the same directory and a rename.
+
+    A reader sees the old file or the whole new one, never a part; a symlink at `path` is
+    replaced, not followed. Raises OSError (the temporary file is removed).
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{time.time_ns()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fp:
+            fp.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def _exception_summary(e: BaseException) -> str:
@@ -159,10 +231,10 @@ def _exception_summary(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"
 
 
-def _read_text(path: str) -> str:
+def _read_text(path: str, limit: int = -1) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as fp:
-            return fp.read()
+            return fp.read(limit)
     except OSError as e:
         return f"<unreadable: {e}>"
 
@@ -253,6 +325,101 @@ class FailureLike(Protocol):
     def timestamp(self) -> float: ...
 
 
+_EMPTY_ERROR_DATA_MESSAGE = "<NONE>"
+MAX_CHILD_ERROR_FILE_BYTES = 1024 * 1024
+"""A child error file larger than this is refused by `ProcessFailure` (ValueError)."""
+
+
+class ProcessFailure:
+    """torch's ``ProcessFailure(local_rank, pid, exitcode, error_file)``, for nanny parents.
+
+    Built the way torch builds it: the constructor reads `error_file` when it exists and takes
+    `message` (a dict for torch's nested format, a string for the flat one) and `timestamp`
+    (whole seconds) from it, raising (ValueError, OSError) for a file that is not an error
+    file, as torch's does. Without a file, `error_file` becomes ``"<N/A>"``, `timestamp` is
+    now, and `message` is torch's ``Signal 9 (SIGKILL) received by PID 1234`` or its "To
+    enable traceback" hint. Pass a dict of these to `ChildFailedError` and raise it under
+    `@record`. (gelastic's result record, with global rank, node and attempt, is
+    `client.ProcessFailure`.)
+    """
+
+    # A plain class rather than a dataclass: see ErrorFileRecord.
+
+    def __init__(self, local_rank: int, pid: int, exitcode: int, error_file: str) -> None:
+        self.local_rank = local_rank
+        self.pid = pid
+        self.exitcode = exitcode
+        self.error_file = error_file
+        self.error_file_data: dict[str, Any] = {"message": _EMPTY_ERROR_DATA_MESSAGE}
+        self.message: Any = ""
+        self.timestamp: int = 0
+        if os.path.isfile(error_file):
+            self.error_file_data = _load_child_error_file(error_file)
+            self.message, self.timestamp = _error_data(error_file, self.error_file_data)
+        else:
+            self.error_file = NOT_AVAILABLE
+            self.timestamp = int(time.time())
+        if not self.message:
+            if exitcode < 0:
+                self.message = f"Signal {-exitcode} ({self.signal_name()}) received by PID {pid}"
+            else:
+                self.error_file_data["errorTraits"] = {
+                    "category": "system_terminated_error",
+                    "retryability": "False",
+                }
+                self.message = (
+                    "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+                )
+
+    def signal_name(self) -> str:
+        return _signal_name(self.exitcode)
+
+    def timestamp_isoformat(self) -> str:
+        """The time in torch's format, YYYY-MM-DD_HH:MM:SS."""
+        return _iso_time(self.timestamp)
+
+    def __repr__(self) -> str:
+        return (
+            f"ProcessFailure(local_rank={self.local_rank!r}, pid={self.pid!r}, "
+            f"exitcode={self.exitcode!r}, error_file={self.error_file!r}, "
+            f"error_file_data={self.error_file_data!r}, message={self.message!r}, "
+            f"timestamp={self.timestamp!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ProcessFailure):
+            return NotImplemented
+        return vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _load_child_error_file(path: str) -> dict[str, Any]:
+    with open(path, "rb") as fp:
+        raw = fp.read(MAX_CHILD_ERROR_FILE_BYTES + 1)
+    if len(raw) > MAX_CHILD_ERROR_FILE_BYTES:
+        raise ValueError(f"error file {path} is over {MAX_CHILD_ERROR_FILE_BYTES} bytes")
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError(f"error file {path} does not hold a JSON object")
+    return data
+
+
+def _error_data(path: str, data: Mapping[str, Any]) -> tuple[Any, int]:
+    # torch's ProcessFailure._get_error_data: the same keys, the same int() of the timestamp.
+    if "message" not in data:
+        raise ValueError(f"error file {path} has no `message` field")
+    message = data["message"]
+    try:
+        if isinstance(message, str):
+            return message, int(data.get("timestamp", 0))
+        return message, int(message["extraInfo"]["timestamp"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+            f"error file {path}: no usable timestamp ({type(e).__name__}: {e})"
+        ) from None
+
+
 class ChildFailedError(Exception):
     """Raised by a nanny process whose children failed, keyed by the children's global ranks.
 
@@ -265,7 +432,7 @@ class ChildFailedError(Exception):
             raise ValueError("ChildFailedError needs at least one failure")
         self.name = name
         self.failures: dict[int, FailureLike] = dict(failures)
-        super().__init__("\n" + self.format_msg())
+        super().__init__(self.format_msg())
 
     def __reduce__(self) -> tuple[type[ChildFailedError], tuple[str, dict[int, FailureLike]]]:
         # Exception pickles its args (the message), which __init__ does not take; a process
@@ -277,8 +444,13 @@ class ChildFailedError(Exception):
         rank = min(self.failures, key=lambda r: self.failures[r].timestamp)
         return rank, self.failures[rank]
 
-    def format_msg(self) -> str:
-        """The failure table, root cause first."""
+    def format_msg(self, boarder_delim: str = "=", section_delim: str = "-") -> str:
+        """torch's ChildFailedError text, character for character: a leading newline, then
+        "Failures:" (the other failures) before "Root Cause (first observed failure):".
+
+        Tools parse this text, so the order is torch's; gelastic's own reports
+        (`RunResult.format_failures`) put the root cause first instead.
+        """
         root_rank, _ = self.get_first_failure()
         root = ""
         others: list[str] = []
@@ -288,7 +460,30 @@ class ChildFailedError(Exception):
                 root = block
             else:
                 others.append(block)
-        return format_failure_table(f"{self.name} FAILED", root, others)
+        title = f"{self.name} FAILED"
+        width = min(_table_width(title, [root, *others]), _MAX_WIDTH)
+        return "\n".join(
+            [
+                "",
+                boarder_delim * width,
+                title,
+                section_delim * width,
+                "Failures:",
+                "\n".join(others) if others else "  <NO_OTHER_FAILURES>",
+                section_delim * width,
+                "Root Cause (first observed failure):",
+                root,
+                boarder_delim * width,
+            ]
+        )
+
+
+def _table_width(title: str, blocks: Sequence[str]) -> int:
+    width = len(title)
+    for block in blocks:
+        for line in block.split("\n"):
+            width = max(width, len(line))
+    return width
 
 
 def _child_failure_rows(rank: int, failure: FailureLike) -> list[tuple[str, str]]:
@@ -346,11 +541,7 @@ def format_failure_table(title: str, root: str, others: Sequence[str]) -> str:
     The rules are torchelastic's: borders as wide as the longest line (title included) but at
     most 60 characters, and ``<NO_OTHER_FAILURES>`` when there is only the root cause.
     """
-    width = len(title)
-    for block in (root, *others):
-        for line in block.split("\n"):
-            width = max(width, len(line))
-    width = min(width, _MAX_WIDTH)
+    width = min(_table_width(title, [root, *others]), _MAX_WIDTH)
     border, section = "=" * width, "-" * width
     return "\n".join(
         [
@@ -388,7 +579,9 @@ def record(
     `SystemExit` with code 0 or None makes the call return None (a script run through runpy
     must not turn a clean exit into a failure); any other `SystemExit` is re-raised without
     writing a file. A `ChildFailedError` copies the root-cause child's error file, with
-    `errorCode` set to its exit code, when that child wrote one.
+    `errorCode` set to its exit code, when that child wrote one; when it wrote none, nothing is
+    written (as torch). A child file that cannot be read or parsed (torch would raise while
+    handling the error) records the `ChildFailedError` itself instead.
     """
     handler = error_handler if error_handler is not None else ErrorHandler()
 
@@ -418,12 +611,13 @@ def record(
                         )
                         handler.record_exception(e)
                 else:
+                    # As torch: the child left nothing to copy, so this process writes nothing.
                     logger.info(
-                        "rank %s failed without an error file; decorate its entrypoint with "
-                        "@record to see its traceback",
+                        "local_rank %s FAILED with no error file. Decorate your entrypoint fn "
+                        "with @record for traceback info. "
+                        "See: https://pytorch.org/docs/stable/elastic/errors.html",
                         rank,
                     )
-                    handler.record_exception(e)
                 raise
             except Exception as e:
                 handler.record_exception(e)

@@ -8,6 +8,7 @@ these types.
 from __future__ import annotations
 
 import enum
+import ipaddress
 import math
 import os
 import pickle
@@ -51,11 +52,13 @@ __all__ = [
     "first_failure",
     "format_failures",
     "is_function_reference",
+    "is_host",
     "is_job_id",
     "is_name",
     "parse_std_mapping",
     "signal_message",
     "signal_name",
+    "std_form",
 ]
 
 # Limits that keep one job from hurting the coordinator or another job (docs/python-api.md).
@@ -89,12 +92,28 @@ MAX_STANDBY_LINGER_S = 3600.0
 """Most modules a spec may ask its standby workers to preload."""
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}(\.[A-Za-z_][A-Za-z0-9_]{0,127}){0,15}")
 _STD_MAPPING = re.compile(r"(\d+:[0123],)*(\d+:[0123])")
+_HOST_NAME = re.compile(
+    r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
+)
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,159}")
 
 
 def is_name(value: str) -> bool:
     """A node name, role or job name: 1-128 of [A-Za-z0-9_.-], not starting with [_.-]."""
     return bool(_NAME.fullmatch(value))
+
+
+def is_host(value: str) -> bool:
+    """A host name (RFC 1123 labels, at most 253 characters) or an IPv4/IPv6 address."""
+    if not isinstance(value, str) or len(value) > 253:
+        return False
+    if _HOST_NAME.fullmatch(value):
+        return True
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 def is_job_id(value: str) -> bool:
@@ -219,11 +238,39 @@ def _count(field_name: str, value: int, low: int, high: int) -> None:
         raise SpecError(field_name, f"must be between {low} and {high}, got {value}")
 
 
+def std_form(value: object) -> str | None:
+    """`redirects`/`tee` as the wire carries them: torch's `Std` (any int enum 0-3), an int
+    0-3, a `{local_rank: Std | int}` dict, or torchrun's string; None for anything else."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(int(value)) if 0 <= value <= 3 else None
+    if isinstance(value, Mapping):
+        if len(value) > MAX_NPROC_PER_NODE:
+            return None
+        parts: dict[int, int] = {}
+        for k, v in value.items():
+            ok = all(isinstance(x, int) and not isinstance(x, bool) for x in (k, v))
+            if not ok or not 0 <= k < MAX_NPROC_PER_NODE or not 0 <= v <= 3:
+                return None
+            parts[int(k)] = int(v)
+        return ",".join(f"{k}:{v}" for k, v in sorted(parts.items())) or "0"
+    return None
+
+
 def parse_std_mapping(field_name: str, value: str, nproc: int) -> dict[int, int]:
     """torchrun's `--redirects/--tee` syntax: "3" for every local rank, or "0:3,1:1".
 
     Returns {local_rank: mask} with mask bits 1 = stdout, 2 = stderr.
     """
+    if not isinstance(value, str):
+        raise SpecError(
+            field_name,
+            "must be a torch Std, an int 0-3, a {local_rank: Std} dict or torchrun's "
+            f"'3' / '0:3,1:1' form, got {type(value).__name__}",
+        )
+    if len(value) > MAX_STRING:
+        raise SpecError(field_name, f"at most {MAX_STRING} characters")
     value = value.strip() or "0"
     if value.isdigit():
         mask = int(value)
@@ -269,7 +316,8 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment for every worker."""
     redirects: str = "0"
-    """torchrun --redirects: 0 none, 1 stdout, 2 stderr, 3 both; or "0:3,1:1"."""
+    """torchrun --redirects: 0 none, 1 stdout, 2 stderr, 3 both; or "0:3,1:1". torch's `Std`,
+    an int or a `{local_rank: Std}` dict are accepted too and kept in this string form."""
     tee: str = "0"
     """torchrun --tee: like redirects, but also printed by the agent with a prefix."""
     join_timeout: float = 600.0
@@ -308,6 +356,12 @@ class JobSpec:
     standby_linger: float = 0.0
     """Seconds the standbys (and warm store host) of a job that succeeded stay on each node for
     the next job of the very same spec (a sweep); 0 (the default) kills them with the job."""
+    master_addr: str = ""
+    """A fixed MASTER_ADDR for every round ("" = group rank 0's node address), e.g. the
+    interface to use on a multi-homed host; the round's c10d store listens there."""
+    master_port: int = 0
+    """A fixed MASTER_PORT for every round (0 = a free port group rank 0 reserves per round),
+    e.g. one a firewall lets through. If it is taken, the round fails naming it."""
 
     def __post_init__(self) -> None:
         ep = self.entrypoint
@@ -334,6 +388,13 @@ class JobSpec:
         object.__setattr__(self, "env", dict(self.env))
         object.__setattr__(self, "preload", tuple(self.preload))
         object.__setattr__(self, "kwargs", dict(self.kwargs))
+        for name in ("redirects", "tee"):
+            form = std_form(getattr(self, name))
+            if form is not None:
+                object.__setattr__(self, name, form)
+        addr = self.master_addr
+        if isinstance(addr, str) and addr.startswith("[") and addr.endswith("]"):
+            object.__setattr__(self, "master_addr", addr[1:-1])
 
     def __repr__(self) -> str:
         # The public fields only; a function entrypoint shows as the reference it was given.
@@ -439,6 +500,16 @@ class JobSpec:
             )
         if self.standby_linger and not self.preload:
             raise SpecError("standby_linger", "needs preload: a spec without it has no standbys")
+        if not isinstance(self.master_addr, str) or (
+            self.master_addr and not is_host(self.master_addr)
+        ):
+            raise SpecError(
+                "master_addr", f"must be a host name or IP address, got {self.master_addr!r:.80}"
+            )
+        if self.master_port:
+            _count("master_port", self.master_port, 1, 65535)
+        elif isinstance(self.master_port, bool) or self.master_port != 0:
+            raise SpecError("master_port", f"must be 1-65535 (or 0), got {self.master_port!r}")
 
 
 MAX_MAIN_PATH = 4096

@@ -93,6 +93,8 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         result_key=spec.result_key,
         preload=list(spec.preload),
         standby_linger_ms=_ms(spec.standby_linger),
+        master_addr=spec.master_addr,
+        master_port=spec.master_port,
     )
 
 
@@ -164,6 +166,8 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         result_key=msg.result_key,
         preload=tuple(msg.preload),
         standby_linger=msg.standby_linger_ms / 1000,
+        master_addr=msg.master_addr,
+        master_port=msg.master_port,
     )
 
 

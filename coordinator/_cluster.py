@@ -788,6 +788,13 @@ class Cluster:
                 continue
             # Its assignment went down with the old stream: nothing of this round runs there, and
             # nothing would ever report. Re-form rather than wait forever (no budget spent).
+            self._infra_failures(
+                job,
+                m,
+                f"node {name} reconnected without round {job.round} (its agent restarted or "
+                "lost the assignment); its workers of that round are gone",
+                now,
+            )
             m.stopped = True
             self._begin_stop(
                 job,
@@ -1274,8 +1281,9 @@ class Cluster:
         job.round_started_at = now
         if job.state == JobState.QUEUED:
             self._transition(job, JobState.RENDEZVOUS, now)
-        job.port_deadline = now + PORT_TIMEOUT_S
-        self._effects.append(RequestPort(ordered[0].name, job.job_id, job.round))
+        if not spec.master_port:
+            job.port_deadline = now + PORT_TIMEOUT_S
+            self._effects.append(RequestPort(ordered[0].name, job.job_id, job.round))
         self._event(
             job,
             now,
@@ -1284,6 +1292,11 @@ class Cluster:
             f"({_named(f'{m.node}=group {m.group_rank}' for m in job.members[: MAX_NODES_NAMED + 1])}"
             f"{_more(len(job.members))}); world size {ranks[0].world_size}",
         )
+        if spec.master_port:
+            # A fixed port: nothing to reserve; the store host (or worker RANK 0) binds it, and
+            # fails the round naming it if it is taken.
+            job.master_port = spec.master_port
+            self._assign(job, now)
         self._changed(job)
 
     def _assign(self, job: _Job, now: float) -> None:
@@ -1309,7 +1322,7 @@ class Cluster:
                         spec=job.spec,
                         group_rank=m.group_rank,
                         group_world_size=len(job.members),
-                        master_addr=master.addr,
+                        master_addr=job.spec.master_addr or master.addr,
                         master_port=job.master_port,
                         workers=workers,
                         run_id=job.job_id,
@@ -1833,6 +1846,8 @@ class Cluster:
             self._free_member(job, m)
             if m.done:
                 continue
+            if job.state == JobState.RUNNING:  # while stopping, its workers were being stopped
+                self._infra_failures(job, m, f"node {node.name} lost: {why}", now)
             m.lost = True
             m.stopped = True
             self._event(job, now, "node_lost", f"node {node.name} lost: {why}", node=node.name)
@@ -1849,6 +1864,34 @@ class Cluster:
             self._changed(job)
         node.jobs.clear()
         node.fenced.clear()
+
+    def _infra_failures(self, job: _Job, member: _Member, message: str, now: float) -> None:
+        """The workers of `member` that were starting or running are gone with their node or
+        agent: INFRA failures of this round (a re-form for membership spends no budget)."""
+        if member.stopped:
+            return
+        for w in member.workers.values():
+            if w.phase not in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
+                continue
+            job.set_phase(w, _WorkerPhase.FAILED)
+            job.failures.setdefault(
+                w.global_rank,
+                _stamp(
+                    ProcessFailure(
+                        global_rank=w.global_rank,
+                        local_rank=w.local_rank,
+                        pid=w.pid,
+                        exitcode=-1,
+                        message=message,
+                        timestamp=now,
+                        signal="<N/A>",  # the exit is unknown: not a SIGHUP (-1)
+                        category=FailureCategory.INFRA,
+                    ),
+                    member.node,
+                    w,
+                    job,
+                ),
+            )
 
     def _adopt(self, node: _Node, report: RunningGroupReport, now: float) -> None:
         job = self._jobs.get(report.job_id)

@@ -54,12 +54,15 @@ __all__ = [
     "build_store_host_launch",
     "check_main_script",
     "describe_executable",
+    "entrypoint_name",
     "find_attempt_dir",
+    "job_python",
     "parse_python_command",
     "resolve_attempt_dir",
     "resolve_executable",
     "tee_prefix",
     "uses_agent_store",
+    "watchdog_request",
 ]
 
 STDOUT = 1
@@ -314,6 +317,40 @@ def parse_python_command(
     return PythonCommand(argv[0], tuple(flags), "script", argv[i], tuple(argv[i + 1 :]))
 
 
+PYTHON_EXEC = "PYTHON_EXEC"
+"""torchrun's interpreter override: python entrypoints run under it when it is set."""
+
+
+def job_python(spec: JobSpec, agent_env: Mapping[str, str], python: str = sys.executable) -> str:
+    """The interpreter the agent gives a job's python processes (function workers, the store
+    host, standbys): $PYTHON_EXEC of the spec's env, else of the agent's, as torchrun reads it
+    (`os.getenv("PYTHON_EXEC", sys.executable)`); else `python`."""
+    for env in (spec.env, agent_env):
+        value = env.get(PYTHON_EXEC, "")
+        if value and "\x00" not in value and len(value) <= 4096:
+            return value
+    return python
+
+
+def entrypoint_name(spec: JobSpec) -> str:
+    """What the job runs, named as torch's launcher names it (`_get_entrypoint_name`) for log
+    lines: a function's name, a python command's script (basename) or module, else the
+    program's basename. Bounded, and printable only: it goes into log lines."""
+    if spec.is_function:
+        name = spec.function.rpartition(":")[2].rpartition(".")[2]
+    elif not spec.argv:
+        return ""
+    else:
+        parsed = parse_python_command(spec.argv)
+        if parsed is None:
+            name = os.path.basename(spec.argv[0])
+        elif parsed.mode == "script":
+            name = os.path.basename(parsed.target)
+        else:
+            name = parsed.target if parsed.mode == "module" else "-c"
+    return "".join(c if c.isprintable() else "?" for c in name[:128]) or "?"
+
+
 def uses_agent_store(spec: JobSpec) -> bool:
     """Whether the workers of `spec` use a store hosted outside them (USE_AGENT_STORE=True).
 
@@ -406,6 +443,22 @@ def _job_env(spec: JobSpec, agent_env: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+ENABLE_FILE_TIMER_ENV = "TORCHELASTIC_ENABLE_FILE_TIMER"
+TIMER_FILE_ENV = "TORCHELASTIC_TIMER_FILE"
+
+
+def watchdog_request(spec: JobSpec, agent_env: Mapping[str, str]) -> tuple[bool, str | None]:
+    """(serve the watchdog?, the FIFO path the job asks for, or None to make one).
+
+    As torch's agent: TORCHELASTIC_ENABLE_FILE_TIMER=1 (the agent's env or the job's) or the
+    spec's `watchdog` turns it on, and TORCHELASTIC_TIMER_FILE, when set, is where it is served
+    (the agent checks it with `validate_timer_file` first).
+    """
+    env = _job_env(spec, agent_env)
+    enabled = spec.watchdog or env.get(ENABLE_FILE_TIMER_ENV) == "1"
+    return enabled, (env.get(TIMER_FILE_ENV) or None) if enabled else None
+
+
 def _worker_env(
     assignment: RoundAssignment,
     ranks: WorkerRanks,
@@ -493,6 +546,7 @@ def build_store_host_launch(
     spec = assignment.spec
     if assignment.group_rank != 0 or not uses_agent_store(spec):
         return None
+    python = job_python(spec, agent_env, python)
     interpreter: tuple[str, ...] = (python,)
     if not spec.is_function:
         parsed = parse_python_command(spec.argv, python=python)
@@ -531,6 +585,7 @@ def build_standby_launch(
     """
     if not spec.preload:
         return None
+    python = job_python(spec, agent_env, python)
     if spec.is_function:
         interpreter: tuple[str, ...] = (python,)
     else:
@@ -569,6 +624,7 @@ def build_launch_plan(
     without `cwd` runs (default: the agent's current directory).
     """
     spec = assignment.spec
+    python = job_python(spec, agent_env, python)
     base_dir = log_dir or attempt_dir(
         log_root,
         assignment.job_id,

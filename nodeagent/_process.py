@@ -95,6 +95,8 @@ class RealProcess:
         self._exited: asyncio.Future[int] = loop.create_future()
         self._pidfd: int | None = None
         self._terminating: asyncio.Task[bool] | None = None
+        self.signals_sent: set[int] = set()
+        """Signals the agent sent this worker: a death by another's signal is no stop of ours."""
         self._watch()
 
     @property
@@ -157,6 +159,7 @@ class RealProcess:
     def send_signal_group(self, sig: int) -> None:
         if self._exited.done():
             return
+        self.signals_sent.add(sig)
         try:
             # Unreaped (the exit future is not done), so the group id is still the worker's.
             os.killpg(self._popen.pid, sig)

@@ -35,7 +35,14 @@ from pathlib import Path
 
 from nodeagent._dirs import private_dir
 
-__all__ = ["ExpiredCallback", "FileTimerServer", "TimerRequest"]
+__all__ = [
+    "MAX_TIMER_FILE_CHARS",
+    "ExpiredCallback",
+    "FileTimerServer",
+    "TimerFileError",
+    "TimerRequest",
+    "validate_timer_file",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +51,72 @@ ExpiredCallback = Callable[[int, str, int, float], None]
 
 _MAX_LINE = 64 * 1024
 _READ_CHUNK = 65536
+
+MAX_TIMER_FILE_CHARS = 1024
+"""The longest TORCHELASTIC_TIMER_FILE path a job may name."""
+
+_SERVING: set[str] = set()
+"""The FIFO paths this process serves now: two groups must never share one."""
+
+
+class TimerFileError(ValueError):
+    """A TORCHELASTIC_TIMER_FILE the watchdog will not serve; the message says why."""
+
+
+def validate_timer_file(path: str, *, uid: int | None = None) -> Path:
+    """Check a job-given TORCHELASTIC_TIMER_FILE before the watchdog serves it.
+
+    The path must be absolute, at most MAX_TIMER_FILE_CHARS long and free of NUL; its parent
+    must be an existing directory (not a symlink) owned by `uid` (default: this process's) and
+    writable by no one else; the path itself, if present, must be a FIFO of `uid` (one left by
+    an earlier run; anything else is never removed). Raises TimerFileError naming the problem.
+    """
+    uid = os.geteuid() if uid is None else uid
+    what = "TORCHELASTIC_TIMER_FILE"
+    if "\0" in path:
+        raise TimerFileError(f"{what} contains a NUL character")
+    if len(path) > MAX_TIMER_FILE_CHARS:
+        raise TimerFileError(
+            f"{what} is {len(path)} characters long, over the limit of {MAX_TIMER_FILE_CHARS}"
+        )
+    if not os.path.isabs(path):
+        raise TimerFileError(f"{what} must be an absolute path, got {path!r}")
+    if os.path.basename(path) in ("", ".", ".."):
+        raise TimerFileError(f"{what} {path!r} does not name a file")
+    parent = os.path.dirname(path)
+    try:
+        pst = os.lstat(parent)
+    except OSError as e:
+        raise TimerFileError(
+            f"{what} {path!r}: its directory {parent!r} cannot be used: {e.strerror}"
+        ) from None
+    if stat.S_ISLNK(pst.st_mode):
+        raise TimerFileError(f"{what} {path!r}: its directory {parent!r} is a symlink")
+    if not stat.S_ISDIR(pst.st_mode):
+        raise TimerFileError(f"{what} {path!r}: {parent!r} is not a directory")
+    if pst.st_uid != uid:
+        raise TimerFileError(
+            f"{what} {path!r}: its directory {parent!r} is owned by uid {pst.st_uid}, "
+            f"not by the agent's uid {uid}"
+        )
+    if pst.st_mode & 0o022:
+        raise TimerFileError(
+            f"{what} {path!r}: its directory {parent!r} is writable by others "
+            f"(mode {stat.S_IMODE(pst.st_mode):o})"
+        )
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return Path(path)
+    except OSError as e:
+        raise TimerFileError(f"{what} {path!r} cannot be used: {e.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise TimerFileError(f"{what} {path!r} is a symlink")
+    if not stat.S_ISFIFO(st.st_mode):
+        raise TimerFileError(f"{what} {path!r} exists and is not a FIFO; it is left alone")
+    if st.st_uid != uid:
+        raise TimerFileError(f"{what} {path!r} is a FIFO of uid {st.st_uid}, not the agent's")
+    return Path(path)
 
 
 @dataclass(frozen=True)
@@ -118,6 +191,8 @@ class FileTimerServer:
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._fifo_id: tuple[int, int] | None = None
+        """(st_dev, st_ino) of the FIFO this server made: close() removes only that one."""
 
     @property
     def timers(self) -> dict[tuple[int, str], TimerRequest]:
@@ -133,15 +208,29 @@ class FileTimerServer:
         """Create the FIFO and start reading it; call from the event loop."""
         if self._loop is not None:
             return
+        key = os.path.abspath(self.path)
+        if key in _SERVING:
+            raise TimerFileError(
+                f"TORCHELASTIC_TIMER_FILE {str(self.path)!r} is served for another job on "
+                "this node; give each job its own"
+            )
         self._loop = asyncio.get_running_loop()
         with contextlib.suppress(FileNotFoundError):
             st = os.lstat(self.path)
             if stat.S_ISDIR(st.st_mode):
                 raise IsADirectoryError(f"watchdog timer file {self.path} is a directory")
+            if not stat.S_ISFIFO(st.st_mode):
+                # Only a FIFO left by an earlier server is replaced; a user's file never is.
+                raise TimerFileError(
+                    f"watchdog timer file {self.path} exists and is not a FIFO; it is left alone"
+                )
             os.unlink(self.path)
         if not self.path.parent.is_dir():
             private_dir(self.path.parent)
         os.mkfifo(self.path, 0o600)
+        st = os.lstat(self.path)
+        self._fifo_id = (st.st_dev, st.st_ino)
+        _SERVING.add(key)
         # Non-blocking reader first (a FIFO open for write fails without a reader); then a
         # writer of our own, so the reader never sees EOF between clients.
         self._read_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -348,7 +437,11 @@ class FileTimerServer:
         if self._write_fd is not None:
             os.close(self._write_fd)
             self._write_fd = None
-        if self._loop is not None:
+        if self._fifo_id is not None:
+            _SERVING.discard(os.path.abspath(self.path))
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+                st = os.lstat(self.path)
+                if (st.st_dev, st.st_ino) == self._fifo_id:
+                    os.unlink(self.path)
+            self._fifo_id = None
         self._timers.clear()

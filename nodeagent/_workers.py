@@ -56,13 +56,15 @@ from nodeagent._launch import (
     build_standby_launch,
     build_store_host_launch,
     describe_executable,
+    entrypoint_name,
     resolve_attempt_dir,
     resolve_executable,
+    watchdog_request,
 )
 from nodeagent._process import ProcessHandle, spawn
 from nodeagent._reaper import PidRegistry
 from nodeagent._store_host import StoreHost, StoreHostError, WarmStoreHost
-from nodeagent._watchdog import FileTimerServer
+from nodeagent._watchdog import FileTimerServer, TimerFileError, validate_timer_file
 
 __all__ = ["ConsoleWriter", "WorkerExit", "WorkerGroup", "WorkerHealth", "agent_console"]
 
@@ -75,6 +77,17 @@ _READ_CHUNK = 65536
 _MAX_PARTIAL_LINE = 64 * 1024
 _EXIT_NOT_FOUND = 127
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGKILL})
+
+
+def _stopped_by_us(handle: Any, rc: int) -> bool:
+    """Whether a death by signal `-rc` is the agent's stop: one of its stop signals, and one it
+    sent (a worker SIGKILLed by someone else while the stop began is a failure, not a stop)."""
+    if -rc not in _STOP_SIGNALS:
+        return False
+    sent = getattr(handle, "signals_sent", None)
+    return sent is None or -rc in sent
+
+
 _EXIT_CANNOT_EXECUTE = 126
 _STORE_STOP_GRACE = 2.0
 # errnos that mean the agent's host, not the worker's program, is at fault.
@@ -408,9 +421,6 @@ class WorkerGroup:
 
     # -- start -------------------------------------------------------------------------------
 
-    def _watchdog_wanted(self) -> bool:
-        return self.spec.watchdog or self._agent_env.get("TORCHELASTIC_ENABLE_FILE_TIMER") == "1"
-
     def _prepare(self) -> Path:
         a = self.assignment
         log_dir = resolve_attempt_dir(self.log_root, a.job_id, a.attempt, a.round)
@@ -434,7 +444,10 @@ class WorkerGroup:
     def _ctx(self, launch: WorkerLaunch | None = None) -> str:
         a = self.assignment
         rank = f" rank {launch.global_rank} (local {launch.local_rank})" if launch else ""
-        return f"[job {a.job_id} attempt {a.attempt} round {a.round} node {self.node_name}{rank}]"
+        return (
+            f"[job {a.job_id} ({entrypoint_name(a.spec)}) attempt {a.attempt} round {a.round} "
+            f"node {self.node_name}{rank}]"
+        )
 
     async def start(self) -> dict[int, int]:
         """Start every worker; returns {local_rank: pid} of those that started.
@@ -449,8 +462,11 @@ class WorkerGroup:
         setup_category = FailureCategory.PLATFORM
         try:
             self.log_dir = await asyncio.to_thread(self._prepare)
-            if self._watchdog_wanted():
-                timer_file = str(self._run_dir / f"gelastic_timer_{uuid.uuid4().hex}")
+            wanted, given = watchdog_request(self.spec, self._agent_env)
+            if wanted:
+                timer_file = given or str(self._run_dir / f"gelastic_timer_{uuid.uuid4().hex}")
+                if given:
+                    validate_timer_file(given)
             self.plan = build_launch_plan(
                 self.assignment,
                 log_root=self.log_root,
@@ -470,6 +486,8 @@ class WorkerGroup:
                 agent_cwd=self._agent_cwd,
             )
             await asyncio.to_thread(self._prepare_workers, self.plan)
+        except TimerFileError as e:
+            setup_error, setup_category = str(e), FailureCategory.INPUT
         except OSError as e:
             setup_error = f"cannot prepare the log directory under {self.log_root}: {e}"
         except Exception as e:  # a bad spec that slipped through validation
@@ -482,6 +500,10 @@ class WorkerGroup:
             )
             try:
                 self._watchdog.start()
+            except TimerFileError as e:
+                setup_error, setup_category = str(e), FailureCategory.INPUT
+                self._watchdog.close()
+                self._watchdog = None
             except OSError as e:
                 setup_error = f"cannot serve the watchdog timer file {timer_file}: {e}"
                 self._watchdog.close()
@@ -817,7 +839,9 @@ class WorkerGroup:
             # During a stop, only a death by the agent's own signals (or a clean exit) is "stopped
             # on purpose". A worker that fails by itself meanwhile, e.g. on the collective its
             # crashed peer broke, is a real (collateral) failure and must be reported as one.
-            stopped = stopping and w.kill_reason is None and (rc == 0 or -rc in _STOP_SIGNALS)
+            stopped = (
+                stopping and w.kill_reason is None and (rc == 0 or _stopped_by_us(w.handle, rc))
+            )
             # A worker that recorded its failure is a failure however it ends (the stop that its
             # own early report caused usually cuts its teardown short).
             stopped = stopped and w.early is None

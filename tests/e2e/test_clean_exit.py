@@ -1,4 +1,4 @@
-"""A job that did its work never ends FAILED: torch's init-method launcher script, 30 runs in a row.
+"""A job that did its work never ends FAILED: torch's init-method launcher script, 16 runs in a row.
 
 The script (tests/workloads/init_method.py, the same job as torch's
 `test/distributed/launcher/bin/test_script_init_method.py`) returns without
@@ -21,11 +21,12 @@ from tests.e2e.conftest import MARKER_ENV, assert_nothing_left
 
 pytestmark = pytest.mark.e2e
 
-RUNS = 30
+RUNS = 16
+"""64 rank exits: without the release, about one run in a dozen failed (P(all 16 pass) < 0.25)."""
 WORKLOAD = Path(__file__).resolve().parents[1] / "workloads" / "init_method.py"
 
 
-@pytest.mark.timeout(1200)  # 30 real torch jobs: minutes on a busy 2-core host
+@pytest.mark.timeout(1200)  # 16 real torch jobs: minutes on a busy 2-core host
 def test_the_init_method_script_never_fails_after_its_work(tmp_path: Path) -> None:
     failed: list[str] = []
     marker = uuid.uuid4().hex

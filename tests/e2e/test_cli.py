@@ -12,12 +12,14 @@ import re
 import signal
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from torch.distributed.elastic.multiprocessing import errors as torch_errors
 
 from client import JobSpec, JobState, RunResult, WorkerState
 from client._local import LocalCluster, poll_until
@@ -324,7 +326,9 @@ def test_submit_module_runs_python_dash_m(shared: LocalCluster) -> None:
     assert logs.returncode == 0 and "Linux" in logs.stdout, logs.stdout
 
 
-def test_submit_watch_of_a_failing_job_exits_1_with_the_report(shared: LocalCluster) -> None:
+def test_submit_watch_of_a_failing_job_exits_1_with_the_report(
+    shared: LocalCluster, tmp_path: Path
+) -> None:
     proc = gelastic(
         "submit",
         "--nnodes",
@@ -345,14 +349,25 @@ def test_submit_watch_of_a_failing_job_exits_1_with_the_report(shared: LocalClus
         script("exit_code.py"),
         cluster=shared,
         timeout=TIMEOUT,
+        env={"TORCHELASTIC_ERROR_FILE": str(tmp_path / "watch.json")},
     )
     assert proc.returncode == 1, proc.stderr
     job_id = proc.stdout.splitlines()[0]
     assert "Root Cause" in proc.stdout and "exitcode  : 3" in proc.stdout
     assert job_id in proc.stderr  # the progress lines
+    # The root cause, where a scheduler reads it (rank 1 left no error file: exit code 3).
+    watched = torch_errors.ProcessFailure(0, 1, 3, str(tmp_path / "watch.json"))
+    message: Any = watched.message  # torch types it str; the nested format makes it a dict
+    assert "exit code 3" in message["message"], message
 
-    proc = gelastic("result", job_id, cluster=shared)
+    proc = gelastic(
+        "result",
+        job_id,
+        cluster=shared,
+        env={"TORCHELASTIC_ERROR_FILE": str(tmp_path / "result.json")},
+    )
     assert proc.returncode == 1
+    assert json.loads((tmp_path / "result.json").read_text()) == watched.error_file_data
     assert proc.stdout.index("Root Cause") < proc.stdout.index("rank      : 1")
     result = parse_json(gelastic("result", job_id, "--json", cluster=shared))
     assert result["state"] == "FAILED"
@@ -422,13 +437,15 @@ def run_env(marker: str, tmp_path: Path) -> dict[str, str]:
     return {**os.environ, MARKER_ENV: marker, "TMPDIR": str(tmp)}
 
 
-def run_cli(*args: str, marker: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, marker: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PY, "-m", "client.cli", "run", *args],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
-        env=run_env(marker, cwd),
+        env={**run_env(marker, cwd), **(env or {})},
         cwd=cwd,
     )
 
@@ -438,8 +455,8 @@ def test_run_a_torchrun_script_on_two_processes(tmp_path: Path) -> None:
     proc = run_cli(
         "--nproc-per-node",
         "2",
-        "--master-port",
-        "29999",
+        "--monitor-interval",
+        "1",
         "--rdzv-backend=c10d",
         script("cli_torchrun_ok.py"),
         marker=marker,
@@ -450,7 +467,10 @@ def test_run_a_torchrun_script_on_two_processes(tmp_path: Path) -> None:
     assert "[0]:rank 0 of 2 local 0 sum 1.0" in lines, proc.stdout
     assert "[1]:rank 1 of 2 local 1 sum 1.0" in lines, proc.stdout
     notes = [line for line in proc.stderr.splitlines() if "ignoring" in line]
-    assert sorted(n.split(":")[1].split()[-1] for n in notes) == ["--master-port", "--rdzv-backend"]
+    assert sorted(n.split(":")[1].split()[-1] for n in notes) == [
+        "--monitor-interval",
+        "--rdzv-backend",
+    ]
     assert_nothing_left(marker)
     assert list((tmp_path / "tmp").iterdir()) == []  # the logs of a run that succeeded are gone
 
@@ -473,6 +493,10 @@ def test_run_no_python_program(tmp_path: Path) -> None:
 
 def test_run_a_failing_torchrun_script_exits_1_with_the_report(tmp_path: Path) -> None:
     marker = uuid.uuid4().hex
+    # What a scheduler (TorchX, Kubeflow) sets for torchrun: the root cause must land there.
+    scheduler_dir = tmp_path / "scheduler"
+    scheduler_dir.mkdir(mode=0o700)
+    scheduler_file = scheduler_dir / "error.json"
     proc = run_cli(
         "--nproc-per-node",
         "2",
@@ -483,6 +507,7 @@ def test_run_a_failing_torchrun_script_exits_1_with_the_report(tmp_path: Path) -
         script("cli_torchrun_fail.py"),
         marker=marker,
         cwd=tmp_path,
+        env={"TORCHELASTIC_ERROR_FILE": str(scheduler_file)},
     )
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     err = proc.stderr
@@ -493,6 +518,18 @@ def test_run_a_failing_torchrun_script_exits_1_with_the_report(tmp_path: Path) -
     assert "[1]:" in proc.stderr  # rank 1's traceback, teed with its prefix
     assert (tmp_path / "logs").is_dir()
     assert_nothing_left(marker)
+    # torch's reader takes the file as a child's error file; it is rank 1's, with its exit code.
+    assert scheduler_file.stat().st_mode & 0o777 == 0o600
+    data = json.loads(scheduler_file.read_text())
+    assert data["message"]["message"] == "ValueError: boom from rank 1"
+    assert data["message"]["errorCode"] == 1
+    assert 'raise ValueError("boom from rank 1")' in data["message"]["extraInfo"]["py_callstack"]
+    read = torch_errors.ProcessFailure(
+        local_rank=0, pid=1, exitcode=1, error_file=str(scheduler_file)
+    )
+    assert read.message == data["message"]
+    assert abs(read.timestamp - time.time()) < TIMEOUT
+    assert [p.name for p in scheduler_dir.iterdir()] == ["error.json"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -10,7 +10,7 @@ from typing import Any
 import psutil
 import torch
 
-from client import JobSpec, JobState, WorkerState
+from client import FailureCategory, JobSpec, JobState, WorkerState
 from client._local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, Gate, gone, script, wait_started
 
@@ -139,6 +139,9 @@ def test_agent_sigkill_reforms_on_the_survivors(make_cluster: Any, out: Path, ga
     assert not gate.events("finish", round=status.round)
     assert sorted(e["rank"] for e in gate.events("finish")) == [0, 1, 2, 3]
     assert f"node {victim} lost" in result.attempts[0].end_reason
+    # Its workers are INFRA failures of that attempt: the host went away, not the program.
+    lost = [f for f in result.attempts[0].failures if f.node == victim]
+    assert len(lost) == 2 and {f.category for f in lost} == {FailureCategory.INFRA}, lost
     final = job.status()
     assert sorted(m.node for m in final.members) == sorted(
         m.node for m in status.members if m.node != victim

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from client.assignment import RoundAssignment, WorkerRanks
-from client.model import MAX_RETURN_VALUE_BYTES, JobSpec, WorkerState
+from client.model import MAX_RETURN_VALUE_BYTES, FailureCategory, JobSpec, WorkerState
 from client.results import verified_load
 from nodeagent._reaper import reap_previous, record_workers
 from nodeagent._sentinel import MARK_ENV
@@ -576,6 +576,27 @@ async def test_stop_escalates_to_sigkill(h: Harness) -> None:
     assert g.state is WorkerState.STOPPED
 
 
+async def test_a_worker_killed_by_another_while_the_stop_waits_is_a_failure(h: Harness) -> None:
+    # The stop has sent SIGTERM (ignored) and waits its grace; someone else SIGKILLs the worker
+    # meanwhile. The agent never sent SIGKILL, so this death is the worker's failure, not a stop.
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(120)"
+    )
+    console = Console()
+    g, exits = h.group(JobSpec(entrypoint=[PY, "-c", code]), console=console)
+    pids = await h.start(g)
+    await console.wait_for("ready")
+    stopping = asyncio.ensure_future(g.stop(30.0))
+    handle = g._workers[0].handle
+    assert await poll_until(lambda: signal.SIGTERM in handle.signals_sent, DEADLINE)
+    os.kill(pids[0], signal.SIGKILL)
+    assert await asyncio.wait_for(stopping, DEADLINE) == []
+    (ex,) = exits.items
+    assert (ex.exitcode, ex.stopped_by_agent) == (-9, False)
+    assert ex.failure is not None and ex.failure.signal == "SIGKILL"
+
+
 async def test_stop_with_sigterm_and_close_without_stop(h: Harness) -> None:
     console = Console()
     code = "import time; print('up', flush=True); time.sleep(120)"
@@ -663,6 +684,92 @@ async def test_watchdog_kills_a_hung_worker_with_torch_client(h: Harness) -> Non
     assert "armed" in log(h, 0, "stdout")
     await g.close()
     assert not fifo.exists()
+
+
+_TORCH_TIMER_HANG = """
+import os, sys, time
+from torch.distributed.elastic.timer import FileTimerClient, configure, expires
+
+if os.environ["TORCHELASTIC_TIMER_FILE"] != os.environ["EXPECTED_TIMER_FILE"]:
+    sys.exit(7)
+configure(FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+with expires(after=0.5, scope="overrun"):
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("where", ["agent", "spec"])
+async def test_watchdog_serves_the_timer_file_torch_configures(h: Harness, where: str) -> None:
+    # torchrun's way: TORCHELASTIC_ENABLE_FILE_TIMER=1 and TORCHELASTIC_TIMER_FILE, set for the
+    # agent or in the job's env; the watchdog serves that path, not one of its own.
+    timers = h.tmp / "timers"
+    timers.mkdir(mode=0o700)
+    fifo = timers / "job.fifo"
+    torch_env = {"TORCHELASTIC_ENABLE_FILE_TIMER": "1", "TORCHELASTIC_TIMER_FILE": str(fifo)}
+    script = h.script("hang_torch_timer.py", _TORCH_TIMER_HANG)
+    spec_env = {"EXPECTED_TIMER_FILE": str(fifo), **(torch_env if where == "spec" else {})}
+    agent_env = {**os.environ, **(torch_env if where == "agent" else {})}
+    g, exits = h.group(JobSpec(entrypoint=[PY, script], env=spec_env), agent_env=agent_env)
+    pids = await h.start(g)
+    assert g.timer_file == fifo
+    (ex,) = await exits.wait(1, timeout=TORCH_DEADLINE)
+    f = ex.failure
+    assert f is not None and ex.exitcode == -9, (ex, log(h, 0))
+    assert re.fullmatch(
+        rf"watchdog timer 'overrun' expired at [\d\- :.]+; killed PID {pids[0]} with SIGKILL",
+        f.message,
+    ), f.message
+    await g.close()
+    assert not fifo.exists()
+
+
+async def _refused(h: Harness, path: str, **kw: Any) -> str:
+    env = {"TORCHELASTIC_ENABLE_FILE_TIMER": "1", "TORCHELASTIC_TIMER_FILE": path}
+    g, exits = h.group(JobSpec(entrypoint=[PY, "-c", "pass"], env=env, nproc_per_node=2), **kw)
+    assert await h.start(g) == {}
+    found = await exits.wait(2)
+    for ex in found:
+        assert ex.failure is not None and ex.failure.category is FailureCategory.INPUT
+    assert g.timer_file is None
+    return found[0].failure.message if found[0].failure is not None else ""
+
+
+async def test_a_timer_file_that_cannot_be_served_fails_the_job_as_input(h: Harness) -> None:
+    private = h.tmp / "private"
+    private.mkdir(mode=0o700)
+    precious = private / "notes.txt"
+    precious.write_text("keep me")
+    open_dir = h.tmp / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    link_dir = h.tmp / "link"
+    link_dir.symlink_to(private)
+    cases = {
+        "relative/timer": "must be an absolute path",
+        str(h.tmp / "missing" / "timer"): "cannot be used: No such file or directory",
+        str(link_dir / "timer"): "is a symlink",
+        str(open_dir / "timer"): "is writable by others (mode 777)",
+        str(precious): "exists and is not a FIFO",
+        "/" + "x" * 2000: "over the limit of 1024",
+    }
+    for path, problem in cases.items():
+        message = await _refused(h, path)
+        assert problem in message, (path, message)
+    assert precious.read_text() == "keep me"
+
+
+async def test_two_jobs_cannot_share_one_timer_file(h: Harness) -> None:
+    timers = h.tmp / "timers"
+    timers.mkdir(mode=0o700)
+    fifo = str(timers / "shared.fifo")
+    env = {"TORCHELASTIC_ENABLE_FILE_TIMER": "1", "TORCHELASTIC_TIMER_FILE": fifo}
+    first, _ = h.group(JobSpec(entrypoint=[PY, "-c", "import time; time.sleep(60)"], env=env))
+    await h.start(first)
+    assert str(first.timer_file) == fifo
+    message = await _refused(h, fifo)
+    assert "served for another job on this node" in message
+    await first.close()
+    assert not Path(fifo).exists()
 
 
 async def test_stopped_worker_is_unhealthy(h: Harness) -> None:

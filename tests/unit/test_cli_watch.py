@@ -229,8 +229,11 @@ def test_run_help_lists_the_torchrun_flags_it_accepts() -> None:
     groups = {g.title: g for g in run_parser()._action_groups}
     compat = groups["accepted for compatibility with torchrun"]
     flags = {s for a in compat._group_actions for s in a.option_strings}
-    assert {"--rdzv-backend", "--rdzv-endpoint", "--master-port", "--standalone"} <= flags
+    assert {"--rdzv-backend", "--rdzv-id", "--monitor-interval", "--standalone"} <= flags
     assert "accepted for compatibility with torchrun" in run_parser().format_help()
+    refused = {s for a in groups["torchrun flags refused"]._group_actions for s in a.option_strings}
+    assert {"--logs-specs", "--numa-binding", "--rdzv-endpoint", "--node-rank"} <= refused
+    assert not flags & refused
 
 
 @pytest.mark.parametrize("main", [cli.main, coordinator_cli.main, nodeagent_cli.main])

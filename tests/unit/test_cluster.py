@@ -13,7 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from client.model import JobState, ProcessFailure, WorkerState
+from client.model import FailureCategory, JobState, ProcessFailure, WorkerState
 from coordinator._cluster import (
     AssignRound,
     CloseSession,
@@ -1349,3 +1349,54 @@ def test_a_stop_lost_with_a_coordinator_crash_is_sent_again_on_reconnect() -> No
     inc0 = d.nodes["n0"].incarnation
     out = c.node_connected("n0", "10.0.0.1", 1, inc0, d.now + 2, [stopped])
     assert not [e for e in of_type(out, StopRound) if e.node == "n0"]
+
+
+# ---- INFRA: a node or an agent that went away -----------------------------------------------
+
+
+def test_workers_of_a_lost_node_are_infra_failures_of_the_attempt() -> None:
+    d = running_job(nodes=3, nproc=2, min_nodes=2, max_nodes=3, max_restarts=0)
+    d.disconnect("n2")
+    d.settle()
+    assert (d.state("j"), d.attempt("j")) == (JobState.RUNNING, 0)  # no budget spent
+    (first,) = d.cluster.job_attempts("j")[:1]
+    lost = [f for f in first.failures if f.node == "n2"]
+    assert sorted(f.global_rank for f in lost) == [4, 5]
+    for f in lost:
+        assert f.category == FailureCategory.INFRA
+        assert f.message == "node n2 lost: its stream to the coordinator ended"
+        assert (f.attempt, f.round) == (0, 1)
+    assert {f.node for f in first.failures} == {"n2"}  # the survivors were stopped on purpose
+
+
+def test_an_agent_that_died_silently_leaves_infra_failures() -> None:
+    # No stream end, only silence: the lease expires.
+    d = running_job(nodes=2, nproc=1, min_nodes=1, max_nodes=2)
+    d.nodes["n1"].mute = True
+    d.advance(3.0)
+    d.advance(3.0)
+    d.settle()
+    (first,) = d.cluster.job_attempts("j")[:1]
+    (f,) = first.failures
+    assert (f.node, f.category, f.global_rank) == ("n1", FailureCategory.INFRA, 1)
+    assert f.message.startswith("node n1 lost: no message for ")
+    assert d.attempt("j") == 0
+
+
+def test_a_node_that_comes_back_without_its_round_leaves_infra_failures() -> None:
+    import json
+
+    from coordinator._cluster import Cluster
+    from coordinator._codec import encode
+
+    d = running_job(nodes=2, nproc=1, min_nodes=1, max_nodes=2)
+    # The coordinator restarts; n1 reconnects on the same incarnation but holds no round.
+    jobs = [json.loads(json.dumps(d.cluster.dump_job("j")))]
+    nodes = [json.loads(json.dumps(x)) for x in d.cluster.dump_nodes()]
+    events = [encode(e) for e in d.cluster.job_events("j")]
+    c = Cluster(d.cluster.config)
+    c.restore(jobs, events, nodes, d.now + 1, reconnect_grace=15.0)
+    c.node_connected("n1", "10.0.0.2", 1, d.nodes["n1"].incarnation, d.now + 2, [])
+    f = c.failure("j", 1, 1)
+    assert f is not None and f.category == FailureCategory.INFRA, f
+    assert "reconnected without round 1" in f.message

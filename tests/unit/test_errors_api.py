@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,23 @@ def test_env_var_unset_writes_nothing(tmp_path: Path, monkeypatch: pytest.Monkey
         record(_raise_boom)()
     ErrorHandler().record_exception(ValueError("x"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_env_var_unset_logs_what_would_be_written(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # torch's ErrorHandler documents it: without the variable the structured error is logged.
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    try:
+        _raise_boom()
+    except ValueError as e:
+        with caplog.at_level(logging.INFO, logger="client.errors"):
+            ErrorHandler().record_exception(e)
+    (logged,) = [r.getMessage() for r in caplog.records if "would have held" in r.getMessage()]
+    data = json.loads(logged.split("\n", 1)[1])
+    assert data["message"]["message"] == "ValueError: boom"
+    assert "in _raise_boom" in data["message"]["extraInfo"]["py_callstack"]
+    assert int(data["message"]["extraInfo"]["timestamp"]) > 0
 
 
 def test_unwritable_error_file_keeps_original_exception(
@@ -349,7 +367,7 @@ def test_dump_error_file_warns_and_overwrites(
         ErrorHandler().dump_error_file(str(child), error_code=2)
     assert _load(error_file)["message"]["errorCode"] == 2
     assert "already exists" in caplog.text
-    assert '{"message": "stale"}' in caplog.text
+    assert '"message": "stale"' in caplog.text  # pretty-printed, as torch logs it
 
 
 def test_dump_error_file_without_env_var(
@@ -360,7 +378,32 @@ def test_dump_error_file_without_env_var(
     with caplog.at_level(logging.ERROR, logger="client.errors"):
         ErrorHandler().dump_error_file(str(child), error_code=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["child.json"]
-    assert "cannot copy child error file" in caplog.text
+    # torch's own line, word for word.
+    assert f"no error file defined for parent, to copy child error file ({child})" in caplog.text
+
+
+def test_dump_error_file_over_existing_file_like_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    child = _child_file(tmp_path, NESTED)
+    texts: dict[str, str] = {}
+    for who, handler in (("torch", torch_errors.ErrorHandler()), ("ours", ErrorHandler())):
+        target = tmp_path / f"{who}.json"
+        target.write_text('{"message": "stale"}')
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(target))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            handler.dump_error_file(str(child), 3)
+        texts[who] = "\n".join(
+            r.getMessage().replace(str(target), "<target>")
+            for r in caplog.records
+            if "already exists" in r.getMessage()
+        )
+    assert texts["ours"] == texts["torch"]
+    assert '"message": "stale"' in texts["ours"]
+    assert _load(tmp_path / "ours.json") == _load(tmp_path / "torch.json")
+    assert (tmp_path / "ours.json").stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
 # --- ChildFailedError ------------------------------------------------------------------------
@@ -400,7 +443,7 @@ def test_child_failed_error_needs_failures() -> None:
         ChildFailedError("nanny", {})
 
 
-def test_child_failed_error_table_root_cause_first() -> None:
+def test_child_failed_error_table_in_torch_order() -> None:
     err = ChildFailedError(
         "nanny",
         {
@@ -409,14 +452,17 @@ def test_child_failed_error_table_root_cause_first() -> None:
         },
     )
     text = str(err)
+    assert text == err.format_msg()
     assert text.startswith("\n")
     lines = text.split("\n")
     assert lines[2] == "nanny FAILED"
+    # torch's order, which tools parse: the other failures first, the root cause last.
+    others_at = lines.index("Failures:")
     root_at = lines.index("Root Cause (first observed failure):")
-    others_at = lines.index("Other Failures:")
-    assert root_at < others_at
-    assert lines[root_at + 1] == "[1]:"
+    assert others_at < root_at
+    assert "Other Failures:" not in lines
     assert lines[others_at + 1] == "[0]:"
+    assert lines[root_at + 1] == "[1]:"
     assert "  exitcode  : -15 (pid: 100)  (SIGTERM)" in lines
     assert "  exitcode  : 1 (pid: 101) " in lines
     assert "  traceback : Traceback:" in lines
@@ -440,13 +486,88 @@ def test_child_failed_error_blocks_match_torch(
         ),
     }
     failures[0].timestamp = failures[1].timestamp + 1
-    ours = str(ChildFailedError("train.py", failures))
-    theirs = str(torch_errors.ChildFailedError("train.py", failures))
-    assert _blocks(ours) == _blocks(theirs)
-    assert set(_blocks(ours)) == {"[0]:", "[1]:"}
-    # Same frame width and title; only the order of the sections differs.
-    assert ours.split("\n")[1] == theirs.split("\n")[1]
-    assert ours.split("\n")[2] == theirs.split("\n")[2] == "train.py FAILED"
+    ours = ChildFailedError("train.py", failures)
+    theirs = torch_errors.ChildFailedError("train.py", failures)
+    assert set(_blocks(str(ours))) == {"[0]:", "[1]:"}
+    # Character for character: frame, width, section order, blocks.
+    assert str(ours) == str(theirs)
+    assert ours.format_msg() == theirs.format_msg()  # type: ignore[no-untyped-call]
+    assert ours.format_msg("#", "~") == theirs.format_msg("#", "~")  # type: ignore[no-untyped-call]
+
+
+def test_child_failed_error_single_failure_matches_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(socket, "getfqdn", lambda *a: "h")
+    failures = {
+        3: torch_errors.ProcessFailure(
+            local_rank=0, pid=7, exitcode=-9, error_file=str(tmp_path / "none.json")
+        )
+    }
+    assert str(ChildFailedError("t", failures)) == str(torch_errors.ChildFailedError("t", failures))
+
+
+# --- ProcessFailure as torch builds it ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content,exitcode",
+    [
+        (NESTED, 1),
+        (NESTED, -11),
+        ({"message": "flat text", "timestamp": 17}, 2),
+        ({"message": "flat, no time"}, 1),
+        (None, -9),  # no file, killed by a signal
+        (None, 3),  # no file, a plain exit code
+    ],
+)
+def test_process_failure_built_as_torch_builds_it(
+    tmp_path: Path, content: Any, exitcode: int
+) -> None:
+    path = tmp_path / "child.json"
+    if content is not None:
+        path.write_text(json.dumps(content))
+    ours = errors_module.ProcessFailure(0, 4242, exitcode, str(path))
+    theirs = torch_errors.ProcessFailure(0, 4242, exitcode, str(path))
+    for name in ("local_rank", "pid", "exitcode", "error_file", "message", "error_file_data"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    if content is None:
+        assert abs(ours.timestamp - theirs.timestamp) <= 1
+    else:
+        assert ours.timestamp == theirs.timestamp
+    assert ours.signal_name() == theirs.signal_name()
+    assert ours.timestamp_isoformat() == datetime.fromtimestamp(ours.timestamp).isoformat(sep="_")
+
+
+def test_process_failure_malformed_file_raises_like_torch(tmp_path: Path) -> None:
+    path = tmp_path / "child.json"
+    for text in ('{"no_message": 1}', "{not json", '{"message": {"extraInfo": {}}}'):
+        path.write_text(text)
+        with pytest.raises((KeyError, ValueError)):
+            torch_errors.ProcessFailure(0, 1, 1, str(path))
+        with pytest.raises(ValueError):
+            errors_module.ProcessFailure(0, 1, 1, str(path))
+
+
+def test_process_failure_feeds_record_like_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A nanny parent: its child's file, read through our ProcessFailure, becomes the parent's
+    # error file exactly as torch's record makes it.
+    child = _child_file(tmp_path, NESTED)
+    written = {}
+    for who, mod in (("ours", errors_module), ("torch", torch_errors)):
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / f"{who}.json"))
+        failures = {0: mod.ProcessFailure(0, 5, -6, str(child))}
+
+        def nanny(mod: Any = mod, failures: Any = failures) -> None:
+            raise mod.ChildFailedError("nanny", failures)
+
+        with pytest.raises(mod.ChildFailedError):
+            mod.record(nanny)()
+        written[who] = _load(tmp_path / f"{who}.json")
+    assert written["ours"] == written["torch"]
+    assert written["ours"]["message"]["errorCode"] == -6
 
 
 def test_record_copies_root_cause_child_file(tmp_path: Path, error_file: Path) -> None:
@@ -470,7 +591,9 @@ def test_record_copies_root_cause_child_file(tmp_path: Path, error_file: Path) -
     assert _load(error_file)["message"]["message"] == "ValueError: c"
 
 
-def test_record_child_without_file_records_the_exception(error_file: Path) -> None:
+def test_record_child_without_file_writes_nothing(
+    error_file: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     err = ChildFailedError("nanny", {4: _failure(4, 5.0, exitcode=-9)})
 
     @record
@@ -479,10 +602,17 @@ def test_record_child_without_file_records_the_exception(error_file: Path) -> No
 
     with pytest.raises(ChildFailedError):
         nanny()
-    written = _load(error_file)["message"]
-    assert written["message"].startswith("ChildFailedError: \n")
-    assert "nanny FAILED" in written["message"]
-    assert "errorCode" not in written
+    assert not error_file.exists()
+    # torch's record does the same.
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "torch.json"))
+    failures = {4: torch_errors.ProcessFailure(0, 9, -9, str(tmp_path / "none.json"))}
+
+    def torch_nanny() -> None:
+        raise torch_errors.ChildFailedError("nanny", failures)
+
+    with pytest.raises(torch_errors.ChildFailedError):
+        torch_errors.record(torch_nanny)()
+    assert not (tmp_path / "torch.json").exists()
 
 
 def test_record_child_with_corrupt_file_records_the_exception(

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
-from nodeagent._watchdog import FileTimerServer, TimerRequest, parse_request
+from nodeagent._watchdog import (
+    FileTimerServer,
+    TimerFileError,
+    TimerRequest,
+    parse_request,
+    validate_timer_file,
+)
 
 
 def line(**kw: object) -> bytes:
@@ -144,3 +151,20 @@ def test_a_pid_that_exited_before_the_kill_is_not_reported_as_killed() -> None:
     srv.register(TimerRequest(42, "s", 5.0, 9))
     assert srv.expire(10.0) == [] and rec.expired == []
     assert srv.timers == {}
+
+
+def test_timer_file_owned_by_another_uid_is_refused(tmp_path: Path) -> None:
+    fifo = tmp_path / "t.fifo"
+    other = os.geteuid() + 1
+    with pytest.raises(TimerFileError, match=f"not by the agent's uid {other}"):
+        validate_timer_file(str(fifo), uid=other)
+    os.mkfifo(fifo, 0o600)
+    assert validate_timer_file(str(fifo)) == fifo  # a FIFO of ours, left by an earlier run
+    with pytest.raises(TimerFileError, match="contains a NUL"):
+        validate_timer_file(str(tmp_path / "a\0b"))
+    with pytest.raises(TimerFileError, match="does not name a file"):
+        validate_timer_file(str(tmp_path) + "/..")
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    with pytest.raises(TimerFileError, match="is a symlink"):
+        validate_timer_file(str(link))
