@@ -70,6 +70,7 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         role=spec.role,
         entrypoint=list(spec.command) if not spec.function else [],
         function=spec.function,
+        main_path=spec.main_path,
         args=[str(a) for a in spec.args] if not spec.function else [],
         function_args=spec.function_args,
         nproc_per_node=spec.nproc_per_node,
@@ -141,6 +142,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
     return JobSpec(
         entrypoint=entrypoint,
         args=() if msg.function else tuple(msg.args),
+        main_path=msg.main_path,
         nproc_per_node=opt_i("nproc_per_node", d.nproc_per_node),
         min_nodes=opt_i("min_nodes", d.min_nodes),
         max_nodes=opt_i("max_nodes", d.max_nodes),

@@ -10,8 +10,13 @@ Usage::
 
     python [interpreter flags] _bootstrap.py --error-file PATH
         (--script PATH | --module NAME | --code CODE
-         | --function MOD:QUALNAME --args-file PATH --return-file PATH)
+         | --function MOD:QUALNAME --args-file PATH --return-file PATH [--main-path PATH])
         -- [target args...]
+
+A function ``__main__:QUALNAME`` comes with ``--main-path``, the submitter's main script: it is
+run as module ``__mp_main__`` (so its ``if __name__ == "__main__":`` block does not run), which
+also becomes ``sys.modules["__main__"]`` so that pickles naming ``__main__`` resolve, as
+multiprocessing's spawn start method does.
 
     python [interpreter flags] _bootstrap.py --standby FD [--preload MODULE]...
 
@@ -74,6 +79,7 @@ class _Options:
         self.target = ""
         self.args_file = ""
         self.return_file = ""
+        self.main_path = ""
         self.rest: list[str] = []
 
 
@@ -105,6 +111,8 @@ def _parse(argv: list[str]) -> _Options:
             opts.args_file = value
         elif arg == "--return-file":
             opts.return_file = value
+        elif arg == "--main-path":
+            opts.main_path = value
         else:
             _usage_error(f"unknown option {arg}")
         i += 2
@@ -112,6 +120,8 @@ def _parse(argv: list[str]) -> _Options:
         _usage_error("no target given")
     if opts.mode == "function" and not opts.return_file:
         _usage_error("--function needs --return-file")
+    if opts.main_path and opts.mode != "function":
+        _usage_error("--main-path is only for --function")
     return opts
 
 
@@ -177,11 +187,32 @@ def _fix_sys_path(opts: _Options) -> None:
         sys.path.insert(0, "")
     else:
         sys.path.insert(0, os.getcwd())
+        if opts.main_path:  # the script's own imports find what `python script.py` finds
+            sys.path.insert(0, os.path.dirname(os.path.realpath(opts.main_path)))
 
 
-def _resolve_function(ref: str) -> Any:
+def _import_main_script(path: str) -> types.ModuleType:
+    """Run the submitter's main script as ``__mp_main__`` and make it ``__main__`` too.
+
+    multiprocessing.spawn._fixup_main_from_path does the same: the script's top level runs, its
+    ``if __name__ == "__main__":`` block does not, and ``__main__.X`` in a pickle is its X.
+    """
+    filename = os.path.abspath(path)
+    main = types.ModuleType("__mp_main__")
+    content = runpy.run_path(filename, run_name="__mp_main__")
+    main.__dict__.update(content)
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = main
+    return main
+
+
+def _resolve_function(ref: str, main_path: str = "") -> Any:
     module_name, _, qualname = ref.partition(":")
-    obj: Any = importlib.import_module(module_name)
+    if module_name == "__main__":
+        if not main_path:
+            raise ImportError(f"{ref} is a function of a main script, and no --main-path was given")
+        obj: Any = _import_main_script(main_path)
+    else:
+        obj = importlib.import_module(module_name)
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
@@ -210,7 +241,7 @@ def _tagged(pickled: bytes, key: bytes, job_id: str, rank: int) -> bytes:
 
 
 def _run_function(opts: _Options) -> None:
-    fn = _resolve_function(opts.target)
+    fn = _resolve_function(opts.target, opts.main_path)
     args: Any = ()
     kwargs: Any = {}
     key, job_id, rank = b"", "", -1

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ __all__ = [
     "build_launch_plan",
     "build_standby_launch",
     "build_store_host_launch",
+    "check_main_script",
     "describe_executable",
     "entrypoint_name",
     "find_attempt_dir",
@@ -404,6 +406,7 @@ def _worker_argv(
             str(args_file),
             "--return-file",
             str(return_file),
+            *(("--main-path", spec.main_path) if spec.main_path else ()),
             "--",
         )
         return fn_argv, args_file, return_file, spec.function
@@ -497,6 +500,27 @@ def _worker_env(
     if timer_file is not None:
         env["TORCHELASTIC_TIMER_FILE"] = timer_file
     return env
+
+
+def check_main_script(main_path: str, cwd: str) -> None:
+    """ValueError naming `main_path` (relative to `cwd`) unless it is a regular .py file here.
+
+    A function of the submitter's main script needs that script at the same path on every node;
+    refusing it before any worker starts makes that an input failure of the job, not a crash.
+    """
+    path = os.path.join(cwd, main_path)
+    shown = bounded(main_path)
+    if not main_path.endswith(".py"):
+        raise ValueError(f"main_path {shown!r} is not a .py file")
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ValueError(
+            f"main_path {shown!r} cannot be used on this node: {e.strerror or e} (a function "
+            "of a main script needs that script at the same path on every node)"
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"main_path {shown!r} is not a regular file on this node")
 
 
 def _cwd(spec: JobSpec, agent_cwd: str | None) -> str:
@@ -609,6 +633,8 @@ def build_launch_plan(
         first_round_of_attempt=True,
     )
     cwd = _cwd(spec, agent_cwd)
+    if spec.main_path:
+        check_main_script(spec.main_path, cwd)
     redirects = parse_std_mapping("redirects", spec.redirects, spec.nproc_per_node)
     tees = parse_std_mapping("tee", spec.tee, spec.nproc_per_node)
     template = agent_env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")

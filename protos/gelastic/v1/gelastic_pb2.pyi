@@ -57,7 +57,7 @@ FAILURE_CATEGORY_INFRA: FailureCategory
 FAILURE_CATEGORY_INPUT: FailureCategory
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "role", "entrypoint", "function", "args", "function_args", "nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "env", "redirects", "tee", "join_timeout_ms", "last_call_timeout_ms", "exit_barrier_timeout_ms", "stop_grace_ms", "restart_backoff_ms", "scale_up", "watchdog", "cwd", "stderr_tail_lines", "unhealthy_timeout_ms", "result_key", "preload", "standby_linger_ms", "master_addr", "master_port")
+    __slots__ = ("name", "role", "entrypoint", "function", "main_path", "args", "function_args", "nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "env", "redirects", "tee", "join_timeout_ms", "last_call_timeout_ms", "exit_barrier_timeout_ms", "stop_grace_ms", "restart_backoff_ms", "scale_up", "watchdog", "cwd", "stderr_tail_lines", "unhealthy_timeout_ms", "result_key", "preload", "standby_linger_ms", "master_addr", "master_port")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,7 @@ class JobSpec(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    MAIN_PATH_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_ARGS_FIELD_NUMBER: _ClassVar[int]
     NPROC_PER_NODE_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +98,7 @@ class JobSpec(_message.Message):
     role: str
     entrypoint: _containers.RepeatedScalarFieldContainer[str]
     function: str
+    main_path: str
     args: _containers.RepeatedScalarFieldContainer[str]
     function_args: bytes
     nproc_per_node: int
@@ -121,7 +123,7 @@ class JobSpec(_message.Message):
     standby_linger_ms: int
     master_addr: str
     master_port: int
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., function: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., function_args: _Optional[bytes] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., redirects: _Optional[str] = ..., tee: _Optional[str] = ..., join_timeout_ms: _Optional[int] = ..., last_call_timeout_ms: _Optional[int] = ..., exit_barrier_timeout_ms: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., restart_backoff_ms: _Optional[int] = ..., scale_up: _Optional[str] = ..., watchdog: _Optional[bool] = ..., cwd: _Optional[str] = ..., stderr_tail_lines: _Optional[int] = ..., unhealthy_timeout_ms: _Optional[int] = ..., result_key: _Optional[bytes] = ..., preload: _Optional[_Iterable[str]] = ..., standby_linger_ms: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., function: _Optional[str] = ..., main_path: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., function_args: _Optional[bytes] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., redirects: _Optional[str] = ..., tee: _Optional[str] = ..., join_timeout_ms: _Optional[int] = ..., last_call_timeout_ms: _Optional[int] = ..., exit_barrier_timeout_ms: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., restart_backoff_ms: _Optional[int] = ..., scale_up: _Optional[str] = ..., watchdog: _Optional[bool] = ..., cwd: _Optional[str] = ..., stderr_tail_lines: _Optional[int] = ..., unhealthy_timeout_ms: _Optional[int] = ..., result_key: _Optional[bytes] = ..., preload: _Optional[_Iterable[str]] = ..., standby_linger_ms: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ...) -> None: ...
 
 class ProcessFailure(_message.Message):
     __slots__ = ("node", "global_rank", "local_rank", "pid", "exitcode", "signal", "error_file", "message", "traceback", "timestamp", "attempt", "round", "root_cause", "category", "stderr_tail", "role_rank", "role")
