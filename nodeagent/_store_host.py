@@ -133,9 +133,14 @@ _ROUND_ENV = frozenset(
 )
 
 
+_HANDED_ENV = _ROUND_ENV | {"GELASTIC_JOB_ID"}
+"""What a warm host is handed with its round: the rest of its env must be the round's already."""
+
+
 def warm_key(launch: StoreHostLaunch) -> tuple[object, ...]:
-    """What a warm host must share with a round's launch to serve it."""
-    env = tuple(sorted((k, v) for k, v in launch.env.items() if k not in _ROUND_ENV))
+    """What a warm host must share with a round's launch to serve it (a later job of the same
+    spec included: the job's id comes with the hand-off)."""
+    env = tuple(sorted((k, v) for k, v in launch.env.items() if k not in _HANDED_ENV))
     return (launch.argv, launch.cwd, env)
 
 
@@ -252,7 +257,7 @@ class StoreHost:
         if not warm.alive() or warm.key != warm_key(launch) or warm.channel is None:
             warm.discard()
             return None
-        env = {k: launch.env[k] for k in _ROUND_ENV | {"GELASTIC_JOB_ID"} if k in launch.env}
+        env = {k: launch.env[k] for k in _HANDED_ENV if k in launch.env}
         try:
             socket.send_fds(warm.channel, [json.dumps(env).encode("utf-8")], [sock.fileno()])
         except OSError as e:

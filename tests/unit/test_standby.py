@@ -333,3 +333,25 @@ def test_standby_linger_is_validated_and_travels_on_the_wire() -> None:
         JobSpec(entrypoint=["python", "x.py"], standby_linger=5.0).validate()  # no standbys
     with pytest.raises(SpecError, match="standby_linger"):
         JobSpec(entrypoint=["python", "x.py"], preload=("torch",), standby_linger=1e9).validate()
+
+
+def test_a_warm_store_host_key_ignores_what_its_hand_off_brings() -> None:
+    # A later job of the same spec (a sweep) must find the warm store host the last one left:
+    # its job id, run id and round come with the hand-off; anything else must be equal.
+    from nodeagent._launch import STORE_HOST_PATH, StoreHostLaunch
+    from nodeagent._store_host import warm_key
+
+    def launch(**env: str) -> StoreHostLaunch:
+        return StoreHostLaunch(
+            argv=(sys.executable, STORE_HOST_PATH),
+            env={"PATH": "/usr/bin", **env},
+            cwd="/",
+            log_path=Path("/nonexistent/store.log"),
+            addr="127.0.0.1",
+            port=1,
+        )
+
+    a = launch(GELASTIC_JOB_ID="job-a", TORCHELASTIC_RUN_ID="job-a", GELASTIC_ROUND="1")
+    b = launch(GELASTIC_JOB_ID="job-b", TORCHELASTIC_RUN_ID="job-b", GELASTIC_ROUND="4")
+    assert warm_key(a) == warm_key(b)
+    assert warm_key(a) != warm_key(launch(GELASTIC_JOB_ID="job-b", SWEEP_ARM="2"))
