@@ -36,6 +36,7 @@ from client._terminal import TerminalFilter
 from client.model import JobSpec, JobState, RunResult, SpecError, is_function_reference
 from client.results import trusted_load
 from client.security import Security, describe_tls_failure
+from client.version import VersionAction as _Version
 from client.wire import job_status_from_pb
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "CliError", "main", "parse_nnodes"]
@@ -79,24 +80,6 @@ class CliError(Exception):
 
 def one_line(text: str) -> str:
     return " ".join(str(text).split())
-
-
-class _Version(argparse.Action):
-    """--version: the installed distribution's version, looked up only when asked."""
-
-    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: Any) -> None:
-        kw.setdefault("help", "print the version and exit")
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kw: object) -> None:
-        import importlib.metadata
-
-        try:
-            version = importlib.metadata.version("gelastic")
-        except importlib.metadata.PackageNotFoundError:
-            version = "unknown (not installed)"
-        sys.stdout.write(f"{parser.prog} {version}\n")
-        parser.exit(0)
 
 
 class _Parser(argparse.ArgumentParser):

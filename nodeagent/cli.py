@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from client.version import VersionAction as _Version
+
 # The agent never speaks TLS through Python's ssl module (grpc brings its own), yet asyncio
 # imports it, mapping libcrypto into every agent: 4 MB of an idle agent's footprint. Keep it out
 # of this process unless something already loaded it (or metrics are asked for; see main).
@@ -14,30 +16,11 @@ import asyncio  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
-from typing import Any  # noqa: E402
 
 from nodeagent._launch import without_agent_secrets  # noqa: E402
 from nodeagent.session import AgentConfig, NodeAgent  # noqa: E402
 
 __all__ = ["main"]
-
-
-class _Version(argparse.Action):
-    """--version: the installed distribution's version, looked up only when asked."""
-
-    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: Any) -> None:
-        kw.setdefault("help", "print the version and exit")
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kw: object) -> None:
-        import importlib.metadata
-
-        try:
-            version = importlib.metadata.version("gelastic")
-        except importlib.metadata.PackageNotFoundError:
-            version = "unknown (not installed)"
-        sys.stdout.write(f"{parser.prog} {version}\n")
-        parser.exit(0)
 
 
 def _parser() -> argparse.ArgumentParser:
