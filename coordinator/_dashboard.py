@@ -542,7 +542,8 @@ class Dashboard:
         token = form.get("token")
         sid = self.auth.login(token.strip() if isinstance(token, str) else "")
         if sid is None:
-            logger.warning("dashboard: refused a login from %s: wrong token", request.remote)
+            # Rate-limited per host with the gRPC refusals: a login loop cannot flood the log.
+            self.svc.refusals.refused(request.remote or "?", "a dashboard login", "wrong token")
             return _redirect("/login?failed=1")
         resp = _redirect("/")
         resp.set_cookie(
