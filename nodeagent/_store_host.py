@@ -82,34 +82,17 @@ class WarmStoreHost:
             log: IO[bytes] | int = open(launch.log_path, "ab")  # noqa: SIM115 - closed below
         except OSError:
             log = subprocess.DEVNULL
-        parent = os.getpid()
-        env = {k: v for k, v in launch.env.items() if k not in _ROUND_ENV}
-        env[AGENT_PID_ENV] = str(parent)
+        # No round yet, and no job: what the hand-off brings is not in its env before then.
+        env = {k: v for k, v in launch.env.items() if k not in _HANDED_ENV}
         try:
-            fd = theirs.fileno()
-            popen = subprocess.Popen(
-                [*launch.argv, str(parent), "--standby", str(fd)],
-                env=env,
-                cwd=launch.cwd,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                pass_fds=(fd,),
-                close_fds=True,
-                start_new_session=True,
+            process, stdin, status_fd = _spawn(
+                launch, env, ["--standby"], theirs.fileno(), log, registry, launch.env
             )
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
-            if not isinstance(log, int):
-                log.close()
-        process = RealProcess(popen, asyncio.get_running_loop())
-        status_fd, _ = process.take_pipes()
-        stdin, popen.stdin = popen.stdin, None
-        if registry is not None:
-            registry.add(popen.pid, job_id=launch.env.get("GELASTIC_JOB_ID", ""))
         return cls(warm_key(launch), process, stdin, status_fd, ours)
 
     def alive(self) -> bool:
@@ -135,6 +118,42 @@ _ROUND_ENV = frozenset(
 
 _HANDED_ENV = _ROUND_ENV | {"GELASTIC_JOB_ID"}
 """What a warm host is handed with its round: the rest of its env must be the round's already."""
+
+
+def _spawn(
+    launch: StoreHostLaunch,
+    env: dict[str, str],
+    options: list[str],
+    fd: int,
+    log: IO[bytes] | int,
+    registry: PidRegistry | None,
+    job_env: dict[str, str],
+) -> tuple[RealProcess, IO[bytes] | None, int | None]:
+    """Start a store host process (its own session, `fd` inherited, stderr to `log`, which is
+    closed here); its process, stdin and status pipe. Recorded in `registry` like a worker."""
+    parent = os.getpid()
+    env[AGENT_PID_ENV] = str(parent)
+    try:
+        popen = subprocess.Popen(
+            [*launch.argv, str(parent), *options, str(fd)],
+            env=env,
+            cwd=launch.cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            pass_fds=(fd,),
+            close_fds=True,
+            start_new_session=True,
+        )
+    finally:
+        if not isinstance(log, int):
+            log.close()
+    process = RealProcess(popen, asyncio.get_running_loop())
+    status_fd, _ = process.take_pipes()
+    stdin, popen.stdin = popen.stdin, None
+    if registry is not None:
+        registry.add(popen.pid, job_id=job_env.get("GELASTIC_JOB_ID", ""))
+    return process, stdin, status_fd
 
 
 def warm_key(launch: StoreHostLaunch) -> tuple[object, ...]:
@@ -210,36 +229,17 @@ class StoreHost:
         except OSError:
             logger.warning("%s cannot open %s; store host stderr is dropped", ctx, launch.log_path)
             log = subprocess.DEVNULL
-        parent = os.getpid()
-        env = dict(launch.env)
-        env[AGENT_PID_ENV] = str(parent)
         try:
-            fd = sock.fileno()
-            popen = subprocess.Popen(
-                [*launch.argv, str(parent), str(fd)],
-                env=env,
-                cwd=launch.cwd,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                pass_fds=(fd,),
-                close_fds=True,
-                start_new_session=True,
+            process, stdin, status_fd = _spawn(
+                launch, dict(launch.env), [], sock.fileno(), log, registry, launch.env
             )
         finally:
             # The host holds the socket now (or nobody does): the agent must not keep the port.
             sock.close()
-            if not isinstance(log, int):
-                log.close()
-        process = RealProcess(popen, asyncio.get_running_loop())
-        status_fd, _ = process.take_pipes()
-        stdin, popen.stdin = popen.stdin, None
-        if registry is not None:
-            registry.add(popen.pid, job_id=env.get("GELASTIC_JOB_ID", ""))
         logger.info(
             "%s started the c10d store host pid %d for %s:%d",
             ctx,
-            popen.pid,
+            process.pid,
             launch.addr,
             launch.port,
         )
