@@ -91,6 +91,9 @@ class StandbyPool:
         self._spawner = spawner
         self._jobs: dict[str, _JobPool] = {}
         self._lingering: dict[tuple[object, ...], _JobPool] = {}
+        self._dying: list[ProcessHandle] = []
+        """Killed standbys and store hosts not yet reaped: `close` waits for them too, so the agent
+        never ends while one of its interpreters is still tearing down."""
         """Pools of finished jobs, by launch, oldest first (insertion order)."""
 
     def count(self, job_id: str) -> int:
@@ -125,6 +128,7 @@ class StandbyPool:
         if pool is None or (pool.store is not None and pool.store.alive()):
             return
         if pool.store is not None:
+            self._dying_add(pool.store.process)
             pool.store.discard()
         try:
             pool.store = WarmStoreHost.start(launch)
@@ -229,6 +233,7 @@ class StandbyPool:
             os.close(s.wfd)  # EOF: a standby that is still waiting exits 0 by itself
             s.wfd = None
         s.handle.send_signal_group(signal.SIGKILL)  # it has run nothing of the user's round
+        self._dying_add(s.handle)
         for fd in s.handle.take_pipes():
             if fd is not None:
                 os.close(fd)
@@ -291,6 +296,7 @@ class StandbyPool:
             self._let_go(s)
         pool.idle = []
         if pool.store is not None:
+            self._dying_add(pool.store.process)
             pool.store.discard()
             pool.store = None
         if n:
@@ -305,21 +311,25 @@ class StandbyPool:
         for s in pool.idle:
             self._let_go(s)
         if pool.store is not None:
+            self._dying_add(pool.store.process)
             pool.store.discard()
             pool.store = None
         if pool.idle:
             logger.info("job %s: killed %d standby worker(s)", job_id, len(pool.idle))
         pool.idle = []
 
+    def _dying_add(self, handle: ProcessHandle) -> None:
+        self._dying = [h for h in self._dying if h.is_alive()]
+        self._dying.append(handle)
+
     async def close(self) -> None:
-        """Kill every standby and wait (bounded) until they are gone."""
-        pools = [*self._jobs.values(), *self._lingering.values()]
-        handles = [s.handle for pool in pools for s in pool.idle]
-        handles += [p.store.process for p in pools if p.store is not None]
+        """Kill every standby and wait (bounded) until they are gone, killed ones included."""
         for job_id in list(self._jobs):
             self.discard(job_id)
         while self._lingering:
             self._kill(self._lingering.popitem()[1], "the agent stops")
+        handles = [h for h in self._dying if h.is_alive()]
+        self._dying = []
         if handles:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(

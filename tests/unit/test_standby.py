@@ -355,3 +355,21 @@ def test_a_warm_store_host_key_ignores_what_its_hand_off_brings() -> None:
     b = launch(GELASTIC_JOB_ID="job-b", TORCHELASTIC_RUN_ID="job-b", GELASTIC_ROUND="4")
     assert warm_key(a) == warm_key(b)
     assert warm_key(a) != warm_key(launch(GELASTIC_JOB_ID="job-b", SWEEP_ARM="2"))
+
+
+def test_close_waits_for_standbys_that_were_killed_before_it() -> None:
+    # A job's standbys are killed when it ends; an agent that stops right after must still wait
+    # until they are gone, or its sentinel finds them tearing down and reports them left behind.
+    s = JobSpec(entrypoint=[sys.executable, str(PROBE)], nproc_per_node=2, preload=PRELOAD)
+
+    async def main() -> None:
+        pool = StandbyPool()
+        launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
+        assert launch is not None
+        pool.fill(JOB, launch, 2)
+        handles = [st.handle for st in pool._jobs[JOB].idle]
+        pool.discard(JOB)
+        await pool.close()
+        assert not any(h.is_alive() for h in handles)
+
+    asyncio.run(main())
