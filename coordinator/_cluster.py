@@ -778,6 +778,24 @@ class Cluster:
         for job in self._active_jobs():
             m = job.member(name)
             if (
+                job.state == JobState.STOPPING
+                and m is not None
+                and not m.stopped
+                and (job.job_id, job.round) not in held
+            ):
+                # The agent stopped the round and forgot it; its confirmation went down with the
+                # old stream. Nothing of the round runs there: waiting for the stop deadline
+                # would only delay the restart.
+                self._event(
+                    job,
+                    now,
+                    "adopted",
+                    f"node {name} reconnected with round {job.round} already stopped",
+                    node=name,
+                )
+                self._member_stopped(job, m, now)
+                continue
+            if (
                 m is None
                 or job.state != JobState.RUNNING
                 or m.done

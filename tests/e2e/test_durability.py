@@ -158,6 +158,8 @@ def test_a_failure_survives_a_kill_right_after_the_stop_it_caused(
     assert [e.kind for e in events].index("worker_failed") < [e.kind for e in events].index(
         "recovered"
     )
+    # Back on the new coordinator, the agents' word settles the stop: no stop deadline waited out.
+    assert "stop_timeout" not in [e.kind for e in job.events()], job.events()
     job.cancel()
     result = job.wait(TIMEOUT)
     assert len(result.attempts) == 2 and result.attempts[0].failures, result.attempts

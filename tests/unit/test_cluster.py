@@ -927,6 +927,25 @@ def test_stop_timeout_treats_nodes_that_never_confirm_as_stopped() -> None:
     assert all(n.slots_used == 0 for n in d.cluster.nodes())
 
 
+def test_a_node_back_without_the_round_being_stopped_counts_as_stopped_at_once() -> None:
+    # The agent stopped the group and forgot it, but its confirmation went down with the old
+    # stream (or with a coordinator that died right after sending the stop).
+    d = running_job(nodes=2, nproc=1, stop_grace=5.0)
+    d.nodes["n1"].auto_stop = False
+    d.cancel("j")
+    d.settle()
+    d.advance(1.0)
+    assert d.state("j") == JobState.STOPPING
+    inc = d.nodes["n1"].incarnation
+    d.connect("n1", addr="10.0.0.2", slots=1, incarnation=inc, running=[])
+    d.settle()
+    assert d.state("j") == JobState.CANCELED
+    assert "stop_timeout" not in d.event_kinds("j")
+    (event,) = [e for e in d.cluster.job_events("j") if e.kind == "adopted"]
+    assert event.node == "n1" and "already stopped" in event.reason
+    assert all(n.slots_used == 0 for n in d.cluster.nodes())
+
+
 # ------------------------------------------------------------------------------------------------
 # Errors
 # ------------------------------------------------------------------------------------------------
