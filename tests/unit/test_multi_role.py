@@ -343,3 +343,39 @@ def test_a_failure_in_one_role_restarts_every_role() -> None:
     result = d.cluster.job_result("j")
     assert result is not None and result.root_cause is not None
     assert result.root_cause.role == "trainer"
+
+
+# ---- the CLI --------------------------------------------------------------------------------
+
+
+def test_cli_submit_roles_file(tmp_path: Any) -> None:
+    from client.cli import CliError, _parser, build_spec
+
+    path = tmp_path / "roles.json"
+    path.write_text(
+        json.dumps(
+            [
+                {"name": "ps", "entrypoint": ["python", "ps.py"]},
+                {
+                    "name": "trainer",
+                    "entrypoint": ["python", "train.py"],
+                    "args": ["--lr", "0.1"],
+                    "nproc_per_node": 2,
+                    "max_nodes": 2,
+                },
+            ]
+        )
+    )
+    spec = build_spec(_parser().parse_args(["submit", "--roles", str(path), "--max-restarts", "3"]))
+    spec.validate()
+    assert spec.roles == (PS, TRAINER) and spec.max_restarts == 3
+    for extra in (["--nnodes", "2"], ["--nproc-per-node", "2"], ["--", "python", "x.py"]):
+        with pytest.raises(CliError):
+            build_spec(_parser().parse_args(["submit", "--roles", str(path), *extra]))
+    path.write_text('[{"name": "ps", "entrypoint": ["x"], "max_nodes": 0}]')
+    with pytest.raises(SpecError) as exc:
+        build_spec(_parser().parse_args(["submit", "--roles", str(path)])).validate()
+    assert exc.value.field == "roles[0].max_nodes"
+    path.write_text('[{"name": "ps", "entrypoint": ["x"], "max_node": 2}]')
+    with pytest.raises(CliError, match=r"roles\[0\]\.max_node: unknown field"):
+        build_spec(_parser().parse_args(["submit", "--roles", str(path)]))
