@@ -38,7 +38,7 @@ from client.model import (
 from client.security import Security
 from client.wire import failure_to_pb, spec_from_pb
 from nodeagent._dirs import default_agent_dir, fresh_agent_dir, private_dir
-from nodeagent._launch import attempt_dirs
+from nodeagent._launch import attempt_dirs, role_spec
 from nodeagent._metrics import AgentMetrics
 from nodeagent._process import Sentinel
 from nodeagent._reaper import PidRegistry, reap_previous
@@ -578,7 +578,7 @@ class NodeAgent:
                 if len(roles) != 1 or spec.role_named(next(iter(roles))) is None:
                     why = f"its workers name no single role of the spec ({sorted(roles)[:2]!r:.80})"
                 else:
-                    spec = spec.for_role(next(iter(roles)))
+                    spec = role_spec(spec, next(iter(roles)))
         if why:
             self._refuse(m, why)
             return

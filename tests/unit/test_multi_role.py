@@ -379,3 +379,25 @@ def test_cli_submit_roles_file(tmp_path: Any) -> None:
     path.write_text('[{"name": "ps", "entrypoint": ["x"], "max_node": 2}]')
     with pytest.raises(CliError, match=r"roles\[0\]\.max_node: unknown field"):
         build_spec(_parser().parse_args(["submit", "--roles", str(path)]))
+
+
+# ---- the node's share -----------------------------------------------------------------------
+
+
+def test_every_role_makes_the_same_store_choice() -> None:
+    from nodeagent._launch import role_spec, uses_agent_store
+
+    python_ps = Role("ps", ["python3", "ps.py"])
+    binary_ps = Role("ps", ["./ps_server"])
+    both_python = JobSpec(roles=(python_ps, TRAINER))
+    assert [uses_agent_store(role_spec(both_python, r)) for r in ("ps", "trainer")] == [True] * 2
+    # One role is a binary: its workers host the store at RANK 0, so the trainers must not
+    # wait for an agent store that group rank 0 (maybe the binary's node) never serves.
+    mixed = JobSpec(roles=(binary_ps, TRAINER))
+    assert [uses_agent_store(role_spec(mixed, r)) for r in ("ps", "trainer")] == [False] * 2
+    opted_out = JobSpec(
+        roles=(python_ps, dataclasses.replace(TRAINER, env={"TORCHELASTIC_USE_AGENT_STORE": "0"}))
+    )
+    assert [uses_agent_store(role_spec(opted_out, r)) for r in ("ps", "trainer")] == [False] * 2
+    single = JobSpec(entrypoint=["python", "train.py"])
+    assert role_spec(single, "default") is single
