@@ -17,7 +17,7 @@ import dataclasses
 import enum
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1256,7 +1256,12 @@ class Cluster:
 
     def _capacity(self, job: _Job) -> int:
         need = _smallest_group(job.spec)
-        return sum(1 for n in self._nodes.values() if n.live and n.slots >= need)
+        fit = [n for n in self._nodes.values() if n.live and n.slots >= need]
+        if job.spec.roles and _place(job.spec, fit, room=lambda n: n.slots) is None:
+            # Enough nodes, but not of the sizes the roles need: short of min_nodes until
+            # nodes that fit join, and the join timeout runs.
+            return min(len(fit), job.spec.min_nodes - 1)
+        return len(fit)
 
     def _free_count(self, job: _Job) -> int:
         return len(self._candidates(job)) if not job.state.is_terminal() else 0
@@ -2120,15 +2125,21 @@ def _smallest_group(spec: JobSpec) -> int:
     return spec.nproc_per_node
 
 
-def _fit_order(nodes: Sequence[_Node], need: int, taken: set[str]) -> list[_Node]:
-    """The free nodes that fit a group of `need` slots, the tightest first (best fit): a role
-    with small groups does not take the big nodes another role needs."""
-    fit = [n for n in nodes if n.name not in taken and n.free_slots() >= need]
-    return sorted(fit, key=lambda n: n.free_slots())
+def _free_slots(node: _Node) -> int:
+    return node.free_slots()
+
+
+def _fit_order(
+    nodes: Sequence[_Node], need: int, taken: set[str], room: Callable[[_Node], int] = _free_slots
+) -> list[_Node]:
+    """The nodes that have `room` for a group of `need` slots, the tightest first (best fit): a
+    role with small groups does not take the big nodes another role needs."""
+    fit = [n for n in nodes if n.name not in taken and room(n) >= need]
+    return sorted(fit, key=room)
 
 
 def _place(
-    spec: JobSpec, free: Sequence[_Node]
+    spec: JobSpec, free: Sequence[_Node], room: Callable[[_Node], int] = _free_slots
 ) -> tuple[list[tuple[_Node, NodeRole]], bool] | None:
     """The nodes a round would take and the role of each, and whether it is full (every role at
     its max_nodes); None while some role cannot have its min_nodes.
@@ -2150,7 +2161,7 @@ def _place(
         for r in by_size if want == "min" else spec.roles:
             have = sum(1 for _, p in placed if p.role == r.name)
             goal = r.min_nodes if want == "min" else r.max_nodes
-            for n in _fit_order(free, r.nproc_per_node, taken)[: max(0, goal - have)]:
+            for n in _fit_order(free, r.nproc_per_node, taken, room)[: max(0, goal - have)]:
                 taken.add(n.name)
                 placed.append((n, NodeRole(r.name, r.nproc_per_node)))
             if want == "min" and sum(1 for _, p in placed if p.role == r.name) < r.min_nodes:

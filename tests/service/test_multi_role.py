@@ -14,6 +14,7 @@ from client import Client, JobSpec, JobState
 from client._tables import status_text
 from client.model import Role
 from client.wire import spec_from_pb, spec_to_pb
+from coordinator._dashboard import DashboardModel
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -85,6 +86,8 @@ async def test_roles_form_one_round_and_restart_together(
     }
     text = status_text(status)
     assert "ROLE" in text and "trainer" in text, text
+    shown = DashboardModel(coordinator.service).job(job.job_id)["spec"]
+    assert (shown["role"], shown["entrypoint"]) == ("ps, trainer", "ps: python; trainer: python")
 
     # A trainer fails: both nodes are stopped, and both roles start again in attempt 1.
     await b.outbox.put(worker_exit(ab, 1, 3))

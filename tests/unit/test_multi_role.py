@@ -240,6 +240,22 @@ def test_round_waits_for_every_role_min_nodes() -> None:
     assert members == {"a": "ps", "c": "trainer"}
 
 
+def test_nodes_too_small_for_a_role_let_the_join_timeout_run() -> None:
+    # Two live one-slot nodes are enough nodes, but the trainer needs two slots: the job must
+    # fail at its join timeout instead of waiting for busy nodes that would never fit.
+    d = Driver()
+    d.connect("a", slots=1)
+    d.connect("b", slots=1)
+    d.submit("j", entrypoint=(), roles=(PS, TRAINER), join_timeout=30, last_call_timeout=0)
+    d.settle()
+    for _ in range(4):
+        d.advance(10)
+        d.heartbeat_all()
+        d.settle()
+    assert d.state("j").value == "FAILED", d.reason("j")
+    assert "rendezvous timed out" in d.reason("j")
+
+
 def test_round_closes_at_once_when_every_role_is_at_max() -> None:
     d = Driver()
     for name in ("n1", "n2", "n3"):
