@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from client import JobSpec, WorkerState
+from client import JobSpec, Role, WorkerState
 from client._local import LocalCluster
-from client.model import Role
 from tests._torch_ranks import torch_ranks
 from tests.e2e.conftest import PY, script
 

@@ -10,9 +10,8 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from client import Client, JobSpec, JobState
+from client import Client, JobSpec, JobState, Role
 from client._tables import status_text
-from client.model import Role
 from client.wire import spec_from_pb, spec_to_pb
 from coordinator._dashboard import DashboardModel
 from coordinator.server import Coordinator, CoordinatorConfig
