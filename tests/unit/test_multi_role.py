@@ -417,3 +417,26 @@ def test_every_role_makes_the_same_store_choice() -> None:
     assert [uses_agent_store(role_spec(opted_out, r)) for r in ("ps", "trainer")] == [False] * 2
     single = JobSpec(entrypoint=["python", "train.py"])
     assert role_spec(single, "default") is single
+
+
+_OK = {"nproc_per_node": 1, "min_nodes": 1, "max_nodes": 1}
+
+
+@pytest.mark.parametrize(
+    "role",
+    [
+        pb.Role(),
+        pb.Role(name="t", entrypoint=["x"], nproc_per_node=-1, min_nodes=1, max_nodes=1),
+        pb.Role(name="t", entrypoint=["x"], nproc_per_node=1, min_nodes=-5, max_nodes=2**31 - 1),
+        pb.Role(name="ps\x00", entrypoint=["x"], **_OK),
+        pb.Role(name="t", entrypoint=["x" * 70_000], **_OK),
+        pb.Role(name="t", entrypoint=["x"], env={"": "v"}, **_OK),
+        pb.Role(name="ps", entrypoint=["x"], **_OK),  # a second "ps"
+    ],
+)
+def test_hostile_wire_roles_are_spec_errors(role: pb.Role) -> None:
+    msg = spec_to_pb(_spec())
+    msg.roles.append(role)
+    with pytest.raises(SpecError) as exc:
+        spec_from_pb(msg).validate()
+    assert exc.value.field.startswith("roles[2]"), exc.value
