@@ -148,13 +148,17 @@ def status_text(s: JobStatus) -> str:
     ]
     if s.members:
         lines += ["", "members:"]
-        member_rows = [
-            (m.group_rank, m.node, m.addr, m.nproc, "yes" if m.done else "no")
-            for m in sorted(s.members, key=lambda m: m.group_rank)
+        members = sorted(s.members, key=lambda m: m.group_rank)
+        headers: tuple[str, ...] = ("GROUP", "NODE", "ADDR", "NPROC", "DONE")
+        member_rows: list[tuple[object, ...]] = [
+            (m.group_rank, m.node, m.addr, m.nproc, "yes" if m.done else "no") for m in members
         ]
-        lines += _indent(
-            table(("GROUP", "NODE", "ADDR", "NPROC", "DONE"), member_rows, right="GROUP,NPROC")
-        )
+        if len({m.role for m in members}) > 1:  # a multi-role job: each node runs one role
+            headers = ("GROUP", "NODE", "ROLE", "ADDR", "NPROC", "DONE")
+            member_rows = [
+                (*r[:2], m.role, *r[2:]) for r, m in zip(member_rows, members, strict=True)
+            ]
+        lines += _indent(table(headers, member_rows, right="GROUP,NPROC"))
     if s.workers:
         lines += ["", "ranks:"]
         # An exited rank shows how it ended, not its last CPU and memory sample.

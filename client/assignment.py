@@ -21,6 +21,8 @@ class WorkerRanks:
     role_rank: int
     world_size: int
     role_world_size: int
+    role: str = ""
+    """ROLE_NAME; for a multi-role job, which of the spec's roles this node runs."""
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,16 @@ from client._tables import (
     to_jsonable,
 )
 from client._terminal import TerminalFilter
-from client.model import JobSpec, JobState, RunResult, SpecError, is_function_reference
+from client.model import (
+    MAX_SPEC_BYTES,
+    JobSpec,
+    JobState,
+    Role,
+    RunResult,
+    SpecError,
+    is_function_reference,
+    roles_from_json,
+)
 from client.results import trusted_load
 from client.security import Security, describe_tls_failure
 from client.version import VersionAction as _Version
@@ -366,6 +375,15 @@ def _parser() -> argparse.ArgumentParser:
         "stderr to stderr: rank 0's (the default, on when stdout is a terminal), every "
         "rank's with a [rank]: prefix, rank N's, or none",
     )
+    s.add_argument(
+        "--roles",
+        metavar="FILE",
+        default=None,
+        help="a multi-role job (e.g. parameter servers and trainers in one world): a JSON list "
+        'of roles, each {"name", "entrypoint": [argv], "args", "env", "nproc_per_node", '
+        '"min_nodes", "max_nodes"}; instead of the command, --nnodes, --nproc-per-node and '
+        "--role. Ranks follow group-rank order, role ranks count per role (docs/concepts.md)",
+    )
     _add_json(s)
     s.add_argument(
         "entry",
@@ -467,7 +485,8 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
     entry = list(args.entry)
     if entry and entry[0] == "--":
         entry = entry[1:]
-    if not entry:
+    roles = _read_roles(args, entry)
+    if not entry and not roles:
         raise CliError("give the command to run after '--'")
     common: dict[str, Any] = dict(
         nproc_per_node=args.nproc_per_node,
@@ -490,12 +509,42 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
         preload=tuple(args.preload),
         standby_linger=args.standby_linger,
     )
+    if roles:
+        return JobSpec(roles=roles, **common)
     if args.module:
         return JobSpec(entrypoint=[args.python, "-m", entry[0]], args=entry[1:], **common)
     if is_function_reference(entry[0]):
         # A function entrypoint: its arguments are the remaining words, as strings.
         return JobSpec(entrypoint=entry[0], args=tuple(entry[1:]), **common)
     return JobSpec(entrypoint=entry, **common)
+
+
+def _read_roles(args: argparse.Namespace, entry: Sequence[str]) -> tuple[Role, ...]:
+    """The roles of `--roles FILE` (read once), or () without it."""
+    if args.roles is None:
+        return ()
+    cached: tuple[Role, ...] | None = getattr(args, "_roles", None)
+    if cached is not None:
+        return cached
+    if entry or args.module:
+        raise CliError("--roles: each role gives its command in the file, not after '--'")
+    d = JobSpec()
+    if (args.nnodes, args.nproc_per_node, args.role) != ((1, 1), d.nproc_per_node, d.role):
+        raise CliError(
+            "--roles: give each role's nodes and workers in the file, not --nnodes, "
+            "--nproc-per-node or --role"
+        )
+    try:
+        with open(args.roles, "rb") as f:
+            text = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise CliError(f"--roles: cannot read {args.roles}: {exc.strerror or exc}") from None
+    try:
+        roles = roles_from_json(text)
+    except SpecError as exc:
+        raise CliError(f"invalid job: {exc}") from None
+    args._roles = roles
+    return roles
 
 
 # ---- connection -----------------------------------------------------------------------------

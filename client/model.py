@@ -7,8 +7,10 @@ these types.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import ipaddress
+import json
 import math
 import os
 import pickle
@@ -31,6 +33,7 @@ from client.errors import (
 __all__ = [
     "MAX_RESULT_BYTES_PER_JOB",
     "MAX_RETURN_VALUE_BYTES",
+    "MAX_ROLES",
     "MAX_SPEC_BYTES",
     "MAX_STANDBY_LINGER_S",
     "RESULT_KEY_BYTES",
@@ -44,6 +47,7 @@ __all__ = [
     "Member",
     "NodeInfo",
     "ProcessFailure",
+    "Role",
     "RunResult",
     "SpecError",
     "WorkerState",
@@ -56,6 +60,7 @@ __all__ = [
     "is_job_id",
     "is_name",
     "parse_std_mapping",
+    "roles_from_json",
     "signal_message",
     "signal_name",
     "std_form",
@@ -80,6 +85,8 @@ RESULT_KEY_BYTES = 32
 MAX_ARGV_ITEMS = 4096
 MAX_STRING = 64 * 1024
 MAX_ENV_ITEMS = 1024
+MAX_ROLES = 16
+"""Most roles one job may have (`JobSpec.roles`)."""
 
 # Always used with fullmatch: `$` with match() accepts a trailing newline, and a name that
 # ends in one makes a job id that the job's own lookups then refuse.
@@ -287,6 +294,127 @@ def parse_std_mapping(field_name: str, value: str, nproc: int) -> dict[int, int]
 
 
 @dataclass(frozen=True)
+class Role:
+    """One role of a multi-role job (e.g. parameter servers and trainers): what its workers run
+    and on how many nodes. Every node of a round runs the group of one role.
+
+    The entrypoint is a command (argv); function entrypoints are for single-role jobs.
+    """
+
+    name: str
+    """ROLE_NAME of this role's workers: 1-128 of [A-Za-z0-9_.-], unique in the job."""
+    entrypoint: Sequence[str] | str = ()
+    """Command argv (a string is one program name)."""
+    args: Sequence[str] = ()
+    """Extra argv appended to the command."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment of this role's workers, over the job's `env`."""
+    nproc_per_node: int = 1
+    """Workers per node of this role (its LOCAL_WORLD_SIZE)."""
+    min_nodes: int = 1
+    """Fewest nodes of this role a round forms with."""
+    max_nodes: int = 1
+    """Most nodes of this role in a round."""
+
+    def __post_init__(self) -> None:
+        ep = self.entrypoint
+        if isinstance(ep, str):
+            object.__setattr__(self, "entrypoint", (ep,))
+        elif isinstance(ep, Sequence):
+            object.__setattr__(self, "entrypoint", tuple(ep))
+        if isinstance(self.args, Sequence) and not isinstance(self.args, str):
+            object.__setattr__(self, "args", tuple(self.args))
+        if isinstance(self.env, Mapping):
+            object.__setattr__(self, "env", dict(self.env))
+
+    def validate(self, index: int, job_env: Mapping[str, str]) -> None:
+        """Raise SpecError naming the bad field as ``roles[index].field``."""
+        at = f"roles[{index}]"
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise SpecError(f"{at}.name", f"must be 1-128 of [A-Za-z0-9_.-], got {self.name!r:.80}")
+        ep = self.entrypoint
+        if not isinstance(ep, tuple) or not ep:
+            raise SpecError(
+                f"{at}.entrypoint",
+                "must be a non-empty command (a role runs a command; function entrypoints are "
+                "for single-role jobs)",
+            )
+        if not isinstance(self.args, tuple):
+            raise SpecError(f"{at}.args", "must be a list of strings")
+        argv = ep + self.args
+        if len(argv) > MAX_ARGV_ITEMS:
+            raise SpecError(f"{at}.args", f"at most {MAX_ARGV_ITEMS} items, got {len(argv)}")
+        for i, a in enumerate(argv):
+            where = f"{at}.entrypoint" if i < len(ep) else f"{at}.args"
+            if not isinstance(a, str) or "\x00" in a or len(a) > MAX_STRING:
+                raise SpecError(where, f"item {i} is not a valid argument")
+        if not ep[0]:
+            raise SpecError(f"{at}.entrypoint", "the program name must not be empty")
+        if not isinstance(self.env, dict):
+            raise SpecError(f"{at}.env", "must be a mapping of strings")
+        if len(self.env) > MAX_ENV_ITEMS or len({*self.env, *job_env}) > MAX_ENV_ITEMS:
+            raise SpecError(
+                f"{at}.env", f"at most {MAX_ENV_ITEMS} variables with the job's env together"
+            )
+        for k, v in self.env.items():
+            if not isinstance(k, str) or not _ENV_NAME.fullmatch(k):
+                raise SpecError(
+                    f"{at}.env", f"invalid variable name {k!r:.80} (letters, digits, _; no '=')"
+                )
+            if not isinstance(v, str) or "\x00" in v or len(v) > MAX_STRING:
+                raise SpecError(f"{at}.env", f"invalid value for {k}")
+        _count(f"{at}.nproc_per_node", self.nproc_per_node, 1, MAX_NPROC_PER_NODE)
+        _count(f"{at}.min_nodes", self.min_nodes, 1, MAX_NODES)
+        _count(f"{at}.max_nodes", self.max_nodes, 1, MAX_NODES)
+        if self.min_nodes > self.max_nodes:
+            raise SpecError(
+                f"{at}.min_nodes",
+                f"must be <= max_nodes (got {self.min_nodes} > {self.max_nodes})",
+            )
+
+
+_ROLE_KEYS = frozenset(f.name for f in fields(Role))
+
+
+def roles_from_json(text: str | bytes) -> tuple[Role, ...]:
+    """The roles of a JSON document: a list of objects with Role's fields, e.g.
+    ``[{"name": "ps", "entrypoint": ["python", "ps.py"], "nproc_per_node": 1},
+    {"name": "trainer", "entrypoint": ["python", "train.py"], "min_nodes": 1, "max_nodes": 2}]``.
+
+    SpecError names the bad field (``roles[1].nproc_per_node``); the roles are then checked
+    by `JobSpec.validate`.
+    """
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError("roles", f"the roles document is over {MAX_SPEC_BYTES} bytes")
+    try:
+        doc = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SpecError("roles", f"not valid JSON: {_cut(str(exc))}") from None
+    if not isinstance(doc, list) or not doc:
+        raise SpecError("roles", "must be a non-empty JSON list of role objects")
+    if len(doc) > MAX_ROLES:
+        raise SpecError("roles", f"at most {MAX_ROLES} roles, got {len(doc)}")
+    out: list[Role] = []
+    for i, item in enumerate(doc):
+        if not isinstance(item, dict):
+            raise SpecError(f"roles[{i}]", "must be a JSON object")
+        for key in item:
+            if key not in _ROLE_KEYS:
+                raise SpecError(f"roles[{i}].{str(key)[:40]}", "unknown field")
+        if "name" not in item:
+            raise SpecError(f"roles[{i}].name", "missing")
+        for key in ("entrypoint", "args"):
+            value = item.get(key, [])
+            if not isinstance(value, list | str):
+                raise SpecError(f"roles[{i}].{key}", "must be a list of strings")
+        env = item.get("env", {})
+        if not isinstance(env, dict):
+            raise SpecError(f"roles[{i}].env", "must be an object of strings")
+        out.append(Role(**item))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """What to run, on how many nodes, and how to treat failures.
 
@@ -362,8 +490,22 @@ class JobSpec:
     master_port: int = 0
     """A fixed MASTER_PORT for every round (0 = a free port group rank 0 reserves per round),
     e.g. one a firewall lets through. If it is taken, the round fails naming it."""
+    roles: tuple[Role, ...] = ()
+    """Several roles in one rendezvous and one world (e.g. parameter servers and trainers);
+    empty (the default) is one role made of `role`, `entrypoint`, `nproc_per_node` and
+    `min_nodes..max_nodes`. With roles, leave `entrypoint`/`args`/`kwargs` empty:
+    `min_nodes`/`max_nodes` become the sums of the roles' and `nproc_per_node` the largest.
+    See docs/python-api.md, "Multi-role jobs"."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.roles, tuple) and isinstance(self.roles, Sequence):
+            object.__setattr__(self, "roles", tuple(self.roles))
+        if self.roles and all(isinstance(r, Role) for r in self.roles):
+            counts = [(r.min_nodes, r.max_nodes, r.nproc_per_node) for r in self.roles]
+            if all(isinstance(x, int) and not isinstance(x, bool) for c in counts for x in c):
+                object.__setattr__(self, "min_nodes", sum(c[0] for c in counts))
+                object.__setattr__(self, "max_nodes", sum(c[1] for c in counts))
+                object.__setattr__(self, "nproc_per_node", max(c[2] for c in counts))
         ep = self.entrypoint
         if callable(ep):
             ref, main_path, bound_self = _function_entrypoint(ep)
@@ -422,11 +564,61 @@ class JobSpec:
         """The full command of a command entrypoint."""
         return self.command + tuple(str(a) for a in self.args)
 
+    def role_named(self, name: str) -> Role | None:
+        """The role of this name (None when there is none, or the job has one role)."""
+        return next((r for r in self.roles if r.name == name), None)
+
+    def for_role(self, name: str) -> JobSpec:
+        """The single-role spec that a node of role `name` runs: the role's command, workers
+        per node and node counts, the job's env with the role's over it, ROLE_NAME = `name`.
+        A single-role spec gives itself for its own role; SpecError for any other name."""
+        if not self.roles:
+            if name != self.role:
+                raise SpecError("role", f"the job has no role {name!r:.80}")
+            return self
+        role = self.role_named(name)
+        if role is None:
+            raise SpecError("roles", f"the job has no role {name!r:.80}")
+        return dataclasses.replace(
+            self,
+            roles=(),
+            entrypoint=role.entrypoint,
+            args=role.args,
+            env={**self.env, **role.env},
+            nproc_per_node=role.nproc_per_node,
+            min_nodes=role.min_nodes,
+            max_nodes=role.max_nodes,
+            role=role.name,
+        )
+
+    def _validate_roles(self) -> None:
+        if not isinstance(self.roles, tuple):
+            raise SpecError("roles", "must be a list of Role")
+        if len(self.roles) > MAX_ROLES:
+            raise SpecError("roles", f"at most {MAX_ROLES} roles, got {len(self.roles)}")
+        if self.entrypoint or self.function or self.args or self.kwargs:
+            raise SpecError(
+                "entrypoint", "with roles, give each role its entrypoint and args, not the job"
+            )
+        seen: set[str] = set()
+        for i, r in enumerate(self.roles):
+            if not isinstance(r, Role):
+                raise SpecError(f"roles[{i}]", f"must be a Role, got {type(r).__name__}")
+            r.validate(i, self.env)
+            if r.name in seen:
+                raise SpecError(f"roles[{i}].name", f"role {r.name!r} is given twice")
+            seen.add(r.name)
+        # Every role's nodes are distinct nodes of one round: the sums must fit together.
+        if sum(r.max_nodes for r in self.roles) > MAX_NODES:
+            raise SpecError("roles", f"the roles' max_nodes add up to more than {MAX_NODES} nodes")
+
     def validate(self) -> None:
         """Raise SpecError naming the first bad field."""
-        if self.function and self.entrypoint:
+        if self.roles:
+            self._validate_roles()
+        elif self.function and self.entrypoint:
             raise SpecError("entrypoint", "give a command or a function, not both")
-        if not self.function:
+        elif not self.function:
             if not self.entrypoint:
                 raise SpecError("entrypoint", "must not be empty")
             argv = self.argv
@@ -774,6 +966,8 @@ class Member:
     group_rank: int
     nproc: int
     done: bool = False
+    role: str = ""
+    """The role whose group runs on this node."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from client.model import (
+    MAX_ROLES,
     MAX_SPEC_BYTES,
     AttemptSummary,
     FailureCategory,
@@ -19,6 +20,7 @@ from client.model import (
     Member,
     NodeInfo,
     ProcessFailure,
+    Role,
     RunResult,
     SpecError,
     WorkerState,
@@ -41,6 +43,8 @@ __all__ = [
     "node_to_pb",
     "result_from_pb",
     "result_to_pb",
+    "role_from_pb",
+    "role_to_pb",
     "spec_from_pb",
     "spec_to_pb",
 ]
@@ -95,6 +99,31 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         standby_linger_ms=_ms(spec.standby_linger),
         master_addr=spec.master_addr,
         master_port=spec.master_port,
+        roles=[role_to_pb(r) for r in spec.roles],
+    )
+
+
+def role_to_pb(r: Role) -> pb.Role:
+    return pb.Role(
+        name=r.name,
+        entrypoint=list(r.entrypoint),
+        args=[str(a) for a in r.args],
+        env=dict(r.env),
+        nproc_per_node=r.nproc_per_node,
+        min_nodes=r.min_nodes,
+        max_nodes=r.max_nodes,
+    )
+
+
+def role_from_pb(m: pb.Role) -> Role:
+    return Role(
+        name=m.name,
+        entrypoint=tuple(m.entrypoint),
+        args=tuple(m.args),
+        env=dict(m.env),
+        nproc_per_node=m.nproc_per_node,
+        min_nodes=m.min_nodes,
+        max_nodes=m.max_nodes,
     )
 
 
@@ -116,6 +145,8 @@ def check_spec_size(spec: JobSpec) -> int:
     if not spec.function:
         sizes["entrypoint"] = sum(pb.JobSpec(entrypoint=[a]).ByteSize() for a in spec.command)
         sizes["args"] = sum(pb.JobSpec(args=[str(a)]).ByteSize() for a in spec.args)
+    for i, r in enumerate(spec.roles):
+        sizes[f"roles[{i}]"] = pb.JobSpec(roles=[role_to_pb(r)]).ByteSize()
     biggest = max(sizes, key=lambda k: sizes[k])
     what = "pickled arguments (function_args)" if biggest == "function_args" else biggest
     raise SpecError(
@@ -168,6 +199,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         standby_linger=msg.standby_linger_ms / 1000,
         master_addr=msg.master_addr,
         master_port=msg.master_port,
+        roles=tuple(role_from_pb(r) for r in msg.roles[: MAX_ROLES + 1]),
     )
 
 
@@ -276,7 +308,14 @@ def job_to_pb(status: JobStatus, result: RunResult | None, spec: JobSpec | None 
         round=status.round,
         max_restarts=status.max_restarts,
         members=[
-            pb.Member(node=m.node, addr=m.addr, group_rank=m.group_rank, nproc=m.nproc, done=m.done)
+            pb.Member(
+                node=m.node,
+                addr=m.addr,
+                group_rank=m.group_rank,
+                nproc=m.nproc,
+                done=m.done,
+                role=m.role,
+            )
             for m in status.members
         ],
         workers=[
@@ -323,6 +362,15 @@ def _shown_spec_pb(spec: JobSpec) -> pb.JobSpec:
     shown_env = redact_env(m.env)
     m.env.clear()
     m.env.update(shown_env)
+    for r in m.roles:
+        argv = redact_argv([*r.entrypoint, *r.args])
+        n = len(r.entrypoint)
+        del r.entrypoint[:], r.args[:]
+        r.entrypoint.extend(argv[:n])
+        r.args.extend(argv[n:])
+        shown = redact_env(r.env)
+        r.env.clear()
+        r.env.update(shown)
     m.function_args = b""
     return m
 
@@ -339,7 +387,14 @@ def job_status_from_pb(m: pb.Job) -> JobStatus:
         min_nodes=m.min_nodes,
         max_nodes=m.max_nodes,
         members=tuple(
-            Member(node=x.node, addr=x.addr, group_rank=x.group_rank, nproc=x.nproc, done=x.done)
+            Member(
+                node=x.node,
+                addr=x.addr,
+                group_rank=x.group_rank,
+                nproc=x.nproc,
+                done=x.done,
+                role=x.role,
+            )
             for x in m.members
         ),
         workers=tuple(

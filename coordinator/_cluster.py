@@ -17,7 +17,7 @@ import dataclasses
 import enum
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -479,7 +479,7 @@ class Cluster:
             min_nodes=job.spec.min_nodes,
             max_nodes=job.spec.max_nodes,
             members=tuple(
-                Member(m.node, m.addr, m.group_rank, m.ranks.local_world_size, m.done)
+                Member(m.node, m.addr, m.group_rank, m.ranks.local_world_size, m.done, m.ranks.role)
                 for m in job.members
             ),
             workers=tuple(workers),
@@ -646,7 +646,7 @@ class Cluster:
                 if node is None or m.released or m.lost:
                     continue
                 if node.live:
-                    node.jobs[job.job_id] = job.spec.nproc_per_node
+                    node.jobs[job.job_id] = m.ranks.local_world_size
             self._event(
                 job,
                 now,
@@ -1169,11 +1169,12 @@ class Cluster:
                 continue
             free = [n for n in self._candidates(job) if n.name not in claimed]
             spec = job.spec
-            if len(free) >= spec.min_nodes:
-                chosen = free[: spec.max_nodes]
-                if len(free) >= spec.max_nodes or spec.last_call_timeout == 0:
+            placed = _place(spec, free)
+            if placed is not None:
+                chosen, full = placed
+                if full or spec.last_call_timeout == 0:
                     self._form(job, chosen, now)
-                    claimed.update(n.name for n in chosen)
+                    claimed.update(n.name for n, _ in chosen)
                     continue
                 if job.last_call_deadline is None:
                     job.last_call_deadline = now + spec.last_call_timeout
@@ -1183,11 +1184,11 @@ class Cluster:
                 else:
                     self._set_reason(
                         job,
-                        f"rendezvous: {len(free)}/{spec.max_nodes} nodes, last call closes in "
+                        f"rendezvous: {len(chosen)}/{spec.max_nodes} nodes, last call closes in "
                         f"{job.last_call_deadline - now:.0f} s",
                         now,
                     )
-                claimed.update(n.name for n in chosen)
+                claimed.update(n.name for n, _ in chosen)
                 continue
             if job.last_call_deadline is not None:
                 job.last_call_deadline = None
@@ -1250,6 +1251,8 @@ class Cluster:
             if not self._all_started(job):
                 continue
             extra = [n for n in self._candidates(job) if n.name not in claimed]
+            if job.spec.roles:
+                extra = _growth(job.spec, [m.ranks.role for m in job.members], extra)
             if extra:
                 self._begin_stop(
                     job,
@@ -1261,7 +1264,7 @@ class Cluster:
                 claimed.update(n.name for n in extra[: job.spec.max_nodes - len(job.members)])
 
     def _candidates(self, job: _Job) -> list[_Node]:
-        need = job.spec.nproc_per_node
+        need = _smallest_group(job.spec)
         nodes = [
             n
             for n in self._nodes.values()
@@ -1270,24 +1273,32 @@ class Cluster:
         return sorted(nodes, key=lambda n: (n.addr, n.name))
 
     def _capacity(self, job: _Job) -> int:
-        return sum(1 for n in self._nodes.values() if n.live and n.slots >= job.spec.nproc_per_node)
+        need = _smallest_group(job.spec)
+        fit = [n for n in self._nodes.values() if n.live and n.slots >= need]
+        if job.spec.roles and _place(job.spec, fit, room=lambda n: n.slots) is None:
+            # Enough nodes, but not of the sizes the roles need: short of min_nodes until
+            # nodes that fit join, and the join timeout runs.
+            return min(len(fit), job.spec.min_nodes - 1)
+        return len(fit)
 
     def _free_count(self, job: _Job) -> int:
         return len(self._candidates(job)) if not job.state.is_terminal() else 0
 
-    def _form(self, job: _Job, nodes: Sequence[_Node], now: float) -> None:
+    def _form(self, job: _Job, placed: Sequence[tuple[_Node, NodeRole]], now: float) -> None:
         spec = job.spec
-        ordered = sorted(nodes, key=lambda n: (n.addr, n.name))
-        ranks = assign_worker_ranks([NodeRole(spec.role, spec.nproc_per_node)] * len(ordered))
+        # Group ranks follow the nodes' order whatever their roles; ranks are torch's prefix sums.
+        in_order = sorted(placed, key=lambda p: (p[0].addr, p[0].name))
+        ordered = [n for n, _ in in_order]
+        ranks = assign_worker_ranks([r for _, r in in_order])
         job.round += 1
         job.members = []
         for node, gr in zip(ordered, ranks, strict=True):
             workers = {
                 lr: _Worker(local_rank=lr, global_rank=gr.global_rank(lr))
-                for lr in range(spec.nproc_per_node)
+                for lr in range(gr.local_world_size)
             }
             job.members.append(_Member(node.name, node.addr, gr.group_rank, gr, workers))
-            node.jobs[job.job_id] = spec.nproc_per_node
+            node.jobs[job.job_id] = gr.local_world_size
         job.last_call_deadline = None
         job.failures = {}
         job.return_values = {}
@@ -1327,6 +1338,7 @@ class Cluster:
                     role_rank=m.ranks.role_rank(lr),
                     world_size=m.ranks.world_size,
                     role_world_size=m.ranks.role_world_size,
+                    role=m.ranks.role,
                 )
                 for lr in range(m.ranks.local_world_size)
             )
@@ -1944,7 +1956,7 @@ class Cluster:
             # the release (it was lost with the old stream) instead of booking the slots again.
             self._effects.append(ReleaseRound(node.name, job.job_id, job.round))
             return
-        node.jobs[job.job_id] = job.spec.nproc_per_node
+        node.jobs[job.job_id] = member.ranks.local_world_size
         was_stopping = job.state == JobState.STOPPING
         if job.state == JobState.RENDEZVOUS and job.port_deadline is not None:
             # The round was assigned just before the coordinator went down: it runs.
@@ -2109,6 +2121,9 @@ class Cluster:
         self._effects.append(EventRecorded(marker))
 
     def _rank_node_in_summary(self, job: _Job, summary: AttemptSummary, rank: int) -> str:
+        if job.spec.roles:
+            # Groups differ in size: only a failed rank's node is kept with the attempt.
+            return next((f.node for f in summary.failures if f.global_rank == rank), "")
         nproc = job.spec.nproc_per_node
         index = rank // nproc if nproc else -1
         if 0 <= index < len(summary.nodes):
@@ -2119,6 +2134,71 @@ class Cluster:
 # ------------------------------------------------------------------------------------------------
 # Helpers
 # ------------------------------------------------------------------------------------------------
+
+
+def _smallest_group(spec: JobSpec) -> int:
+    """The fewest free slots a node needs to take a group of the job."""
+    if spec.roles:
+        return min(r.nproc_per_node for r in spec.roles)
+    return spec.nproc_per_node
+
+
+def _free_slots(node: _Node) -> int:
+    return node.free_slots()
+
+
+def _fit_order(
+    nodes: Sequence[_Node], need: int, taken: set[str], room: Callable[[_Node], int] = _free_slots
+) -> list[_Node]:
+    """The nodes that have `room` for a group of `need` slots, the tightest first (best fit): a
+    role with small groups does not take the big nodes another role needs."""
+    fit = [n for n in nodes if n.name not in taken and room(n) >= need]
+    return sorted(fit, key=room)
+
+
+def _place(
+    spec: JobSpec, free: Sequence[_Node], room: Callable[[_Node], int] = _free_slots
+) -> tuple[list[tuple[_Node, NodeRole]], bool] | None:
+    """The nodes a round would take and the role of each, and whether it is full (every role at
+    its max_nodes); None while some role cannot have its min_nodes.
+
+    One node runs one group of the job: a node never carries two roles of one job.
+    """
+    if not spec.roles:
+        if len(free) < spec.min_nodes:
+            return None
+        chosen = free[: spec.max_nodes]
+        role = NodeRole(spec.role, spec.nproc_per_node)
+        return [(n, role) for n in chosen], len(free) >= spec.max_nodes
+    taken: set[str] = set()
+    placed: list[tuple[_Node, NodeRole]] = []
+    # Minimums first, the biggest groups first (they fit the fewest nodes); then each role grows
+    # toward its maximum in the spec's order.
+    by_size = sorted(spec.roles, key=lambda r: -r.nproc_per_node)
+    for want in ("min", "max"):
+        for r in by_size if want == "min" else spec.roles:
+            have = sum(1 for _, p in placed if p.role == r.name)
+            goal = r.min_nodes if want == "min" else r.max_nodes
+            for n in _fit_order(free, r.nproc_per_node, taken, room)[: max(0, goal - have)]:
+                taken.add(n.name)
+                placed.append((n, NodeRole(r.name, r.nproc_per_node)))
+            if want == "min" and sum(1 for _, p in placed if p.role == r.name) < r.min_nodes:
+                return None
+    full = all(sum(1 for _, p in placed if p.role == r.name) >= r.max_nodes for r in spec.roles)
+    return placed, full
+
+
+def _growth(spec: JobSpec, roles_now: Sequence[str], free: Sequence[_Node]) -> list[_Node]:
+    """The free nodes a running multi-role round could grow by: ones that fit a role below its
+    max_nodes."""
+    out: list[_Node] = []
+    taken: set[str] = set()
+    for r in spec.roles:
+        room = r.max_nodes - sum(1 for x in roles_now if x == r.name)
+        for n in _fit_order(free, r.nproc_per_node, taken)[: max(0, room)]:
+            taken.add(n.name)
+            out.append(n)
+    return out
 
 
 def _worker_state(phase: _WorkerPhase, proc_state: str) -> WorkerState:
@@ -2239,7 +2319,7 @@ def _stamp(f: ProcessFailure, node: str, w: _Worker, job: _Job) -> ProcessFailur
         local_rank=w.local_rank,
         attempt=job.attempt,
         round=job.round,
-        role=f.role or job.spec.role,
+        role=member.ranks.role if member is not None else (f.role or job.spec.role),
     )
 
 
@@ -2265,6 +2345,17 @@ def _first_line(text: str) -> str:
 
 def _describe_spec(spec: JobSpec) -> str:
     # Events are shown and logged: the program and counts, never an argument or an env value.
+    if spec.roles:
+        parts = [
+            f"{r.name} ({describe_command(tuple(r.entrypoint) + tuple(r.args), len(r.env))}: "
+            + (f"{r.min_nodes}" if r.min_nodes == r.max_nodes else f"{r.min_nodes}:{r.max_nodes}")
+            + f" x {_count(r.nproc_per_node, 'worker')})"
+            for r in spec.roles
+        ]
+        return (
+            f"submitted {len(spec.roles)} roles with {len(spec.env)} job env variable(s): "
+            f"{', '.join(parts)}, max_restarts={spec.max_restarts}"
+        )
     what = (
         f"{spec.function[:200]!r} with {len(spec.env)} env variable(s)"
         if spec.function

@@ -367,8 +367,13 @@ class DashboardModel:
                 "min_nodes": spec.min_nodes,
                 "max_nodes": spec.max_nodes,
                 "max_restarts": spec.max_restarts,
-                "role": spec.role,
-                "entrypoint": _cut(spec.function or " ".join(spec.argv)),
+                "role": ", ".join(r.name for r in spec.roles) or spec.role,
+                "entrypoint": _cut(
+                    spec.function
+                    or " ".join(spec.argv)
+                    # A multi-role job: each role's program (its arguments are not shown).
+                    or "; ".join(f"{r.name}: {r.entrypoint[0]}" for r in spec.roles if r.entrypoint)
+                ),
             },
             "workers": [
                 {

@@ -486,6 +486,7 @@ class CoordinatorService:
                             role_rank=w.role_rank,
                             world_size=w.world_size,
                             role_world_size=w.role_world_size,
+                            role=w.role,
                         )
                         for w in a.workers
                     ],
@@ -1301,6 +1302,10 @@ def _assign_size_bound(a: RoundAssignment) -> int:
     items += [spec.scale_up, a.job_id, a.master_addr, a.run_id]
     chars = sum(map(len, items)) + sum(len(k) + len(v) for k, v in spec.env.items())
     count = len(items) + 2 * len(spec.env)
+    for r in spec.roles:
+        role_items = [r.name, *r.entrypoint, *r.args]
+        chars += sum(map(len, role_items)) + sum(len(k) + len(v) for k, v in r.env.items())
+        count += len(role_items) + 2 * len(r.env) + 8
     return 4 * chars + 16 * count + len(spec.function_args) + 64 * len(a.workers) + 1024
 
 

@@ -31,7 +31,7 @@ import shutil
 import stat
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from string import Template
 
@@ -60,6 +60,7 @@ __all__ = [
     "parse_python_command",
     "resolve_attempt_dir",
     "resolve_executable",
+    "role_spec",
     "tee_prefix",
     "uses_agent_store",
     "watchdog_request",
@@ -365,6 +366,21 @@ def uses_agent_store(spec: JobSpec) -> bool:
     if spec.is_function:
         return True
     return bool(spec.argv) and bool(_PYTHON_NAME.fullmatch(os.path.basename(spec.argv[0])))
+
+
+def role_spec(spec: JobSpec, role: str) -> JobSpec:
+    """The one-role spec that a node whose group runs `role` launches (`JobSpec.for_role`).
+
+    Where the round's store lives is the whole world's choice, not one role's: if any role's
+    workers would not use the agent store (a binary, or an env that opts out), every role's
+    workers get TORCHELASTIC_USE_AGENT_STORE=False and worker RANK 0 hosts the store.
+    """
+    mine = spec.for_role(role)
+    if not spec.roles or not uses_agent_store(mine):
+        return mine
+    if all(uses_agent_store(spec.for_role(r.name)) for r in spec.roles):
+        return mine
+    return replace(mine, env={**mine.env, USE_AGENT_STORE: "False"})
 
 
 ARGS_MAGIC = b"GELASTIC-ARGS/1\n"

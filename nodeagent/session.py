@@ -38,7 +38,7 @@ from client.model import (
 from client.security import Security
 from client.wire import failure_to_pb, spec_from_pb
 from nodeagent._dirs import default_agent_dir, fresh_agent_dir, private_dir
-from nodeagent._launch import attempt_dirs
+from nodeagent._launch import attempt_dirs, role_spec
 from nodeagent._metrics import AgentMetrics
 from nodeagent._process import Sentinel
 from nodeagent._reaper import PidRegistry, reap_previous
@@ -572,6 +572,13 @@ class NodeAgent:
                 spec.validate()
             except (ValueError, TypeError) as exc:
                 why = f"its spec does not validate here: {exc}"
+            if not why and spec.roles:
+                # A multi-role job: this node runs the group of one role, as a one-role spec.
+                roles = {w.role for w in m.workers}
+                if len(roles) != 1 or spec.role_named(next(iter(roles))) is None:
+                    why = f"its workers name no single role of the spec ({sorted(roles)[:2]!r:.80})"
+                else:
+                    spec = role_spec(spec, next(iter(roles)))
         if why:
             self._refuse(m, why)
             return
@@ -586,7 +593,12 @@ class NodeAgent:
             master_port=m.master_port,
             workers=tuple(
                 WorkerRanks(
-                    w.local_rank, w.global_rank, w.role_rank, w.world_size, w.role_world_size
+                    w.local_rank,
+                    w.global_rank,
+                    w.role_rank,
+                    w.world_size,
+                    w.role_world_size,
+                    role=w.role,
                 )
                 for w in m.workers
             ),

@@ -57,7 +57,7 @@ FAILURE_CATEGORY_INFRA: FailureCategory
 FAILURE_CATEGORY_INPUT: FailureCategory
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "role", "entrypoint", "function", "main_path", "args", "function_args", "nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "env", "redirects", "tee", "join_timeout_ms", "last_call_timeout_ms", "exit_barrier_timeout_ms", "stop_grace_ms", "restart_backoff_ms", "scale_up", "watchdog", "cwd", "stderr_tail_lines", "unhealthy_timeout_ms", "result_key", "preload", "standby_linger_ms", "master_addr", "master_port")
+    __slots__ = ("name", "role", "entrypoint", "function", "main_path", "args", "function_args", "nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "env", "redirects", "tee", "join_timeout_ms", "last_call_timeout_ms", "exit_barrier_timeout_ms", "stop_grace_ms", "restart_backoff_ms", "scale_up", "watchdog", "cwd", "stderr_tail_lines", "unhealthy_timeout_ms", "result_key", "preload", "standby_linger_ms", "master_addr", "master_port", "roles")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class JobSpec(_message.Message):
     STANDBY_LINGER_MS_FIELD_NUMBER: _ClassVar[int]
     MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: str
     entrypoint: _containers.RepeatedScalarFieldContainer[str]
@@ -123,7 +124,33 @@ class JobSpec(_message.Message):
     standby_linger_ms: int
     master_addr: str
     master_port: int
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., function: _Optional[str] = ..., main_path: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., function_args: _Optional[bytes] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., redirects: _Optional[str] = ..., tee: _Optional[str] = ..., join_timeout_ms: _Optional[int] = ..., last_call_timeout_ms: _Optional[int] = ..., exit_barrier_timeout_ms: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., restart_backoff_ms: _Optional[int] = ..., scale_up: _Optional[str] = ..., watchdog: _Optional[bool] = ..., cwd: _Optional[str] = ..., stderr_tail_lines: _Optional[int] = ..., unhealthy_timeout_ms: _Optional[int] = ..., result_key: _Optional[bytes] = ..., preload: _Optional[_Iterable[str]] = ..., standby_linger_ms: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ...) -> None: ...
+    roles: _containers.RepeatedCompositeFieldContainer[Role]
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., function: _Optional[str] = ..., main_path: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., function_args: _Optional[bytes] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., redirects: _Optional[str] = ..., tee: _Optional[str] = ..., join_timeout_ms: _Optional[int] = ..., last_call_timeout_ms: _Optional[int] = ..., exit_barrier_timeout_ms: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., restart_backoff_ms: _Optional[int] = ..., scale_up: _Optional[str] = ..., watchdog: _Optional[bool] = ..., cwd: _Optional[str] = ..., stderr_tail_lines: _Optional[int] = ..., unhealthy_timeout_ms: _Optional[int] = ..., result_key: _Optional[bytes] = ..., preload: _Optional[_Iterable[str]] = ..., standby_linger_ms: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., roles: _Optional[_Iterable[_Union[Role, _Mapping]]] = ...) -> None: ...
+
+class Role(_message.Message):
+    __slots__ = ("name", "entrypoint", "args", "env", "nproc_per_node", "min_nodes", "max_nodes")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    NPROC_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    MIN_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NODES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    entrypoint: _containers.RepeatedScalarFieldContainer[str]
+    args: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    nproc_per_node: int
+    min_nodes: int
+    max_nodes: int
+    def __init__(self, name: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ...) -> None: ...
 
 class ProcessFailure(_message.Message):
     __slots__ = ("node", "global_rank", "local_rank", "pid", "exitcode", "signal", "error_file", "message", "traceback", "timestamp", "attempt", "round", "root_cause", "category", "stderr_tail", "role_rank", "role")
@@ -221,18 +248,20 @@ class RunResult(_message.Message):
     def __init__(self, state: _Optional[_Union[WorkerState, str]] = ..., return_values: _Optional[_Mapping[int, bytes]] = ..., failures: _Optional[_Mapping[int, ProcessFailure]] = ..., root_cause_rank: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[AttemptSummary, _Mapping]]] = ..., reason: _Optional[str] = ..., return_value_sizes: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("node", "addr", "group_rank", "nproc", "done")
+    __slots__ = ("node", "addr", "group_rank", "nproc", "done", "role")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
     NPROC_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     node: str
     addr: str
     group_rank: int
     nproc: int
     done: bool
-    def __init__(self, node: _Optional[str] = ..., addr: _Optional[str] = ..., group_rank: _Optional[int] = ..., nproc: _Optional[int] = ..., done: _Optional[bool] = ...) -> None: ...
+    role: str
+    def __init__(self, node: _Optional[str] = ..., addr: _Optional[str] = ..., group_rank: _Optional[int] = ..., nproc: _Optional[int] = ..., done: _Optional[bool] = ..., role: _Optional[str] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
     __slots__ = ("global_rank", "local_rank", "node", "state", "pid", "cpu_percent", "rss_bytes", "proc_state", "exitcode")
@@ -709,18 +738,20 @@ class ReservePort(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
 
 class WorkerRanks(_message.Message):
-    __slots__ = ("local_rank", "global_rank", "role_rank", "world_size", "role_world_size")
+    __slots__ = ("local_rank", "global_rank", "role_rank", "world_size", "role_world_size", "role")
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
     ROLE_RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     ROLE_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     local_rank: int
     global_rank: int
     role_rank: int
     world_size: int
     role_world_size: int
-    def __init__(self, local_rank: _Optional[int] = ..., global_rank: _Optional[int] = ..., role_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., role_world_size: _Optional[int] = ...) -> None: ...
+    role: str
+    def __init__(self, local_rank: _Optional[int] = ..., global_rank: _Optional[int] = ..., role_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., role_world_size: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
 
 class Assign(_message.Message):
     __slots__ = ("job_id", "round", "attempt", "spec", "group_rank", "group_world_size", "master_addr", "master_port", "workers", "run_id")
