@@ -149,11 +149,22 @@ def status_text(s: JobStatus) -> str:
     if s.members:
         lines += ["", "members:"]
         member_rows = [
-            (m.group_rank, m.node, m.addr, m.nproc, "yes" if m.done else "no")
+            (
+                m.group_rank,
+                m.node,
+                m.addr,
+                m.nproc,
+                m.group_state.value if m.group_state is not None else "-",
+                "yes" if m.done else "no",
+            )
             for m in sorted(s.members, key=lambda m: m.group_rank)
         ]
         lines += _indent(
-            table(("GROUP", "NODE", "ADDR", "NPROC", "DONE"), member_rows, right="GROUP,NPROC")
+            table(
+                ("GROUP", "NODE", "ADDR", "NPROC", "GROUP_STATE", "DONE"),
+                member_rows,
+                right="GROUP,NPROC",
+            )
         )
     if s.workers:
         lines += ["", "ranks:"]
@@ -162,6 +173,10 @@ def status_text(s: JobStatus) -> str:
             (
                 w.global_rank,
                 w.local_rank,
+                w.role or "-",
+                w.role_rank,
+                w.world_size or "-",
+                w.role_world_size or "-",
                 w.node,
                 w.state,
                 w.pid or "-",
@@ -174,9 +189,23 @@ def status_text(s: JobStatus) -> str:
         ]
         lines += _indent(
             table(
-                ("RANK", "LOCAL", "NODE", "STATE", "PID", "CPU%", "RSS_MB", "PROC", "EXIT"),
+                (
+                    "RANK",
+                    "LOCAL",
+                    "ROLE",
+                    "ROLE_RANK",
+                    "WORLD",
+                    "ROLE_WORLD",
+                    "NODE",
+                    "STATE",
+                    "PID",
+                    "CPU%",
+                    "RSS_MB",
+                    "PROC",
+                    "EXIT",
+                ),
                 worker_rows,
-                right="RANK,LOCAL,PID,CPU%,RSS_MB",
+                right="RANK,LOCAL,ROLE_RANK,WORLD,ROLE_WORLD,PID,CPU%,RSS_MB",
             )
         )
     return "\n".join(lines)

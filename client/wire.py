@@ -35,6 +35,8 @@ __all__ = [
     "event_to_pb",
     "failure_from_pb",
     "failure_to_pb",
+    "group_state_from_pb",
+    "group_state_to_pb",
     "job_status_from_pb",
     "job_to_pb",
     "node_from_pb",
@@ -59,6 +61,20 @@ _JOB_STATES_BACK = {v: k for k, v in _JOB_STATES.items()}
 _WORKER_STATES = {s: getattr(pb, f"WORKER_STATE_{s.value}") for s in WorkerState}
 _WORKER_STATES_BACK = {v: k for k, v in _WORKER_STATES.items()}
 _EXITED = (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED)
+_GROUP_STATES = {s: getattr(pb, f"GROUP_STATE_{s.value}") for s in WorkerState}
+_GROUP_STATES_BACK = {v: k for k, v in _GROUP_STATES.items()}
+
+
+def group_state_to_pb(state: WorkerState | None) -> int:
+    """A worker group's state on the wire (GROUP_STATE_UNSPECIFIED: not known)."""
+    return pb.GROUP_STATE_UNSPECIFIED if state is None else int(_GROUP_STATES[state])
+
+
+def group_state_from_pb(value: int) -> WorkerState | None:
+    """A worker group's state from the wire (None: not reported, or a value we do not know)."""
+    return _GROUP_STATES_BACK.get(value)
+
+
 _CATEGORIES = {c: getattr(pb, f"FAILURE_CATEGORY_{c.value}") for c in FailureCategory}
 _CATEGORIES_BACK = {v: k for k, v in _CATEGORIES.items()}
 
@@ -276,7 +292,14 @@ def job_to_pb(status: JobStatus, result: RunResult | None, spec: JobSpec | None 
         round=status.round,
         max_restarts=status.max_restarts,
         members=[
-            pb.Member(node=m.node, addr=m.addr, group_rank=m.group_rank, nproc=m.nproc, done=m.done)
+            pb.Member(
+                node=m.node,
+                addr=m.addr,
+                group_rank=m.group_rank,
+                nproc=m.nproc,
+                done=m.done,
+                group_state=group_state_to_pb(m.group_state),  # type: ignore[arg-type]
+            )
             for m in status.members
         ],
         workers=[
@@ -290,6 +313,10 @@ def job_to_pb(status: JobStatus, result: RunResult | None, spec: JobSpec | None 
                 rss_bytes=w.rss_bytes,
                 proc_state=w.proc_state,
                 exitcode=w.exitcode if w.exitcode is not None else 0,
+                role=w.role,
+                role_rank=w.role_rank,
+                world_size=w.world_size,
+                role_world_size=w.role_world_size,
             )
             for w in status.workers
         ],
@@ -339,7 +366,14 @@ def job_status_from_pb(m: pb.Job) -> JobStatus:
         min_nodes=m.min_nodes,
         max_nodes=m.max_nodes,
         members=tuple(
-            Member(node=x.node, addr=x.addr, group_rank=x.group_rank, nproc=x.nproc, done=x.done)
+            Member(
+                node=x.node,
+                addr=x.addr,
+                group_rank=x.group_rank,
+                nproc=x.nproc,
+                done=x.done,
+                group_state=group_state_from_pb(x.group_state),
+            )
             for x in m.members
         ),
         workers=tuple(
@@ -353,6 +387,10 @@ def job_status_from_pb(m: pb.Job) -> JobStatus:
                 rss_bytes=w.rss_bytes,
                 proc_state=w.proc_state,
                 exitcode=w.exitcode if _WORKER_STATES_BACK.get(w.state) in _EXITED else None,
+                role=w.role,
+                role_rank=w.role_rank,
+                world_size=w.world_size,
+                role_world_size=w.role_world_size,
             )
             for w in m.workers
         ),
