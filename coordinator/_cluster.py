@@ -1056,7 +1056,7 @@ class Cluster:
         why = _clip(" ".join(reason.split()), 1000) or "no reason given"
         message = f"node {name}: worker group UNKNOWN (the agent cannot supervise it): {why}"
         self._event(job, now, "group_unknown", message, node=name)
-        if job.state == JobState.RUNNING:
+        if job.state == JobState.RUNNING and not member.done:  # done: nothing of it runs
             self._infra_failures(job, member, message, now)
             self._begin_stop(job, _StopKind.FAILURE, f"{message}; {_then(job)}", now)
         self._changed(job)

@@ -72,6 +72,17 @@ def test_a_second_unknown_or_one_for_a_stale_round_changes_nothing() -> None:
     assert d.attempt("j") == 1 and d.state("j") == JobState.RUNNING
 
 
+def test_an_unknown_from_a_group_whose_workers_all_succeeded_fails_nothing() -> None:
+    d = running_job(nodes=2, nproc=1)
+    d.finish("n0")
+    _unknown(d, "n0")
+    d.settle()
+    assert d.state("j") == JobState.RUNNING and d.attempt("j") == 0
+    assert "group_unknown" in d.event_kinds("j")
+    d.finish("n1")
+    assert d.state("j") == JobState.SUCCEEDED
+
+
 def test_heartbeats_carry_the_group_state_and_unknown_sticks() -> None:
     d = running_job(nodes=1, nproc=1)
     n = d.nodes["n0"]
