@@ -656,6 +656,21 @@ class NodeAgent:
             )
 
     async def _start_group(self, held: _Held) -> None:
+        try:
+            await self._start_workers(held)
+        except Exception as exc:
+            # Whatever failed, the round's workers must not run unsupervised nor unreported.
+            a = held.assignment
+            logger.exception("job %s round %d: the start failed", a.job_id, a.round)
+            reason = f"the start failed: {type(exc).__name__}: {exc}"
+            if held.group is not None:
+                held.group.go_unknown(reason)
+            if not held.unknown:  # no group, or one already closed: say it here
+                held.unknown = reason
+                self._send(_unknown_msg(a.job_id, a.round, reason))
+            held.started.set()
+
+    async def _start_workers(self, held: _Held) -> None:
         a = held.assignment
         key = (a.job_id, a.round)
 
@@ -705,10 +720,6 @@ class NodeAgent:
             self._standbys.adopt(a.job_id, launch)
         try:
             pids = await group.start()
-        except Exception as exc:
-            # start() reports its own faults; one that escapes it is UNKNOWN all the same.
-            group.go_unknown(f"the start failed: {type(exc).__name__}: {exc}")
-            pids = group.pids
         finally:
             held.started.set()
         held.pids = dict(pids)

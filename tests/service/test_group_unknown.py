@@ -142,6 +142,30 @@ async def test_an_unsupervisable_group_is_killed_reported_unknown_and_restarted_
     assert [m.group_state for m in status.members] == [WorkerState.UNKNOWN]
 
 
+async def test_an_error_of_the_session_after_the_start_makes_the_group_unknown(
+    tmp_path: Path,
+    spawned: list[int],
+    cluster: tuple[Coordinator, NodeAgent],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    c, agent = cluster
+
+    def broken(_held: _Held) -> None:
+        raise RuntimeError("standby pool broken")
+
+    monkeypatch.setattr(agent, "_fill_standbys", broken)
+    job_id = await c.service.submit(_spec(tmp_path, max_restarts=0))
+    cl = c.service.cluster
+    assert await poll_until(lambda: cl.job_state(job_id).is_terminal(), DEADLINE)
+    assert len(spawned) == 2
+    await wait_gone(spawned)
+    (ev,) = [e for e in cl.job_events(job_id) if e.kind == "group_unknown"]
+    assert "the start failed: RuntimeError: standby pool broken" in ev.reason, ev.reason
+    result = cl.job_result(job_id)
+    assert result is not None
+    assert {f.category for f in result.failures.values()} == {FailureCategory.INFRA}
+
+
 async def test_a_group_that_starts_healthy_shows_its_state_and_each_workers_ranks(
     tmp_path: Path, spawned: list[int], cluster: tuple[Coordinator, NodeAgent]
 ) -> None:
