@@ -478,6 +478,7 @@ class WorkerGroup:
         """Start every worker; returns {local_rank: pid} of those that started.
 
         Never raises for a worker that cannot start: that worker's failure goes to `on_exit`.
+        Any other error half-way makes the group UNKNOWN: what started is killed (`go_unknown`).
         """
         if self._phase is not _Phase.NEW:
             return self.pids
