@@ -280,3 +280,27 @@ async def test_an_unknown_group_is_reported_again_on_the_next_session(tmp_path: 
     (msg,) = [m for m in agent._replay() if m.WhichOneof("kind") == "group_unknown"]
     assert (msg.group_unknown.job_id, msg.group_unknown.round) == ("job1", 0)
     assert msg.group_unknown.reason == "the start failed after 1 of 2"
+
+
+async def test_a_failed_heartbeat_task_ends_the_session_and_the_next_one_beats_again(
+    cluster: tuple[Coordinator, NodeAgent],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _c, agent = cluster
+    calls: list[int] = []
+    observe = agent.metrics.observe
+
+    def once_broken(groups: Any) -> None:
+        calls.append(len(groups))
+        if len(calls) == 1:
+            raise RuntimeError("metrics broken")
+        observe(groups)
+
+    monkeypatch.setattr(agent.metrics, "observe", once_broken)
+    # Not lost: the session ends with the reason, a new one starts, and it heartbeats again.
+    assert await poll_until(lambda: len(calls) >= 3, DEADLINE)
+    text = caplog.text
+    assert "agent task agent-heartbeats failed" in text and "metrics broken" in text
+    assert "the heartbeats to the coordinator failed" in text
+    assert agent.connected.is_set() and not agent.refused.is_set()
