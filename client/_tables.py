@@ -149,12 +149,20 @@ def status_text(s: JobStatus) -> str:
     if s.members:
         lines += ["", "members:"]
         members = sorted(s.members, key=lambda m: m.group_rank)
-        headers: tuple[str, ...] = ("GROUP", "NODE", "ADDR", "NPROC", "DONE")
+        headers: tuple[str, ...] = ("GROUP", "NODE", "ADDR", "NPROC", "GROUP_STATE", "DONE")
         member_rows: list[tuple[object, ...]] = [
-            (m.group_rank, m.node, m.addr, m.nproc, "yes" if m.done else "no") for m in members
+            (
+                m.group_rank,
+                m.node,
+                m.addr,
+                m.nproc,
+                m.group_state.value if m.group_state is not None else "-",
+                "yes" if m.done else "no",
+            )
+            for m in members
         ]
         if len({m.role for m in members}) > 1:  # a multi-role job: each node runs one role
-            headers = ("GROUP", "NODE", "ROLE", "ADDR", "NPROC", "DONE")
+            headers = ("GROUP", "NODE", "ROLE", "ADDR", "NPROC", "GROUP_STATE", "DONE")
             member_rows = [
                 (*r[:2], m.role, *r[2:]) for r, m in zip(member_rows, members, strict=True)
             ]
@@ -166,6 +174,10 @@ def status_text(s: JobStatus) -> str:
             (
                 w.global_rank,
                 w.local_rank,
+                w.role or "-",
+                w.role_rank,
+                w.world_size or "-",
+                w.role_world_size or "-",
                 w.node,
                 w.state,
                 w.pid or "-",
@@ -178,9 +190,23 @@ def status_text(s: JobStatus) -> str:
         ]
         lines += _indent(
             table(
-                ("RANK", "LOCAL", "NODE", "STATE", "PID", "CPU%", "RSS_MB", "PROC", "EXIT"),
+                (
+                    "RANK",
+                    "LOCAL",
+                    "ROLE",
+                    "ROLE_RANK",
+                    "WORLD",
+                    "ROLE_WORLD",
+                    "NODE",
+                    "STATE",
+                    "PID",
+                    "CPU%",
+                    "RSS_MB",
+                    "PROC",
+                    "EXIT",
+                ),
                 worker_rows,
-                right="RANK,LOCAL,PID,CPU%,RSS_MB",
+                right="RANK,LOCAL,ROLE_RANK,WORLD,ROLE_WORLD,PID,CPU%,RSS_MB",
             )
         )
     return "\n".join(lines)

@@ -968,6 +968,9 @@ class Member:
     done: bool = False
     role: str = ""
     """The role whose group runs on this node."""
+    group_state: WorkerState | None = None
+    """The node's worker group as a unit (INIT while starting, HEALTHY, UNHEALTHY, STOPPED,
+    SUCCEEDED, FAILED, UNKNOWN: its agent could no longer supervise it); None = not reported."""
 
 
 @dataclass(frozen=True)
@@ -981,6 +984,13 @@ class WorkerStatus:
     rss_bytes: int = 0
     proc_state: str = ""
     exitcode: int | None = None
+    role: str = ""
+    role_rank: int = 0
+    """Rank among the workers of its role (ROLE_RANK)."""
+    world_size: int = 0
+    """Workers of the round, all roles (WORLD_SIZE)."""
+    role_world_size: int = 0
+    """Workers of its role in the round (ROLE_WORLD_SIZE)."""
 
 
 @dataclass(frozen=True)

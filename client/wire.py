@@ -37,6 +37,8 @@ __all__ = [
     "event_to_pb",
     "failure_from_pb",
     "failure_to_pb",
+    "group_state_from_pb",
+    "group_state_to_pb",
     "job_status_from_pb",
     "job_to_pb",
     "node_from_pb",
@@ -63,6 +65,20 @@ _JOB_STATES_BACK = {v: k for k, v in _JOB_STATES.items()}
 _WORKER_STATES = {s: getattr(pb, f"WORKER_STATE_{s.value}") for s in WorkerState}
 _WORKER_STATES_BACK = {v: k for k, v in _WORKER_STATES.items()}
 _EXITED = (WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED)
+_GROUP_STATES = {s: getattr(pb, f"GROUP_STATE_{s.value}") for s in WorkerState}
+_GROUP_STATES_BACK = {v: k for k, v in _GROUP_STATES.items()}
+
+
+def group_state_to_pb(state: WorkerState | None) -> int:
+    """A worker group's state on the wire (GROUP_STATE_UNSPECIFIED: not known)."""
+    return pb.GROUP_STATE_UNSPECIFIED if state is None else int(_GROUP_STATES[state])
+
+
+def group_state_from_pb(value: int) -> WorkerState | None:
+    """A worker group's state from the wire (None: not reported, or a value we do not know)."""
+    return _GROUP_STATES_BACK.get(value)
+
+
 _CATEGORIES = {c: getattr(pb, f"FAILURE_CATEGORY_{c.value}") for c in FailureCategory}
 _CATEGORIES_BACK = {v: k for k, v in _CATEGORIES.items()}
 
@@ -315,6 +331,7 @@ def job_to_pb(status: JobStatus, result: RunResult | None, spec: JobSpec | None 
                 nproc=m.nproc,
                 done=m.done,
                 role=m.role,
+                group_state=group_state_to_pb(m.group_state),  # type: ignore[arg-type]
             )
             for m in status.members
         ],
@@ -329,6 +346,10 @@ def job_to_pb(status: JobStatus, result: RunResult | None, spec: JobSpec | None 
                 rss_bytes=w.rss_bytes,
                 proc_state=w.proc_state,
                 exitcode=w.exitcode if w.exitcode is not None else 0,
+                role=w.role,
+                role_rank=w.role_rank,
+                world_size=w.world_size,
+                role_world_size=w.role_world_size,
             )
             for w in status.workers
         ],
@@ -394,6 +415,7 @@ def job_status_from_pb(m: pb.Job) -> JobStatus:
                 nproc=x.nproc,
                 done=x.done,
                 role=x.role,
+                group_state=group_state_from_pb(x.group_state),
             )
             for x in m.members
         ),
@@ -408,6 +430,10 @@ def job_status_from_pb(m: pb.Job) -> JobStatus:
                 rss_bytes=w.rss_bytes,
                 proc_state=w.proc_state,
                 exitcode=w.exitcode if _WORKER_STATES_BACK.get(w.state) in _EXITED else None,
+                role=w.role,
+                role_rank=w.role_rank,
+                world_size=w.world_size,
+                role_world_size=w.role_world_size,
             )
             for w in m.workers
         ),

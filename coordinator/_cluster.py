@@ -315,6 +315,8 @@ class _Member:
     released: bool = False  # slots given back
     lost: bool = False
     seen_exits: set[tuple[int, int]] = field(default_factory=set)
+    group_state: WorkerState = WorkerState.INIT
+    """The node's worker group as a unit: what its agent last reported, or the coordinator saw."""
 
 
 def _replaced(job: _Job) -> bool:
@@ -465,6 +467,10 @@ class Cluster:
                         rss_bytes=w.rss_bytes,
                         proc_state=w.proc_state,
                         exitcode=w.exitcode,
+                        role=m.ranks.role,
+                        role_rank=m.ranks.role_rank(w.local_rank),
+                        world_size=m.ranks.world_size,
+                        role_world_size=m.ranks.role_world_size,
                     )
                 )
         workers.sort(key=lambda w: w.global_rank)
@@ -479,7 +485,15 @@ class Cluster:
             min_nodes=job.spec.min_nodes,
             max_nodes=job.spec.max_nodes,
             members=tuple(
-                Member(m.node, m.addr, m.group_rank, m.ranks.local_world_size, m.done, m.ranks.role)
+                Member(
+                    m.node,
+                    m.addr,
+                    m.group_rank,
+                    m.ranks.local_world_size,
+                    m.done,
+                    role=m.ranks.role,
+                    group_state=m.group_state,
+                )
                 for m in job.members
             ),
             workers=tuple(workers),
@@ -836,11 +850,24 @@ class Cluster:
         incarnation: str,
         now: float,
         health: Sequence[tuple[str, int, Sequence[WorkerHealthSample]]] = (),
+        group_states: Sequence[tuple[str, int, WorkerState]] = (),
     ) -> list[Effect]:
         node = self._live(name, incarnation)
         if node is None:
             return []
         node.last_seen = now
+        for job_id, round_, state in group_states:
+            job = self._jobs.get(job_id)
+            if job is None or job.round != round_:
+                continue
+            m = job.member(name)
+            # UNKNOWN stays: it is how the round ended there, whatever follows.
+            if m is None or m.lost or m.group_state in (state, WorkerState.UNKNOWN):
+                continue
+            if state == WorkerState.STOPPED and m.group_state in _ENDED_GROUP:
+                continue  # stopped after it failed or finished: that is how it ended
+            m.group_state = state
+            self._changed(job, durable=False)
         for job_id, round_, samples in health:
             job = self._jobs.get(job_id)
             if job is None or job.round != round_:
@@ -856,7 +883,7 @@ class Cluster:
                         s.rss_bytes,
                         s.proc_state,
                     )
-        return []
+        return self._finish(now) if self._effects else []
 
     def port_reserved(
         self,
@@ -913,6 +940,10 @@ class Cluster:
             if w.phase == _WorkerPhase.INIT:
                 job.set_phase(w, _WorkerPhase.RUNNING)
             started.append(f"{w.global_rank}:{pid}")
+        if member.group_state == WorkerState.INIT and all(
+            w.phase != _WorkerPhase.INIT for w in member.workers.values()
+        ):
+            member.group_state = WorkerState.HEALTHY
         self._event(
             job,
             now,
@@ -1025,6 +1056,34 @@ class Cluster:
                 node=name,
             )
         self._member_stopped(job, member, now)
+        return self._finish(now)
+
+    def group_unknown(
+        self, name: str, incarnation: str, job_id: str, round_: int, reason: str, now: float
+    ) -> list[Effect]:
+        """The agent of `name` can no longer supervise its workers of the round: UNKNOWN.
+
+        It killed what it could before saying so. As for a lost node, the workers that were
+        starting or running there are INFRA failures; unlike a lost node the agent is still
+        here and may fail the same way again, so the round ends as a failure: the job restarts
+        within its budget, or fails when none is left.
+        """
+        self._reschedule = True
+        node = self._live(name, incarnation)
+        if node is None:
+            return []
+        node.last_seen = now
+        job, member = self._fenced(node, job_id, round_, now)
+        if job is None or member is None or member.group_state == WorkerState.UNKNOWN:
+            return self._finish(now)
+        member.group_state = WorkerState.UNKNOWN
+        why = _clip(" ".join(reason.split()), 1000) or "no reason given"
+        message = f"node {name}: worker group UNKNOWN (the agent cannot supervise it): {why}"
+        self._event(job, now, "group_unknown", message, node=name)
+        if job.state == JobState.RUNNING and not member.done:  # done: nothing of it runs
+            self._infra_failures(job, member, message, now)
+            self._begin_stop(job, _StopKind.FAILURE, f"{message}; {_then(job)}", now)
+        self._changed(job)
         return self._finish(now)
 
     def assign_undeliverable(
@@ -1394,7 +1453,8 @@ class Cluster:
                 job.set_phase(w, _WorkerPhase.STOPPED)
             return
         if report.stopped_by_agent and job.state == JobState.STOPPING:
-            job.set_phase(w, _WorkerPhase.STOPPED)
+            if w.phase in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
+                job.set_phase(w, _WorkerPhase.STOPPED)  # a failed one stays failed
             return
         if report.stopped_by_agent and report.failure is None:
             # Nobody asked for this stop (an agent shutting down, or a confused one): the worker
@@ -1442,6 +1502,8 @@ class Cluster:
         self, job: _Job, member: _Member, w: _Worker, failure: ProcessFailure, now: float
     ) -> None:
         job.set_phase(w, _WorkerPhase.FAILED)
+        if member.group_state != WorkerState.UNKNOWN:
+            member.group_state = WorkerState.FAILED
         failure = _stamp(failure, member.node, w, job)
         job.failures[w.global_rank] = failure
         how = "recorded its error, still exiting" if w.early else _exit_text(failure)
@@ -1544,6 +1606,7 @@ class Cluster:
         if not member.done:
             member.done = True
             job.note_done()
+            member.group_state = WorkerState.SUCCEEDED
         member.stopped = True
         pending = job.pending_count()
         if job.state != JobState.RUNNING:
@@ -1659,6 +1722,8 @@ class Cluster:
 
     def _member_stopped(self, job: _Job, member: _Member, now: float) -> None:
         member.stopped = True
+        if member.group_state in (WorkerState.INIT, WorkerState.HEALTHY, WorkerState.UNHEALTHY):
+            member.group_state = WorkerState.STOPPED
         for w in member.workers.values():
             if w.phase in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
                 job.set_phase(w, _WorkerPhase.STOPPED)
@@ -1880,6 +1945,7 @@ class Cluster:
                 self._infra_failures(job, m, f"node {node.name} lost: {why}", now)
             m.lost = True
             m.stopped = True
+            m.group_state = WorkerState.UNKNOWN
             self._event(job, now, "node_lost", f"node {node.name} lost: {why}", node=node.name)
             if job.state == JobState.STOPPING:
                 if all(x.stopped for x in job.members):
@@ -2199,6 +2265,9 @@ def _growth(spec: JobSpec, roles_now: Sequence[str], free: Sequence[_Node]) -> l
             taken.add(n.name)
             out.append(n)
     return out
+
+
+_ENDED_GROUP = (WorkerState.FAILED, WorkerState.SUCCEEDED)
 
 
 def _worker_state(phase: _WorkerPhase, proc_state: str) -> WorkerState:

@@ -27,6 +27,7 @@ from client.wire import (
     check_spec_size,
     event_to_pb,
     failure_from_pb,
+    group_state_from_pb,
     job_to_pb,
     node_to_pb,
     spec_from_pb,
@@ -702,7 +703,12 @@ class CoordinatorService:
                 )
                 for g in msg.heartbeat.groups
             ]
-            effects = c.heartbeat(name, inc, now, health)
+            states = []
+            for gh in msg.heartbeat.groups:
+                state = group_state_from_pb(gh.state)
+                if state is not None:  # not reported (an agent from before group states)
+                    states.append((gh.job_id, gh.round, state))
+            effects = c.heartbeat(name, inc, now, health, states)
         elif kind == "port_reserved":
             p = msg.port_reserved
             effects = c.port_reserved(name, inc, p.job_id, p.round, p.port, p.error, now)
@@ -726,6 +732,9 @@ class CoordinatorService:
         elif kind == "group_stopped":
             g = msg.group_stopped
             effects = c.group_stopped(name, inc, g.job_id, g.round, list(g.unkillable_pids), now)
+        elif kind == "group_unknown":
+            u = msg.group_unknown
+            effects = c.group_unknown(name, inc, u.job_id, u.round, u.reason[:4000], now)
         elif kind == "log_chunk":
             self._on_log_chunk(session, msg.log_chunk)
             effects = c.heartbeat(name, inc, now)

@@ -36,6 +36,7 @@ from client.model import (
     signal_name,
 )
 from client.redaction import redact_argv
+from nodeagent import _faults
 from nodeagent._errorfile import (
     ErrorFileResult,
     build_failure,
@@ -90,6 +91,8 @@ def _stopped_by_us(handle: Any, rc: int) -> bool:
 
 _EXIT_CANNOT_EXECUTE = 126
 _STORE_STOP_GRACE = 2.0
+MAX_UNKNOWN_REASON = 1000
+"""Characters of an UNKNOWN group's reason kept (an exception's text is not ours to bound)."""
 # errnos that mean the agent's host, not the worker's program, is at fault.
 _PLATFORM_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.ENOSPC})
 
@@ -323,8 +326,11 @@ class WorkerGroup:
         health_interval: float | None = None,
         on_failing: Callable[[ProcessFailure], None] | None = None,
         warm_store: Callable[[StoreHostLaunch], WarmStoreHost | None] | None = None,
+        on_unknown: Callable[[str], None] | None = None,
     ) -> None:
         self.assignment = assignment
+        self._on_unknown = on_unknown
+        self._unknown: str | None = None
         self._warm_store = warm_store
         self.spec = assignment.spec
         self.node_name = node_name
@@ -381,6 +387,8 @@ class WorkerGroup:
     @property
     def state(self) -> WorkerState:
         """The group's torchelastic state, derived from its workers."""
+        if self._unknown is not None:
+            return WorkerState.UNKNOWN
         if self._phase in (_Phase.NEW, _Phase.STARTING):
             return WorkerState.INIT
         if self._phase in (_Phase.STOPPING, _Phase.CLOSED):
@@ -393,6 +401,23 @@ class WorkerGroup:
         if any(w.unhealthy and not w.reported for w in self._workers):
             return WorkerState.UNHEALTHY
         return WorkerState.HEALTHY
+
+    @property
+    def unknown_reason(self) -> str | None:
+        """Why the group is UNKNOWN (None: it is not)."""
+        return self._unknown
+
+    @property
+    def state_reason(self) -> str:
+        """Why the group is UNKNOWN or UNHEALTHY ("" otherwise)."""
+        state = self.state
+        if state is WorkerState.UNKNOWN:
+            return self._unknown or ""
+        if state is WorkerState.UNHEALTHY:
+            for w in self._workers:
+                if w.unhealthy and not w.reported and w.kill_reason:
+                    return w.kill_reason[:MAX_UNKNOWN_REASON]
+        return ""
 
     @property
     def timer_file(self) -> Path | None:
@@ -453,6 +478,7 @@ class WorkerGroup:
         """Start every worker; returns {local_rank: pid} of those that started.
 
         Never raises for a worker that cannot start: that worker's failure goes to `on_exit`.
+        Any other error half-way makes the group UNKNOWN: what started is killed (`go_unknown`).
         """
         if self._phase is not _Phase.NEW:
             return self.pids
@@ -524,40 +550,50 @@ class WorkerGroup:
         self._watch_error_files()
         loop = asyncio.get_running_loop()
         not_started: list[tuple[_Worker, int, str, FailureCategory]] = []
-        store_error = self._start_store_host()
-        for w in self._workers:
-            if store_error is not None:
-                not_started.append((w, *store_error))
-                continue
-            try:
-                handle = self._spawner(w.launch)
-            except OSError as e:
-                not_started.append((w, *self._describe_spawn_error(w.launch, e)))
-                continue
-            except Exception as e:  # e.g. SubprocessError from the child setup
-                message = f"cannot start worker: {type(e).__name__}: {e}"
-                not_started.append((w, _EXIT_CANNOT_EXECUTE, message, FailureCategory.PLATFORM))
-                continue
-            w.handle = handle
-            self._by_pid[handle.pid] = w
-            if self._registry is not None:
-                self._registry.add(
-                    handle.pid, job_id=self.assignment.job_id, global_rank=w.launch.global_rank
+        try:
+            store_error = self._start_store_host()
+            for w in self._workers:
+                if store_error is not None:
+                    not_started.append((w, *store_error))
+                    continue
+                try:
+                    handle = self._spawner(w.launch)
+                except OSError as e:
+                    not_started.append((w, *self._describe_spawn_error(w.launch, e)))
+                    continue
+                except Exception as e:  # e.g. SubprocessError from the child setup
+                    message = f"cannot start worker: {type(e).__name__}: {e}"
+                    not_started.append((w, _EXIT_CANNOT_EXECUTE, message, FailureCategory.PLATFORM))
+                    continue
+                w.handle = handle
+                self._by_pid[handle.pid] = w
+                if self._registry is not None:
+                    self._registry.add(
+                        handle.pid, job_id=self.assignment.job_id, global_rank=w.launch.global_rank
+                    )
+                out_fd, err_fd = handle.take_pipes()
+                for fd, stream, path in (
+                    (out_fd, STDOUT, w.launch.stdout_path),
+                    (err_fd, STDERR, w.launch.stderr_path),
+                ):
+                    if fd is not None:
+                        w.pumps.append(self._make_pump(loop, fd, path, stream, w.launch))
+                logger.info(
+                    "%s started pid %d: %s",
+                    self._ctx(w.launch),
+                    handle.pid,
+                    " ".join(redact_argv(w.launch.argv)),  # an option's secret stays out of the log
                 )
-            out_fd, err_fd = handle.take_pipes()
-            for fd, stream, path in (
-                (out_fd, STDOUT, w.launch.stdout_path),
-                (err_fd, STDERR, w.launch.stderr_path),
-            ):
-                if fd is not None:
-                    w.pumps.append(self._make_pump(loop, fd, path, stream, w.launch))
-            logger.info(
-                "%s started pid %d: %s",
-                self._ctx(w.launch),
-                handle.pid,
-                " ".join(redact_argv(w.launch.argv)),  # an option's secret stays out of the log
+                w.supervisor = self._own(self._supervise(w), f"supervise-{handle.pid}")
+                _faults.started(sum(1 for x in self._workers if x.handle is not None))
+        except Exception as e:
+            # Half-way: what started must not run unsupervised, nor what is left start later.
+            n = sum(1 for w in self._workers if w.handle is not None)
+            self.go_unknown(
+                f"the start failed after {n} of {len(self._workers)} worker(s): "
+                f"{type(e).__name__}: {e}"
             )
-            w.supervisor = self._own(self._supervise(w), f"supervise-{handle.pid}")
+            return self.pids
         # From here on nothing awaits, so on_exit runs only after start() has returned.
         for w, code, message, category in not_started:
             self._own(self._report_later(w, code, message, category), "report-not-started")
@@ -671,10 +707,41 @@ class WorkerGroup:
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            logger.error("%s task %s failed", self._ctx(), task.get_name(), exc_info=exc)
+            # A task of the group's supervision is gone: what it watched is unwatched now.
+            what = task.get_name().split(" ", 1)[0]
+            self.go_unknown(f"{what} failed: {type(exc).__name__}: {exc}")
+
+    def go_unknown(self, reason: str) -> None:
+        """The group can no longer be supervised: it is UNKNOWN. Every worker it started is
+        killed now (its process group), the rest of the stop follows, then `on_unknown` says why:
+        the agent never runs workers it cannot supervise. Once only."""
+        if self._unknown is not None or self._phase is _Phase.CLOSED:
+            return
+        reason = " ".join(reason.split())[:MAX_UNKNOWN_REASON]
+        self._unknown = reason
+        logger.error("%s worker group UNKNOWN: %s; killing its workers", self._ctx(), reason)
+        self._phase = _Phase.STOPPING  # their exits are the agent's stop, not failures
+        for w in self._workers:
+            if w.handle is not None and not w.reported:
+                try:
+                    w.handle.send_signal_group(signal.SIGKILL)
+                except Exception:
+                    logger.exception("%s cannot kill pid %d", self._ctx(w.launch), w.pid)
+        if self._stop_task is None:
+            self._stop_task = asyncio.ensure_future(self._stop(0.0))
+            self._stop_task.add_done_callback(self._stop_done)
+        if self._on_unknown is not None:
+            try:
+                self._on_unknown(reason)
+            except Exception:
+                logger.exception("%s on_unknown callback failed", self._ctx())
+
+    def _stop_done(self, task: asyncio.Task[list[int]]) -> None:
         if not task.cancelled() and task.exception() is not None:
-            logger.error(
-                "%s task %s failed", self._ctx(), task.get_name(), exc_info=task.exception()
-            )
+            logger.error("%s stop failed", self._ctx(), exc_info=task.exception())
 
     def _emit(self, w: _Worker, ex: WorkerExit) -> None:
         if w.reported:
@@ -700,8 +767,12 @@ class WorkerGroup:
             )
         try:
             self._on_exit(ex)
-        except Exception:
+        except Exception as e:
             logger.exception("%s on_exit callback failed", self._ctx(w.launch))
+            self.go_unknown(
+                f"the exit of rank {w.launch.global_rank} could not be reported: "
+                f"{type(e).__name__}: {e}"
+            )
 
     def _failure(
         self,
@@ -827,6 +898,7 @@ class WorkerGroup:
 
     async def _supervise(self, w: _Worker) -> None:
         assert w.handle is not None
+        _faults.observe()
         rc = await w.handle.wait()
         observed = time.time()
         # Whether the agent was stopping when the exit was seen, not when it is reported.
@@ -959,8 +1031,12 @@ class WorkerGroup:
         )
         try:
             self._on_failing(failure)
-        except Exception:
+        except Exception as e:
             logger.exception("%s on_failing callback failed", self._ctx(w.launch))
+            self.go_unknown(
+                f"the failure of rank {w.launch.global_rank} could not be reported: "
+                f"{type(e).__name__}: {e}"
+            )
 
     # -- watchdog and health -----------------------------------------------------------------
 
@@ -980,6 +1056,7 @@ class WorkerGroup:
 
     async def _health_loop(self) -> None:
         while self._phase is _Phase.RUNNING:
+            _faults.monitor()
             live = {
                 w.handle.pid: w
                 for w in self._workers

@@ -36,7 +36,7 @@ from client.model import (
     is_name,
 )
 from client.security import Security
-from client.wire import failure_to_pb, spec_from_pb
+from client.wire import failure_to_pb, group_state_to_pb, spec_from_pb
 from nodeagent._dirs import default_agent_dir, fresh_agent_dir, private_dir
 from nodeagent._launch import attempt_dirs, role_spec
 from nodeagent._metrics import AgentMetrics
@@ -167,6 +167,8 @@ class _Held:
     stopped: bool = False
     stopping: asyncio.Task[None] | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
+    unknown: str = ""
+    """Why the group became UNKNOWN ("" = it did not); re-reported on every new session."""
 
 
 class NodeAgent:
@@ -236,8 +238,11 @@ class NodeAgent:
                 t.cancel()
         for t in [self._main, *self._tasks, *self._log_tasks.values()]:
             if t is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+                with contextlib.suppress(asyncio.CancelledError):
+                    try:
+                        await t
+                    except Exception:
+                        logger.exception("agent task %s failed", t.get_name())
         self._main = None
         await self._sentinel.stop()
         await asyncio.to_thread(self.metrics.stop)
@@ -255,6 +260,7 @@ class NodeAgent:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_failure)
 
     # ---- the session -----------------------------------------------------------------------
 
@@ -399,7 +405,13 @@ class NodeAgent:
                         )
                         if heartbeat is None:
                             heartbeat = asyncio.get_running_loop().create_task(
-                                self._heartbeats(outbox)
+                                self._heartbeats(outbox), name="agent-heartbeats"
+                            )
+                            # Without heartbeats the session is dead in all but name: end it,
+                            # and the next one starts them again.
+                            heartbeat.add_done_callback(_log_failure)
+                            heartbeat.add_done_callback(
+                                lambda t: t.cancelled() or t.exception() is None or call.cancel()
                             )
                     else:
                         self._dispatch(msg)
@@ -407,6 +419,11 @@ class NodeAgent:
                 task = asyncio.current_task()
                 if self._outbox_full.is_set() and task is not None and not task.cancelling():
                     raise ConnectionError("the outbox to the coordinator is full") from None
+                beat = heartbeat
+                beat_failed = beat is not None and beat.done() and not beat.cancelled()
+                beat_failed = beat_failed and beat is not None and beat.exception() is not None
+                if beat_failed and task is not None and not task.cancelling():
+                    raise ConnectionError("the heartbeats to the coordinator failed") from None
                 raise
             finally:
                 full.cancel()
@@ -479,6 +496,8 @@ class NodeAgent:
                         )
                     )
                 )
+            if h.unknown:
+                out.append(_unknown_msg(job_id, round_, h.unknown))
             if h.stopped and h.exits:
                 out.append(
                     pb.NodeMessage(group_stopped=pb.GroupStopped(job_id=job_id, round=round_))
@@ -509,6 +528,8 @@ class NodeAgent:
                             )
                             for s in h.group.samples()
                         ],
+                        state=group_state_to_pb(h.group.state),  # type: ignore[arg-type]
+                        reason=h.group.state_reason,
                     )
                 )
             self._put(outbox, pb.NodeMessage(heartbeat=pb.Heartbeat(seq=seq, groups=groups)))
@@ -647,6 +668,21 @@ class NodeAgent:
             )
 
     async def _start_group(self, held: _Held) -> None:
+        try:
+            await self._start_workers(held)
+        except Exception as exc:
+            # Whatever failed, the round's workers must not run unsupervised nor unreported.
+            a = held.assignment
+            logger.exception("job %s round %d: the start failed", a.job_id, a.round)
+            reason = f"the start failed: {type(exc).__name__}: {exc}"
+            if held.group is not None:
+                held.group.go_unknown(reason)
+            if not held.unknown:  # no group, or one already closed: say it here
+                held.unknown = reason
+                self._send(_unknown_msg(a.job_id, a.round, reason))
+            held.started.set()
+
+    async def _start_workers(self, held: _Held) -> None:
         a = held.assignment
         key = (a.job_id, a.round)
 
@@ -664,8 +700,22 @@ class NodeAgent:
             held.failing[failure.local_rank] = failure
             self._send(_failing_msg(a.job_id, a.round, failure))
 
+        def on_unknown(reason: str) -> None:
+            # The group killed its workers before this; the report may be lost with the
+            # session, so it is kept and replayed on the next.
+            held.unknown = reason
+            logger.error(
+                "job %s attempt %d round %d: worker group UNKNOWN: %s",
+                a.job_id,
+                a.attempt,
+                a.round,
+                reason,
+            )
+            self._send(_unknown_msg(a.job_id, a.round, reason))
+
         group = WorkerGroup(
             a,
+            on_unknown=on_unknown,
             node_name=self.config.name,
             log_root=self.log_root,
             on_exit=on_exit,
@@ -685,7 +735,7 @@ class NodeAgent:
         finally:
             held.started.set()
         held.pids = dict(pids)
-        if self._held.get(key) is not held:
+        if self._held.get(key) is not held or held.unknown:
             return
         self._fill_standbys(held)
         self._send(
@@ -736,8 +786,10 @@ class NodeAgent:
             self._standbys.discard(m.job_id)
         if held.stopping is None:
             held.stopping = asyncio.get_running_loop().create_task(
-                self._stop_and_report(held, grace, replaced=m.replaced)
+                self._stop_and_report(held, grace, replaced=m.replaced),
+                name=f"stop-{m.job_id}-{m.round}",
             )
+            held.stopping.add_done_callback(_log_failure)
 
     async def _stop_and_report(self, held: _Held, grace: float, *, replaced: bool = False) -> None:
         # Reported once the workers are gone; the group's close (the store host's teardown, the
@@ -799,7 +851,10 @@ class NodeAgent:
             return
         req = _LogRequest(m.credit_chunks if m.credit_chunks > 0 else -1, logs, outbox)
         self._log_requests[m.request_id] = req
-        task = asyncio.get_running_loop().create_task(self._serve_logs(m, req))
+        task = asyncio.get_running_loop().create_task(
+            self._serve_logs(m, req), name=f"logs-{m.request_id}"
+        )
+        task.add_done_callback(_log_failure)
         self._log_tasks[m.request_id] = task
 
         def done(t: asyncio.Task[None]) -> None:
@@ -890,6 +945,16 @@ class NodeAgent:
 
     def _pid_file(self) -> Path:
         return self.state_dir / f"agent-{self.config.name}.pids.json"
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    """Done callback of every agent task: an exception is logged, never lost."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("agent task %s failed", task.get_name(), exc_info=task.exception())
+
+
+def _unknown_msg(job_id: str, round_: int, reason: str) -> pb.NodeMessage:
+    return pb.NodeMessage(group_unknown=pb.GroupUnknown(job_id=job_id, round=round_, reason=reason))
 
 
 def _global(held: _Held, local_rank: int) -> int:

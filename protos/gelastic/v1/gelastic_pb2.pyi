@@ -28,6 +28,17 @@ class WorkerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORKER_STATE_SUCCEEDED: _ClassVar[WorkerState]
     WORKER_STATE_FAILED: _ClassVar[WorkerState]
 
+class GroupState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GROUP_STATE_UNSPECIFIED: _ClassVar[GroupState]
+    GROUP_STATE_INIT: _ClassVar[GroupState]
+    GROUP_STATE_HEALTHY: _ClassVar[GroupState]
+    GROUP_STATE_UNHEALTHY: _ClassVar[GroupState]
+    GROUP_STATE_STOPPED: _ClassVar[GroupState]
+    GROUP_STATE_SUCCEEDED: _ClassVar[GroupState]
+    GROUP_STATE_FAILED: _ClassVar[GroupState]
+    GROUP_STATE_UNKNOWN: _ClassVar[GroupState]
+
 class FailureCategory(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FAILURE_CATEGORY_UNSPECIFIED: _ClassVar[FailureCategory]
@@ -50,6 +61,14 @@ WORKER_STATE_UNHEALTHY: WorkerState
 WORKER_STATE_STOPPED: WorkerState
 WORKER_STATE_SUCCEEDED: WorkerState
 WORKER_STATE_FAILED: WorkerState
+GROUP_STATE_UNSPECIFIED: GroupState
+GROUP_STATE_INIT: GroupState
+GROUP_STATE_HEALTHY: GroupState
+GROUP_STATE_UNHEALTHY: GroupState
+GROUP_STATE_STOPPED: GroupState
+GROUP_STATE_SUCCEEDED: GroupState
+GROUP_STATE_FAILED: GroupState
+GROUP_STATE_UNKNOWN: GroupState
 FAILURE_CATEGORY_UNSPECIFIED: FailureCategory
 FAILURE_CATEGORY_USER: FailureCategory
 FAILURE_CATEGORY_PLATFORM: FailureCategory
@@ -248,23 +267,25 @@ class RunResult(_message.Message):
     def __init__(self, state: _Optional[_Union[WorkerState, str]] = ..., return_values: _Optional[_Mapping[int, bytes]] = ..., failures: _Optional[_Mapping[int, ProcessFailure]] = ..., root_cause_rank: _Optional[int] = ..., attempts: _Optional[_Iterable[_Union[AttemptSummary, _Mapping]]] = ..., reason: _Optional[str] = ..., return_value_sizes: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class Member(_message.Message):
-    __slots__ = ("node", "addr", "group_rank", "nproc", "done", "role")
+    __slots__ = ("node", "addr", "group_rank", "nproc", "done", "role", "group_state")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
     NPROC_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_STATE_FIELD_NUMBER: _ClassVar[int]
     node: str
     addr: str
     group_rank: int
     nproc: int
     done: bool
     role: str
-    def __init__(self, node: _Optional[str] = ..., addr: _Optional[str] = ..., group_rank: _Optional[int] = ..., nproc: _Optional[int] = ..., done: _Optional[bool] = ..., role: _Optional[str] = ...) -> None: ...
+    group_state: GroupState
+    def __init__(self, node: _Optional[str] = ..., addr: _Optional[str] = ..., group_rank: _Optional[int] = ..., nproc: _Optional[int] = ..., done: _Optional[bool] = ..., role: _Optional[str] = ..., group_state: _Optional[_Union[GroupState, str]] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("global_rank", "local_rank", "node", "state", "pid", "cpu_percent", "rss_bytes", "proc_state", "exitcode")
+    __slots__ = ("global_rank", "local_rank", "node", "state", "pid", "cpu_percent", "rss_bytes", "proc_state", "exitcode", "role", "role_rank", "world_size", "role_world_size")
     GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +295,10 @@ class WorkerStatus(_message.Message):
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     PROC_STATE_FIELD_NUMBER: _ClassVar[int]
     EXITCODE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     global_rank: int
     local_rank: int
     node: str
@@ -283,7 +308,11 @@ class WorkerStatus(_message.Message):
     rss_bytes: int
     proc_state: str
     exitcode: int
-    def __init__(self, global_rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., node: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., pid: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., proc_state: _Optional[str] = ..., exitcode: _Optional[int] = ...) -> None: ...
+    role: str
+    role_rank: int
+    world_size: int
+    role_world_size: int
+    def __init__(self, global_rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., node: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., pid: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., proc_state: _Optional[str] = ..., exitcode: _Optional[int] = ..., role: _Optional[str] = ..., role_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., role_world_size: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "name", "state", "reason", "attempt", "round", "max_restarts", "members", "workers", "spec", "result", "has_result", "submitted_at", "finished_at", "min_nodes", "max_nodes", "nodes_joined", "last_call_deadline", "world_size")
@@ -612,14 +641,18 @@ class WorkerHealth(_message.Message):
     def __init__(self, local_rank: _Optional[int] = ..., global_rank: _Optional[int] = ..., pid: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., proc_state: _Optional[str] = ...) -> None: ...
 
 class GroupHealth(_message.Message):
-    __slots__ = ("job_id", "round", "workers")
+    __slots__ = ("job_id", "round", "workers", "state", "reason")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerHealth]
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerHealth, _Mapping]]] = ...) -> None: ...
+    state: GroupState
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerHealth, _Mapping]]] = ..., state: _Optional[_Union[GroupState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("seq", "groups")
@@ -687,6 +720,16 @@ class GroupStopped(_message.Message):
     unkillable_pids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., unkillable_pids: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class GroupUnknown(_message.Message):
+    __slots__ = ("job_id", "round", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class LogChunk(_message.Message):
     __slots__ = ("request_id", "data", "eof", "error")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -700,7 +743,7 @@ class LogChunk(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class NodeMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "port_reserved", "workers_started", "worker_exited", "group_stopped", "log_chunk", "worker_failing")
+    __slots__ = ("hello", "heartbeat", "port_reserved", "workers_started", "worker_exited", "group_stopped", "log_chunk", "worker_failing", "group_unknown")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PORT_RESERVED_FIELD_NUMBER: _ClassVar[int]
@@ -709,6 +752,7 @@ class NodeMessage(_message.Message):
     GROUP_STOPPED_FIELD_NUMBER: _ClassVar[int]
     LOG_CHUNK_FIELD_NUMBER: _ClassVar[int]
     WORKER_FAILING_FIELD_NUMBER: _ClassVar[int]
+    GROUP_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     port_reserved: PortReserved
@@ -717,7 +761,8 @@ class NodeMessage(_message.Message):
     group_stopped: GroupStopped
     log_chunk: LogChunk
     worker_failing: WorkerFailing
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., port_reserved: _Optional[_Union[PortReserved, _Mapping]] = ..., workers_started: _Optional[_Union[WorkersStarted, _Mapping]] = ..., worker_exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., group_stopped: _Optional[_Union[GroupStopped, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., worker_failing: _Optional[_Union[WorkerFailing, _Mapping]] = ...) -> None: ...
+    group_unknown: GroupUnknown
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., port_reserved: _Optional[_Union[PortReserved, _Mapping]] = ..., workers_started: _Optional[_Union[WorkersStarted, _Mapping]] = ..., worker_exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., group_stopped: _Optional[_Union[GroupStopped, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., worker_failing: _Optional[_Union[WorkerFailing, _Mapping]] = ..., group_unknown: _Optional[_Union[GroupUnknown, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("heartbeat_interval_ms", "lease_ms", "coordinator_id")
