@@ -37,6 +37,8 @@ __all__ = [
     "AttemptSummary",
     "FailureCategory",
     "GelasticError",
+    "GpuDevice",
+    "GpuHealth",
     "JobEvent",
     "JobSpec",
     "JobState",
@@ -46,6 +48,7 @@ __all__ = [
     "ProcessFailure",
     "RunResult",
     "SpecError",
+    "WorkerGpu",
     "WorkerState",
     "WorkerStatus",
     "executable_note",
@@ -777,6 +780,45 @@ class Member:
 
 
 @dataclass(frozen=True)
+class GpuDevice:
+    """One GPU a node offers, as its agent found it through NVML."""
+
+    index: int
+    """NVML index on its node."""
+    uuid: str
+    name: str
+    memory_total: int
+    """Bytes."""
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """The latest sample of one GPU, from its node's heartbeat."""
+
+    index: int
+    utilization_percent: float = 0.0
+    memory_used: int = 0
+    """Bytes."""
+    temperature_c: int = 0
+    uncorrectable_ecc: int = 0
+    """Volatile uncorrected ECC errors since the driver loaded (0 when not supported)."""
+    lost: bool = False
+    """The GPU fell off the bus, or NVML can no longer read it."""
+
+
+@dataclass(frozen=True)
+class WorkerGpu:
+    """The GPU one rank holds (device LOCAL_RANK of its CUDA_VISIBLE_DEVICES), and its state."""
+
+    index: int
+    uuid: str
+    utilization_percent: float = 0.0
+    memory_used: int = 0
+    memory_total: int = 0
+    temperature_c: int = 0
+
+
+@dataclass(frozen=True)
 class WorkerStatus:
     global_rank: int
     local_rank: int
@@ -787,6 +829,8 @@ class WorkerStatus:
     rss_bytes: int = 0
     proc_state: str = ""
     exitcode: int | None = None
+    gpu: WorkerGpu | None = None
+    """None on a node without GPUs."""
 
 
 @dataclass(frozen=True)
@@ -821,6 +865,14 @@ class NodeInfo:
     last_seen: float
     jobs: tuple[str, ...] = ()
     incarnation: str = ""
+    gpus: tuple[GpuDevice, ...] = ()
+    gpu_health: tuple[GpuHealth, ...] = ()
+    gpus_used: tuple[int, ...] = ()
+    """Indices of the GPUs jobs' rounds hold."""
+    quarantine_reason: str = ""
+    """Why the node is quarantined (state "quarantined"): no new round is placed there."""
+    quarantined_until: float = 0.0
+    """When the quarantine ends by itself (seconds since the epoch), unless cleared first."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,160 @@
+"""GPU placement and quarantine in the coordinator's state machine (fake clock, fake nodes)."""
+
+from __future__ import annotations
+
+from client.model import FailureCategory, GpuDevice, GpuHealth, JobState
+from coordinator._cluster import AssignRound, ClusterConfig, NodeChanged, StopRound
+
+from ._cluster_driver import Driver, of_type
+
+
+def gpus(node: str, n: int) -> list[GpuDevice]:
+    return [GpuDevice(i, f"GPU-{node}-{i}", "A100", 40 * 2**30) for i in range(n)]
+
+
+def gpu_driver(nodes: int = 2, per_node: int = 4, **config: float) -> Driver:
+    d = Driver(ClusterConfig(heartbeat_interval=1.0, lease=5.0, **config))  # type: ignore[arg-type]
+    for i in range(nodes):
+        d.connect(f"n{i}", addr=f"10.0.0.{i + 1}", slots=per_node, gpus=gpus(f"n{i}", per_node))
+    return d
+
+
+def assigns(d: Driver, job: str) -> dict[str, AssignRound]:
+    return {a.node: a for a in of_type(d.history, AssignRound) if a.assignment.job_id == job}
+
+
+def beat(d: Driver, node: str, *samples: GpuHealth) -> None:
+    n = d.nodes[node]
+    d._take(d.cluster.heartbeat(node, n.incarnation, d.now, (), samples))
+
+
+def test_two_jobs_on_one_node_get_disjoint_gpus_and_free_them_when_done() -> None:
+    d = gpu_driver(nodes=1, per_node=4)
+    for job in ("a", "b"):
+        d.submit(job, nproc_per_node=2, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+        d.settle()
+    a, b = assigns(d, "a")["n0"].assignment, assigns(d, "b")["n0"].assignment
+    assert a.gpus == (0, 1) and b.gpus == (2, 3)
+    assert a.gpu_uuids == ("GPU-n0-0", "GPU-n0-1")
+    # A third job finds no free GPU (nor slot) and waits.
+    d.submit("c", nproc_per_node=1, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d.settle()
+    assert d.state("c") == JobState.QUEUED
+    (node,) = d.cluster.nodes()
+    assert node.gpus_used == (0, 1, 2, 3)
+    d.finish("n0", "a")
+    d.settle()
+    assert d.state("a") == JobState.SUCCEEDED
+    assert assigns(d, "c")["n0"].assignment.gpus == (0,)
+
+
+def test_more_slots_than_gpus_still_gives_each_worker_its_own_gpu() -> None:
+    d = Driver()
+    d.connect("n0", slots=8, gpus=gpus("n0", 2))
+    d.submit("a", nproc_per_node=2, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d.submit("b", nproc_per_node=2, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d.settle()
+    assert assigns(d, "a")["n0"].assignment.gpus == (0, 1)
+    assert d.state("b") == JobState.QUEUED
+    assert "b" not in assigns(d, "b") and not assigns(d, "b")
+
+
+def test_a_node_without_gpus_gets_no_gpus_in_its_assignment() -> None:
+    d = Driver()
+    d.connect("n0", slots=2)
+    d.submit("a", nproc_per_node=2, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d.settle()
+    a = assigns(d, "a")["n0"].assignment
+    assert a.gpus == () and a.gpu_uuids == ()
+    assert all(w.gpu is None for w in d.cluster.job_status("a").workers)
+
+
+def test_status_shows_each_rank_its_gpu_and_latest_sample() -> None:
+    d = gpu_driver(nodes=1, per_node=2)
+    d.submit("a", nproc_per_node=2, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d.settle()
+    beat(d, "n0", GpuHealth(0, 55.0, 3 * 2**30, 61), GpuHealth(1, 12.0, 2**30, 40))
+    w0, w1 = d.cluster.job_status("a").workers
+    assert w0.gpu is not None and w1.gpu is not None
+    assert (w0.gpu.index, w0.gpu.uuid, w0.gpu.utilization_percent) == (0, "GPU-n0-0", 55.0)
+    assert (w0.gpu.memory_used, w0.gpu.memory_total, w0.gpu.temperature_c) == (
+        3 * 2**30,
+        40 * 2**30,
+        61,
+    )
+    assert (w1.gpu.index, w1.gpu.temperature_c) == (1, 40)
+
+
+def test_new_uncorrectable_errors_quarantine_the_node_and_fail_its_round_over() -> None:
+    d = gpu_driver(nodes=3, per_node=2)
+    d.submit("j", nproc_per_node=2, min_nodes=2, max_nodes=2, last_call_timeout=0.0)
+    d.settle()
+    assert set(assigns(d, "j")) == {"n0", "n1"}
+    beat(d, "n1", GpuHealth(0), GpuHealth(1, uncorrectable_ecc=3))
+    effects = d.settle()
+    (node,) = [n for n in d.cluster.nodes() if n.name == "n1"]
+    assert node.state == "quarantined"
+    assert "GPU 1 (GPU-n1-1) has 3 uncorrectable ECC errors" in node.quarantine_reason
+    assert node.quarantined_until == d.now + 3600.0
+    assert any(isinstance(e, NodeChanged) and e.node == "n1" for e in d.history)
+    assert any(isinstance(e, StopRound) and e.node == "n1" for e in effects)
+    # Re-formed without it and without spending the restart budget.
+    status = d.cluster.job_status("j")
+    assert status.state == JobState.RUNNING and status.attempt == 0 and status.round == 2
+    assert {m.node for m in status.members} == {"n0", "n2"}
+    (attempt,) = d.cluster.job_attempts("j")
+    lost = [f for f in attempt.failures if f.node == "n1"]
+    assert lost and all(f.category == FailureCategory.INFRA for f in lost)
+    assert "quarantined" in lost[0].message
+
+
+def test_a_lost_gpu_quarantines_the_node_and_no_new_round_goes_there() -> None:
+    d = gpu_driver(nodes=1, per_node=2)
+    beat(d, "n0", GpuHealth(0), GpuHealth(1, lost=True))
+    (node,) = d.cluster.nodes()
+    assert node.state == "quarantined" and "GPU 1 (GPU-n0-1) is lost" in node.quarantine_reason
+    d.submit("j", nproc_per_node=1, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d.settle()
+    assert d.state("j") == JobState.QUEUED and not assigns(d, "j")
+
+
+def test_the_quarantine_ends_when_its_ttl_passes() -> None:
+    d = gpu_driver(nodes=1, per_node=1, quarantine_ttl=60.0)
+    beat(d, "n0", GpuHealth(0, uncorrectable_ecc=1))
+    d.submit("j", nproc_per_node=1, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d.advance(30)
+    d.settle()
+    assert d.cluster.nodes()[0].state == "quarantined" and not assigns(d, "j")
+    d.advance(31)
+    d.settle()
+    assert d.cluster.nodes()[0].state == "live"
+    assert assigns(d, "j")["n0"].assignment.gpus == (0,)
+
+
+def test_an_operator_clear_accepts_the_count_and_only_a_new_error_quarantines_again() -> None:
+    d = gpu_driver(nodes=1, per_node=1)
+    beat(d, "n0", GpuHealth(0, uncorrectable_ecc=2))
+    assert d.cluster.nodes()[0].state == "quarantined"
+    cleared, _ = d.cluster.clear_quarantine("n0", d.now)
+    assert cleared
+    assert d.cluster.clear_quarantine("n0", d.now)[0] is False  # nothing left to clear
+    assert d.cluster.clear_quarantine("nobody", d.now)[0] is False
+    beat(d, "n0", GpuHealth(0, uncorrectable_ecc=2))
+    assert d.cluster.nodes()[0].state == "live"
+    beat(d, "n0", GpuHealth(0, uncorrectable_ecc=3))
+    assert d.cluster.nodes()[0].state == "quarantined"
+
+
+def test_a_quarantine_is_kept_across_a_coordinator_restart() -> None:
+    d = gpu_driver(nodes=1, per_node=2)
+    d.submit("j", nproc_per_node=2, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d.settle()
+    beat(d, "n0", GpuHealth(0, lost=True), GpuHealth(1))
+    nodes = d.cluster.dump_nodes()
+    jobs = [d.cluster.dump_job("j")]
+    d2 = Driver()
+    d2.cluster.restore(jobs, [], nodes, d.now + 1, reconnect_grace=15.0)
+    (node,) = d2.cluster.nodes()
+    assert node.state == "quarantined" and "GPU 0 (GPU-n0-0) is lost" in node.quarantine_reason
+    assert node.quarantined_until == d.now + 3600.0
+    assert [g.uuid for g in node.gpus] == ["GPU-n0-0", "GPU-n0-1"]

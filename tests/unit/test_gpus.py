@@ -1,0 +1,126 @@
+"""The agent's NVML layer: discovery for `--gpus auto|none|LIST`, and health sampling.
+
+Driven by a fake pynvml module (tests/_fake_nvml.py) with the real module's names; the
+"not installed" case goes through the real lazy import with `pynvml` made unimportable.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from nodeagent._gpus import GpuMonitor, discover_gpus, load_nvml, parse_gpus
+from nodeagent.session import AgentConfig
+from tests._fake_nvml import FakeNvml
+
+
+def test_parse_gpus_takes_auto_none_and_a_list() -> None:
+    assert parse_gpus("auto") == "auto"
+    assert parse_gpus(" None ") == "none"
+    assert parse_gpus("0,1,2,3") == (0, 1, 2, 3)
+    assert parse_gpus("3") == (3,)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("0,,1", "comma-separated list of GPU indices"),
+        ("gpu0", "comma-separated list of GPU indices"),
+        ("-1", "comma-separated list of GPU indices"),
+        ("0,1,0", "GPU 0 is listed twice"),
+        (",".join(str(i) for i in range(65)), "at most 64 GPUs"),
+        ("1" * 5000, "comma-separated list"),
+    ],
+)
+def test_a_bad_gpu_list_is_refused_naming_the_problem(text: str, named: str) -> None:
+    with pytest.raises(ValueError, match="--gpus") as exc:
+        parse_gpus(text)
+    assert named in str(exc.value)
+    with pytest.raises(ValueError, match=named):
+        AgentConfig(coordinator="127.0.0.1:1", gpus=text).validate()
+
+
+def test_auto_offers_every_gpu_nvml_sees() -> None:
+    nvml = FakeNvml(count=4)
+    devices, handles, note = discover_gpus("auto", nvml)
+    assert [d.index for d in devices] == [0, 1, 2, 3]
+    assert devices[2].uuid == nvml.gpus[2].uuid
+    assert devices[0].name == "NVIDIA A100-SXM4-40GB"
+    assert devices[0].memory_total == 40 * 2**30
+    assert len(handles) == 4
+    assert note.startswith("GPUs: 4 (0=NVIDIA A100")
+
+
+def test_none_offers_nothing_and_never_touches_nvml() -> None:
+    nvml = FakeNvml(count=2)
+    assert discover_gpus("none", nvml)[0] == []
+    assert not nvml.initialized
+
+
+def test_a_list_offers_exactly_those_gpus() -> None:
+    devices, _, _ = discover_gpus((1, 3), FakeNvml(count=4))
+    assert [d.index for d in devices] == [1, 3]
+
+
+def test_a_list_naming_a_gpu_that_is_not_here_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"GPU 5 does not exist on this node \(NVML sees 4: 0-3\)"):
+        discover_gpus((0, 5), FakeNvml(count=4))
+
+
+def test_without_pynvml_auto_means_none_and_a_list_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    assert load_nvml() is None
+    devices, _, note = discover_gpus("auto")
+    assert devices == []
+    assert "nvidia-ml-py is not installed" in note
+    with pytest.raises(ValueError, match="nvidia-ml-py"):
+        discover_gpus((0,))
+
+
+def test_without_a_driver_auto_means_none_with_the_reason() -> None:
+    devices, _, note = discover_gpus("auto", FakeNvml(count=2, driver_loaded=False))
+    assert devices == []
+    assert note == "GPUs: none (NVML is not usable here: Driver Not Loaded)"
+    with pytest.raises(ValueError, match="NVML is not usable here: Driver Not Loaded"):
+        discover_gpus((0, 1), FakeNvml(count=2, driver_loaded=False))
+
+
+def test_sampling_reads_utilization_memory_temperature_and_ecc() -> None:
+    nvml = FakeNvml(count=2)
+    nvml.gpus[1].util, nvml.gpus[1].memory_used, nvml.gpus[1].temperature = 93, 30 * 2**30, 77
+    nvml.gpus[1].ecc_uncorrected = 2
+    nvml.gpus[0].ecc_supported = False  # a GPU without ECC reports 0, not an error
+    devices, handles, _ = discover_gpus("auto", nvml)
+    s0, s1 = GpuMonitor(nvml, devices, handles).sample()
+    assert (s0.index, s0.uncorrectable_ecc, s0.lost) == (0, 0, False)
+    assert (s1.index, s1.utilization_percent, s1.memory_used, s1.temperature_c) == (
+        1,
+        93.0,
+        30 * 2**30,
+        77,
+    )
+    assert s1.uncorrectable_ecc == 2
+
+
+def test_a_gpu_that_falls_off_the_bus_is_reported_lost_and_stays_lost() -> None:
+    nvml = FakeNvml(count=2)
+    devices, handles, _ = discover_gpus("auto", nvml)
+    monitor = GpuMonitor(nvml, devices, handles)
+    assert not any(s.lost for s in monitor.sample())
+    nvml.gpus[1].lost = True
+    assert [s.lost for s in monitor.sample()] == [False, True]
+    nvml.gpus[1].lost = False  # NVML never hands a lost GPU back to this process
+    calls = nvml.calls
+    assert [s.lost for s in monitor.sample()] == [False, True]
+    assert nvml.calls - calls == 4  # the lost GPU is not read again
+
+
+def test_another_nvml_error_is_not_called_lost() -> None:
+    nvml = FakeNvml(count=1)
+    devices, handles, _ = discover_gpus("auto", nvml)
+    nvml.initialized = False  # every call now fails with NVML_ERROR_UNINITIALIZED
+    (s,) = GpuMonitor(nvml, devices, handles).sample()
+    assert not s.lost
