@@ -124,3 +124,43 @@ def test_another_nvml_error_is_not_called_lost() -> None:
     nvml.initialized = False  # every call now fails with NVML_ERROR_UNINITIALIZED
     (s,) = GpuMonitor(nvml, devices, handles).sample()
     assert not s.lost
+
+
+def _plan_envs(gpus: tuple[int, ...], uuids: tuple[str, ...], user_env: dict[str, str]) -> list:  # type: ignore[type-arg]
+    from dataclasses import replace
+    from pathlib import Path
+
+    from client.assignment import RoundAssignment, WorkerRanks
+    from client.model import JobSpec
+    from nodeagent._launch import build_launch_plan
+
+    spec = JobSpec(entrypoint=["/bin/true"], nproc_per_node=2, env=user_env)
+    spec.validate()
+    a = RoundAssignment(
+        job_id="job-7",
+        round=1,
+        attempt=0,
+        spec=spec,
+        group_rank=0,
+        group_world_size=1,
+        master_addr="10.0.0.1",
+        master_port=29511,
+        workers=tuple(WorkerRanks(i, i, i, 2, 2) for i in range(2)),
+        run_id="job-7",
+    )
+    a = replace(a, gpus=gpus, gpu_uuids=uuids)
+    plan = build_launch_plan(
+        a, log_root=Path("/logs"), node_name="n0", agent_env={"CUDA_VISIBLE_DEVICES": "7"}
+    )
+    return [(w.env["LOCAL_RANK"], w.env.get("CUDA_VISIBLE_DEVICES")) for w in plan]
+
+
+def test_every_worker_of_a_gpu_round_sees_its_gpus_in_local_rank_order() -> None:
+    envs = _plan_envs((2, 0), ("GPU-b", "GPU-a"), {"CUDA_VISIBLE_DEVICES": "1"})
+    # Device LOCAL_RANK of the list is the GPU placed for that rank; the user's value loses.
+    assert envs == [("0", "GPU-b,GPU-a"), ("1", "GPU-b,GPU-a")]
+
+
+def test_a_node_without_gpus_leaves_cuda_visible_devices_to_the_user_and_the_agent() -> None:
+    assert _plan_envs((), (), {"CUDA_VISIBLE_DEVICES": "1"}) == [("0", "1"), ("1", "1")]
+    assert _plan_envs((), (), {}) == [("0", "7"), ("1", "7")]
