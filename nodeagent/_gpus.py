@@ -8,17 +8,23 @@ as a GPU-less node, and tests drive everything with a fake module of the same sh
 runs it in a worker thread, one sample at a time, so a driver that hangs never blocks the event
 loop or piles up threads. The agent only reports facts (utilization, memory, temperature, the
 volatile uncorrected ECC count, lost); the coordinator decides what makes a node unhealthy.
+
+Fault injection for tests, off unless asked for: with `GELASTIC_GPU_FAULT_FILE=PATH` in the
+agent's environment, a file at PATH reading `lost N` makes GPU N read as lost, `ecc N` adds one
+uncorrectable ECC error to GPU N's count (real GPUs cannot be made to fail on demand).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 from typing import Any
 
 from client.model import GpuDevice, GpuHealth
 
 __all__ = [
+    "FAULT_FILE_ENV",
     "MAX_GPUS",
     "GpuDevice",
     "GpuHealth",
@@ -37,6 +43,8 @@ MAX_GPU_TEXT = 96
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_GPU_IS_LOST = 15
 _GPU_LIST = re.compile(r"\d{1,3}(,\d{1,3})*")
+FAULT_FILE_ENV = "GELASTIC_GPU_FAULT_FILE"
+_FAULT = re.compile(r"(lost|ecc) (\d{1,3})")
 
 
 def parse_gpus(text: str) -> str | tuple[int, ...]:
@@ -146,10 +154,18 @@ def discover_gpus(
 class GpuMonitor:
     """Samples the offered GPUs through the handles discovery got."""
 
-    def __init__(self, nvml: Any, devices: list[GpuDevice], handles: list[Any]) -> None:
+    def __init__(
+        self,
+        nvml: Any,
+        devices: list[GpuDevice],
+        handles: list[Any],
+        *,
+        fault_file: str | None = None,
+    ) -> None:
         self._nvml = nvml
         self._devices = list(zip(devices, handles, strict=True))
         self._lost: set[int] = set()
+        self._fault_file = fault_file
 
     @property
     def devices(self) -> list[GpuDevice]:
@@ -157,7 +173,34 @@ class GpuMonitor:
 
     def sample(self) -> list[GpuHealth]:
         """One sample of every offered GPU (blocking: a handful of NVML calls per GPU)."""
-        return [self._one(d, h) for d, h in self._devices]
+        samples = [self._one(d, h) for d, h in self._devices]
+        fault = self._fault()
+        if fault is None:
+            return samples
+        kind, index = fault
+        if kind == "lost":
+            self._lost.add(index)
+        out = []
+        for s in samples:
+            if s.index == index:
+                s = (
+                    GpuHealth(s.index, lost=True)
+                    if kind == "lost"
+                    else replace(s, uncorrectable_ecc=s.uncorrectable_ecc + 1)
+                )
+            out.append(s)
+        return out
+
+    def _fault(self) -> tuple[str, int] | None:
+        if not self._fault_file:
+            return None
+        try:
+            with open(self._fault_file, "rb") as f:
+                text = f.read(64).decode("ascii", "replace").strip()
+        except OSError:
+            return None
+        m = _FAULT.fullmatch(text)
+        return (m.group(1), int(m.group(2))) if m else None
 
     def _one(self, device: GpuDevice, handle: Any) -> GpuHealth:
         nvml = self._nvml

@@ -38,7 +38,14 @@ from client.model import (
 from client.security import Security
 from client.wire import failure_to_pb, spec_from_pb
 from nodeagent._dirs import default_agent_dir, fresh_agent_dir, private_dir
-from nodeagent._gpus import GpuDevice, GpuHealth, GpuMonitor, discover_gpus, parse_gpus
+from nodeagent._gpus import (
+    FAULT_FILE_ENV,
+    GpuDevice,
+    GpuHealth,
+    GpuMonitor,
+    discover_gpus,
+    parse_gpus,
+)
 from nodeagent._launch import attempt_dirs
 from nodeagent._metrics import AgentMetrics
 from nodeagent._process import Sentinel
@@ -251,7 +258,9 @@ class NodeAgent:
         logger.info("%s", note)
         self.gpus = devices
         if devices:
-            self._gpu_monitor = GpuMonitor(nvml, devices, handles)
+            self._gpu_monitor = GpuMonitor(
+                nvml, devices, handles, fault_file=os.environ.get(FAULT_FILE_ENV) or None
+            )
             self._gpu_health = [GpuHealth(d.index) for d in devices]
             self.slots = self.config.slots or len(devices)
 

@@ -7,6 +7,7 @@ Driven by a fake pynvml module (tests/_fake_nvml.py) with the real module's name
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +165,25 @@ def test_every_worker_of_a_gpu_round_sees_its_gpus_in_local_rank_order() -> None
 def test_a_node_without_gpus_leaves_cuda_visible_devices_to_the_user_and_the_agent() -> None:
     assert _plan_envs((), (), {"CUDA_VISIBLE_DEVICES": "1"}) == [("0", "1"), ("1", "1")]
     assert _plan_envs((), (), {}) == [("0", "7"), ("1", "7")]
+
+
+def test_nodeagent_refuses_a_bad_gpus_flag_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from nodeagent.cli import main
+
+    assert main(["--coordinator", "127.0.0.1:1", "--name", "n1", "--gpus", "0,0"]) == 2
+    assert "nodeagent: --gpus: GPU 0 is listed twice" in capsys.readouterr().err
+
+
+def test_the_fault_file_makes_a_gpu_lost_or_adds_an_ecc_error(tmp_path: Path) -> None:
+    nvml = FakeNvml(count=2)
+    nvml.gpus[0].ecc_uncorrected = 4
+    devices, handles, _ = discover_gpus("auto", nvml)
+    fault = tmp_path / "fault"
+    monitor = GpuMonitor(nvml, devices, handles, fault_file=str(fault))
+    assert [s.uncorrectable_ecc for s in monitor.sample()] == [4, 0]  # no file: no fault
+    fault.write_text("ecc 0\n")
+    assert [s.uncorrectable_ecc for s in monitor.sample()] == [5, 0]
+    fault.write_text("rm -rf /")  # not understood: nothing happens
+    assert [(s.uncorrectable_ecc, s.lost) for s in monitor.sample()] == [(4, False), (0, False)]
+    fault.write_text("lost 1")
+    assert [s.lost for s in monitor.sample()] == [False, True]
