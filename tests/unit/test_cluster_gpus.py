@@ -158,3 +158,23 @@ def test_a_quarantine_is_kept_across_a_coordinator_restart() -> None:
     assert node.state == "quarantined" and "GPU 0 (GPU-n0-0) is lost" in node.quarantine_reason
     assert node.quarantined_until == d.now + 3600.0
     assert [g.uuid for g in node.gpus] == ["GPU-n0-0", "GPU-n0-1"]
+
+
+def test_gelastic_nodes_and_status_show_gpus_and_the_quarantine() -> None:
+    from client._tables import nodes_table, status_text
+
+    d = gpu_driver(nodes=1, per_node=2)
+    d.submit("j", nproc_per_node=1, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d.settle()
+    beat(d, "n0", GpuHealth(0, 81.0, 2**30, 66), GpuHealth(1, lost=True))
+    text = nodes_table(d.cluster.nodes(), now=d.now)
+    assert "quarantined" in text
+    assert "n0: GPU 1 (GPU-n0-1) is lost" in text
+    assert "--clear-quarantine" in text
+    gpu_lines = [line.split() for line in text.splitlines() if line.startswith("  n0 ")]
+    assert gpu_lines[0][:4] == ["n0", "0", "A100", "busy"] and gpu_lines[0][4] == "81"
+    assert gpu_lines[1][:4] == ["n0", "1", "A100", "lost"]
+    status = status_text(d.cluster.job_status("j"))
+    assert "gpus:" in status
+    (row,) = [line.split() for line in status.splitlines() if "GPU-n0-0" in line]
+    assert row == ["0", "n0", "0", "GPU-n0-0", "81", "1024/40960", "66"]
