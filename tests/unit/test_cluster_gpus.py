@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from client.model import FailureCategory, GpuDevice, GpuHealth, JobState
-from coordinator._cluster import AssignRound, ClusterConfig, NodeChanged, StopRound
+from coordinator._cluster import (
+    AssignRound,
+    ClusterConfig,
+    NodeChanged,
+    RunningGroupReport,
+    StopRound,
+)
 
 from ._cluster_driver import Driver, of_type
 
@@ -178,3 +184,25 @@ def test_gelastic_nodes_and_status_show_gpus_and_the_quarantine() -> None:
     assert "gpus:" in status
     (row,) = [line.split() for line in status.splitlines() if "GPU-n0-0" in line]
     assert row == ["0", "n0", "0", "GPU-n0-0", "81", "1024/40960", "66"]
+
+
+def test_a_restarted_coordinator_still_knows_which_gpus_a_running_round_holds() -> None:
+    d = gpu_driver(nodes=1, per_node=2)
+    d.submit("a", nproc_per_node=1, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d.settle()
+    assert assigns(d, "a")["n0"].assignment.gpus == (0,)
+    d2 = Driver()
+    d2.cluster.restore(
+        [d.cluster.dump_job("a")], [], d.cluster.dump_nodes(), d.now, reconnect_grace=15.0
+    )
+    n = d.nodes["n0"]
+    d2.nodes["n0"] = n
+    pids = tuple(sorted(n.running[("a", 1)].items()))
+    running = [RunningGroupReport("a", 1, 0, pids)]
+    d2._take(
+        d2.cluster.node_connected("n0", n.addr, 2, n.incarnation, d2.now, running, gpus("n0", 2))
+    )
+    assert d2.cluster.job_status("a").round == 1  # adopted, not re-formed
+    d2.submit("b", nproc_per_node=1, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d2.settle()
+    assert assigns(d2, "b")["n0"].assignment.gpus == (1,)  # not GPU 0: round "a" holds it

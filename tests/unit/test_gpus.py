@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from client.model import JobSpec
 from nodeagent._gpus import GpuMonitor, discover_gpus, load_nvml, parse_gpus
 from nodeagent.session import AgentConfig
 from tests._fake_nvml import FakeNvml
@@ -187,3 +188,39 @@ def test_the_fault_file_makes_a_gpu_lost_or_adds_an_ecc_error(tmp_path: Path) ->
     assert [(s.uncorrectable_ecc, s.lost) for s in monitor.sample()] == [(4, False), (0, False)]
     fault.write_text("lost 1")
     assert [s.lost for s in monitor.sample()] == [False, True]
+
+
+def test_the_agent_refuses_an_assignment_naming_gpus_it_does_not_offer(tmp_path: Path) -> None:
+    from client.model import GpuDevice
+    from client.wire import spec_to_pb
+    from nodeagent.session import NodeAgent
+    from protos.gelastic.v1 import gelastic_pb2 as pb
+
+    agent = NodeAgent(
+        AgentConfig(coordinator="127.0.0.1:1", name="n1", addr="127.0.0.1", log_dir=str(tmp_path))
+    )
+    agent.gpus = [GpuDevice(0, "GPU-a", "A100", 1), GpuDevice(1, "GPU-b", "A100", 1)]
+    sent: list[pb.NodeMessage] = []
+    agent._send = sent.append  # type: ignore[method-assign]
+    spec = spec_to_pb(JobSpec(entrypoint=["true"], nproc_per_node=2))
+
+    def assign(round_: int, gpus: list[int]) -> None:
+        agent._assign(
+            pb.Assign(
+                job_id="job-1",
+                round=round_,
+                spec=spec,
+                workers=[pb.WorkerRanks(local_rank=i, global_rank=i) for i in range(2)],
+                gpus=gpus,
+                gpu_uuids=["GPU-forged"] * len(gpus),
+            )
+        )
+
+    assign(1, [0, 7])
+    assign(2, [0, 0])
+    assign(3, [1])
+    messages = [m.worker_exited.exit.failure.message for m in sent]
+    assert len(messages) == 6 and not agent._held
+    assert "names GPUs [0, 7] but this node offers [0, 1]" in messages[0]
+    assert "gives 2 GPUs to 2 workers" in messages[2]
+    assert "gives 1 GPUs to 2 workers" in messages[4]
