@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from client import Client, JobSpec
+from client import Client, GelasticError, JobSpec
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 
@@ -187,3 +187,21 @@ async def test_a_gpu_error_quarantines_the_node_until_cleared_even_across_a_rest
     # The clear was written too.
     async with Coordinator(_config(state)) as c:
         assert {n.name: n.quarantine_reason for n in c.service.cluster.nodes()}["b"] == ""
+
+
+async def test_clearing_a_quarantine_needs_the_client_token(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token-for-tests-0123456789")
+    token_file.chmod(0o600)
+    cfg = CoordinatorConfig(state_dir=":memory:", port=0, token_file=str(token_file))
+    async with Coordinator(cfg) as c:
+        anonymous = Client(c.address, timeout=10)
+        trusted = Client(c.address, timeout=10, token_file=str(token_file))
+        try:
+            with pytest.raises(GelasticError) as refused:
+                await asyncio.to_thread(anonymous.clear_quarantine, "n1")
+            assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
+            assert await asyncio.to_thread(trusted.clear_quarantine, "n1") is False
+        finally:
+            anonymous.close()
+            trusted.close()
