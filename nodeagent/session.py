@@ -145,7 +145,7 @@ class AgentConfig:
 
     def validate(self) -> None:
         if not 0 <= self.slots <= 4096:
-            raise ValueError(f"slots: must be 1-4096, got {self.slots}")
+            raise ValueError(f"slots: must be 1-4096 (0: the default), got {self.slots}")
         parse_gpus(self.gpus)
         if not is_name(self.name):
             raise ValueError(f"name: must be 1-128 of [A-Za-z0-9_.-], got {self.name!r}")

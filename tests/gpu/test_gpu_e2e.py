@@ -53,7 +53,7 @@ def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
     c = LocalCluster(nodes=0, workdir=work / "cluster", lease=5.0, heartbeat_interval=0.5)
     with c:
         for p in range(PAIRS):
-            c.agent_args = ["--gpus", f"{2 * p},{2 * p + 1}", "--slots", "2"]
+            c.agent_args = ["--gpus", f"{2 * p},{2 * p + 1}"]
             c.env[FAULT_FILE_ENV] = str(work / f"fault-gpu-{p}")
             c.start_agent(f"gpu-{p}")
         yield c
