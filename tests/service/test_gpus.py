@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from client import Client, GelasticError, JobSpec
+from client import Client, GelasticError, JobSpec, JobState
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 
@@ -205,3 +205,35 @@ async def test_clearing_a_quarantine_needs_the_client_token(tmp_path: Path) -> N
         finally:
             anonymous.close()
             trusted.close()
+
+
+async def test_a_quarantine_ends_by_itself_when_its_ttl_passes(tmp_path: Path) -> None:
+    cfg = CoordinatorConfig(
+        state_dir=str(tmp_path / "state"),
+        port=0,
+        heartbeat_interval=0.2,
+        lease=30.0,
+        quarantine_ttl=1.0,
+    )
+    async with Coordinator(cfg) as c:
+        node = FakeNode(c.address, "g", "10.0.0.1", slots=1, gpus=_gpus("g", 1))
+        await node.connect()
+        await node.send(
+            heartbeat=pb.Heartbeat(seq=1, gpus=[pb.GpuHealth(index=0, uncorrectable_ecc=1)])
+        )
+        cluster = c.service.cluster
+        await _until(lambda: cluster.nodes()[0].state == "quarantined", "the quarantine")
+        job_id = await c.service.submit(_spec(1, 1))
+        assert cluster.job_state(job_id) == JobState.QUEUED
+        # Placed once the TTL passes, and the accepted count does not quarantine it again.
+        (asg,) = await _assigned(node)
+        assert asg.job_id == job_id and list(asg.gpus) == [0]
+        sample = pb.GpuHealth(index=0, utilization_percent=33.0, uncorrectable_ecc=1)
+        await node.send(heartbeat=pb.Heartbeat(seq=2, gpus=[sample]))
+        await _until(
+            lambda: [h.utilization_percent for h in cluster.nodes()[0].gpu_health] == [33.0],
+            "the second sample",
+        )
+        assert cluster.nodes()[0].state == "live"
+        assert cluster.job_state(job_id) == JobState.RUNNING
+        await node.close()
