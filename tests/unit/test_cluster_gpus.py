@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, rule
+
 from client.model import FailureCategory, GpuDevice, GpuHealth, JobState
 from coordinator._cluster import (
     AssignRound,
     ClusterConfig,
+    Effect,
     NodeChanged,
     RunningGroupReport,
     StopRound,
 )
 
 from ._cluster_driver import Driver, of_type
+from .test_cluster import _NAMES, ClusterHistories
 
 
 def gpus(node: str, n: int) -> list[GpuDevice]:
@@ -206,3 +215,88 @@ def test_a_restarted_coordinator_still_knows_which_gpus_a_running_round_holds() 
     d2.submit("b", nproc_per_node=1, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
     d2.settle()
     assert assigns(d2, "b")["n0"].assignment.gpus == (1,)  # not GPU 0: round "a" holds it
+
+
+# ------------------------------------------------------------------------------------------------
+# Histories: the whole cluster machine on GPU nodes, with GPU faults and clears among its steps
+# ------------------------------------------------------------------------------------------------
+
+
+class _GpuDriver(Driver):
+    """Every node has twice the slots the histories give it (more jobs share a node), and one
+    GPU per slot."""
+
+    def connect(  # type: ignore[override]
+        self,
+        name: str,
+        addr: str | None = None,
+        slots: int = 1,
+        incarnation: str | None = None,
+        running: Sequence[RunningGroupReport] = (),
+        gpus: Sequence[GpuDevice] = (),
+    ) -> list[Effect]:
+        slots *= 2
+        return super().connect(
+            name, addr, slots, incarnation, running, gpus or _node_gpus(name, slots)
+        )
+
+
+def _node_gpus(name: str, n: int) -> list[GpuDevice]:
+    return [GpuDevice(i, f"GPU-{name}-{i}", "A100", 2**34) for i in range(n)]
+
+
+class GpuClusterHistories(ClusterHistories):
+    def __init__(self) -> None:
+        super().__init__()
+        self.d = _GpuDriver()
+        self.ecc: dict[str, int] = {}
+        for i, name in enumerate(_NAMES):  # all there from the start: more rounds share nodes
+            self.d.connect(name, addr=f"10.0.0.{i + 1}", slots=1 + i % 2)
+
+    @rule(name=st.sampled_from(_NAMES), lost=st.booleans())
+    def gpu_fault(self, name: str, lost: bool) -> None:
+        n = self.d.nodes.get(name)
+        if n is None or n.mute:
+            return
+        self.ecc[name] = self.ecc.get(name, 0) + (0 if lost else 1)
+        samples = [GpuHealth(0, uncorrectable_ecc=self.ecc[name], lost=lost)]
+        self.d._take(self.d.cluster.heartbeat(name, n.incarnation, self.d.now, (), samples))
+
+    @rule(name=st.sampled_from(_NAMES))
+    def clear(self, name: str) -> None:
+        self.d._take(self.d.cluster.clear_quarantine(name, self.d.now)[1])
+
+    @invariant()
+    def no_gpu_is_held_twice_and_rounds_hold_what_they_were_given(self) -> None:
+        c = self.d.cluster
+        for n in c._nodes.values():
+            held = [i for indices in n.gpu_jobs.values() for i in indices]
+            assert len(held) == len(set(held)), (n.name, n.gpu_jobs)
+            assert set(held) <= {g.index for g in n.gpus}, (n.name, n.gpu_jobs)
+            assert set(n.gpu_jobs) <= set(n.jobs), (n.name, n.gpu_jobs, n.jobs)
+            for job_id, indices in n.gpu_jobs.items():
+                m = c._jobs[job_id].member(n.name)
+                assert m is not None and list(m.gpus) == indices, (n.name, job_id)
+                assert len(indices) == c._jobs[job_id].spec.nproc_per_node
+
+    @invariant()
+    def a_quarantined_node_gets_no_new_round(self) -> None:
+        c = self.d.cluster
+        for e in self.d.history[self._seen :]:
+            if isinstance(e, AssignRound):
+                node = c._nodes.get(e.node)
+                assert node is None or not node.quarantine_reason, (
+                    e.node,
+                    node.quarantine_reason if node else "",
+                )
+        self._seen = len(self.d.history)
+
+    _seen = 0
+
+
+GpuClusterHistories.TestCase.settings = settings(
+    max_examples=int(os.environ.get("GELASTIC_HISTORIES", "60")),
+    stateful_step_count=40,
+    deadline=None,
+)
+test_gpu_cluster_histories = GpuClusterHistories.TestCase
