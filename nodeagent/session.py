@@ -44,6 +44,7 @@ from nodeagent._gpus import (
     GpuHealth,
     GpuMonitor,
     discover_gpus,
+    load_nvml,
     parse_gpus,
 )
 from nodeagent._launch import attempt_dirs
@@ -251,8 +252,6 @@ class NodeAgent:
         wanted = parse_gpus(self.config.gpus)
         nvml = self._nvml
         if wanted != "none" and nvml is None:
-            from nodeagent._gpus import load_nvml
-
             nvml = await asyncio.to_thread(load_nvml)
         devices, handles, note = await asyncio.to_thread(discover_gpus, wanted, nvml, load=False)
         logger.info("%s", note)
