@@ -502,7 +502,7 @@ class Cluster:
                         rss_bytes=w.rss_bytes,
                         proc_state=w.proc_state,
                         exitcode=w.exitcode,
-                        gpu=_worker_gpu(node, m, w.local_rank),
+                        gpu=_worker_gpu(node, m, w.local_rank, sampled=not job.state.is_terminal()),
                     )
                 )
         workers.sort(key=lambda w: w.global_rank)
@@ -2258,13 +2258,16 @@ def _node_state(n: _Node) -> str:
     return "live" if n.attached else "reconnecting"
 
 
-def _worker_gpu(node: _Node | None, m: _Member, local_rank: int) -> WorkerGpu | None:
-    """The GPU `local_rank` of member `m` holds, with its node's latest sample of it."""
+def _worker_gpu(
+    node: _Node | None, m: _Member, local_rank: int, *, sampled: bool
+) -> WorkerGpu | None:
+    """The GPU `local_rank` of member `m` holds, with its node's latest sample of it (none once
+    the job is over: the GPU may serve another job by then)."""
     if node is None or not 0 <= local_rank < len(m.gpus):
         return None
     index = m.gpus[local_rank]
     device = next((g for g in node.gpus if g.index == index), None)
-    h = node.gpu_health.get(index)
+    h = node.gpu_health.get(index) if sampled else None
     return WorkerGpu(
         index=index,
         uuid=device.uuid if device is not None else "",

@@ -300,3 +300,21 @@ GpuClusterHistories.TestCase.settings = settings(
     deadline=None,
 )
 test_gpu_cluster_histories = GpuClusterHistories.TestCase
+
+
+def test_a_finished_job_keeps_its_ranks_gpus_but_not_a_later_jobs_samples() -> None:
+    d = gpu_driver(nodes=1, per_node=1)
+    d.submit("a", nproc_per_node=1, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d.settle()
+    d.finish("n0", "a")
+    d.settle()
+    assert d.state("a") == JobState.SUCCEEDED
+    beat(d, "n0", GpuHealth(0, 99.0, 2**30, 80))  # another job's load, say
+    (w,) = d.cluster.job_status("a").workers
+    assert w.gpu is not None
+    assert (w.gpu.index, w.gpu.uuid, w.gpu.utilization_percent, w.gpu.temperature_c) == (
+        0,
+        "GPU-n0-0",
+        0.0,
+        0,
+    )
