@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 PROTO  := protos/gelastic/v1/gelastic.proto
 ETCD_PROTO := protos/etcd/rpc.proto
 
-.PHONY: setup netns-tools etcd-server browser protos check-protos fmt lint typecheck test test-fast fuzz demo bench clean
+.PHONY: setup netns-tools etcd-server browser protos check-protos fmt lint typecheck test test-fast test-gpu fuzz demo bench clean
 
 setup: $(STAMP) netns-tools etcd-server browser
 
@@ -38,7 +38,7 @@ browser:
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,torch]'
+	$(PY) -m pip install --quiet -e '.[dev,torch,gpu]'
 	@touch $(STAMP)
 
 protos: $(STAMP)
@@ -71,11 +71,19 @@ typecheck: $(STAMP)
 
 # -rsx: every skip and expected failure prints its reason. The ci hypothesis profile is derandomized (tests/conftest.py).
 # Exit 5 (no test collected) fails like any other: a suite that ran nothing checked nothing.
+# tests/gpu (real GPUs, NCCL) is not collected on a host without an NVIDIA GPU, where a skip
+# would fail CI; `make test` says so in one line, and `make test-gpu` runs it on its own.
 PYTEST_ARGS ?= tests
 test: $(STAMP) netns-tools etcd-server browser check-protos lint typecheck
+	@$(PY) -c 'import sys; from tests.gpu import nvidia_gpu_present; sys.exit(not nvidia_gpu_present())' \
+		|| echo "tests/gpu: not run, no NVIDIA GPU"
 	GELASTIC_HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -rsx --durations=25 -p no:cacheprovider $(PYTEST_ARGS); \
 		rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests (exit 5): failing"; \
 		exit $$rc
+
+# The GPU end-to-end test alone (2+ NVIDIA GPUs, NCCL); without them it skips and says why.
+test-gpu: $(STAMP)
+	GELASTIC_GPU_TESTS=1 $(PY) -m pytest -q -rsx -p no:cacheprovider tests/gpu
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -rsx -p no:cacheprovider tests/unit

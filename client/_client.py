@@ -227,6 +227,16 @@ class Client:
         )
         return bool(resp.forgotten)
 
+    def clear_quarantine(self, name: str) -> bool:
+        """Let quarantined node `name` take new rounds again now; False when no node had that
+        name or it was not quarantined."""
+        req = pb.ClearQuarantineRequest(name=name)
+        resp = self._call(
+            lambda: self._stub.ClearQuarantine(req, timeout=self.timeout, metadata=self._md),
+            idempotent=True,
+        )
+        return bool(resp.cleared)
+
     def cancel(self, job_id: str) -> JobStatus:
         req = pb.CancelJobRequest(job_id=job_id)
         # Cancelling twice is harmless, so the call is safe to retry.

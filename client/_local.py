@@ -335,6 +335,8 @@ class LocalCluster:
             str(home / "state"),
             "--token-file",
             self.token_file,
+            # Every agent here shares this host's GPUs: none is offered unless asked for.
+            *([] if "--gpus" in self.agent_args else ["--gpus", "none"]),
             *self.agent_args,
         ]
         # Workers inherit the agent's environment: their temp files stay on "their host" too.

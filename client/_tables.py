@@ -131,7 +131,41 @@ def nodes_table(nodes: Sequence[NodeInfo], now: float | None = None) -> str:
         )
         for n in nodes
     ]
-    return table(("NODE", "ADDR", "STATE", "SLOTS", "SEEN", "JOBS"), rows, right="SLOTS,SEEN")
+    text = table(("NODE", "ADDR", "STATE", "SLOTS", "SEEN", "JOBS"), rows, right="SLOTS,SEEN")
+    gpu_rows = [
+        (
+            n.name,
+            g.index,
+            _cell(g.name) or "-",
+            "lost" if h is not None and h.lost else ("busy" if g.index in n.gpus_used else "free"),
+            f"{h.utilization_percent:.0f}" if h is not None and not h.lost else "-",
+            f"{(h.memory_used if h is not None else 0) / 2**20:.0f}/{g.memory_total / 2**20:.0f}",
+            f"{h.temperature_c}" if h is not None and not h.lost else "-",
+            f"{h.uncorrectable_ecc}" if h is not None else "-",
+        )
+        for n in nodes
+        for g in n.gpus
+        for h in [next((x for x in n.gpu_health if x.index == g.index), None)]
+    ]
+    if gpu_rows:
+        text += "\n\ngpus:\n" + "\n".join(
+            _indent(
+                table(
+                    ("NODE", "GPU", "NAME", "USE", "UTIL%", "MEM_MB", "TEMP_C", "ECC_UNCORR"),
+                    gpu_rows,
+                    right="GPU,UTIL%,MEM_MB,TEMP_C,ECC_UNCORR",
+                )
+            )
+        )
+    quarantined = [
+        f"  {n.name}: {_cell(n.quarantine_reason)} (until {_datetime(n.quarantined_until)})"
+        for n in nodes
+        if n.quarantine_reason
+    ]
+    if quarantined:
+        text += "\n\nquarantined (no new rounds; `gelastic nodes --clear-quarantine NAME`):\n"
+        text += "\n".join(quarantined)
+    return text
 
 
 def status_text(s: JobStatus) -> str:
@@ -207,6 +241,28 @@ def status_text(s: JobStatus) -> str:
                 ),
                 worker_rows,
                 right="RANK,LOCAL,ROLE_RANK,WORLD,ROLE_WORLD,PID,CPU%,RSS_MB",
+            )
+        )
+    gpu_rows = [
+        (
+            w.global_rank,
+            w.node,
+            w.gpu.index,
+            _cell(w.gpu.uuid) or "-",
+            f"{w.gpu.utilization_percent:.0f}",
+            f"{w.gpu.memory_used / 2**20:.0f}/{w.gpu.memory_total / 2**20:.0f}",
+            w.gpu.temperature_c,
+        )
+        for w in sorted(s.workers, key=lambda w: w.global_rank)
+        if w.gpu is not None
+    ]
+    if gpu_rows:
+        lines += ["", "gpus:"]
+        lines += _indent(
+            table(
+                ("RANK", "NODE", "GPU", "UUID", "UTIL%", "MEM_MB", "TEMP_C"),
+                gpu_rows,
+                right="RANK,GPU,UTIL%,MEM_MB,TEMP_C",
             )
         )
     return "\n".join(lines)

@@ -40,3 +40,8 @@ class RoundAssignment:
     master_port: int
     workers: tuple[WorkerRanks, ...]
     run_id: str
+    gpus: tuple[int, ...] = ()
+    """The node's GPUs (NVML indices) this round's workers hold, in local-rank order; () on a
+    node without GPUs."""
+    gpu_uuids: tuple[str, ...] = ()
+    """Their uuids, in the same order: what CUDA_VISIBLE_DEVICES lists."""

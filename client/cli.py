@@ -405,6 +405,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="drop lost node NAME from the list now (repeatable; a live node is refused)",
     )
+    s.add_argument(
+        "--clear-quarantine",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="let quarantined node NAME take new rounds again now (repeatable)",
+    )
     _add_json(s)
 
     s = command("status", "show a job: state, reason, members, and every rank")
@@ -735,6 +742,20 @@ def _cmd_jobs(client: Client, args: argparse.Namespace) -> int:
 def _cmd_nodes(client: Client, args: argparse.Namespace) -> int:
     if len(args.forget) > MAX_FORGET:
         raise CliError(f"--forget: at most {MAX_FORGET} names at once")
+    if len(args.clear_quarantine) > MAX_FORGET:
+        raise CliError(f"--clear-quarantine: at most {MAX_FORGET} names at once")
+    if args.clear_quarantine:
+        cleared = {name: client.clear_quarantine(name) for name in args.clear_quarantine}
+        if args.json:
+            _print_json({"cleared": [n for n, done in cleared.items() if done]})
+        else:
+            for name, done in cleared.items():
+                print(
+                    f"{name}: quarantine cleared" if done else f"{name}: not quarantined",
+                    flush=True,
+                )
+        if not args.forget:
+            return EXIT_OK
     if args.forget:
         forgotten = {name: client.forget_node(name) for name in args.forget}
         if args.json:

@@ -40,6 +40,8 @@ __all__ = [
     "AttemptSummary",
     "FailureCategory",
     "GelasticError",
+    "GpuDevice",
+    "GpuHealth",
     "JobEvent",
     "JobSpec",
     "JobState",
@@ -50,6 +52,7 @@ __all__ = [
     "Role",
     "RunResult",
     "SpecError",
+    "WorkerGpu",
     "WorkerState",
     "WorkerStatus",
     "executable_note",
@@ -974,6 +977,45 @@ class Member:
 
 
 @dataclass(frozen=True)
+class GpuDevice:
+    """One GPU a node offers, as its agent found it through NVML."""
+
+    index: int
+    """NVML index on its node."""
+    uuid: str
+    name: str
+    memory_total: int
+    """Bytes."""
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """The latest sample of one GPU, from its node's heartbeat."""
+
+    index: int
+    utilization_percent: float = 0.0
+    memory_used: int = 0
+    """Bytes."""
+    temperature_c: int = 0
+    uncorrectable_ecc: int = 0
+    """Volatile uncorrected ECC errors since the driver loaded (0 when not supported)."""
+    lost: bool = False
+    """The GPU fell off the bus, or NVML can no longer read it."""
+
+
+@dataclass(frozen=True)
+class WorkerGpu:
+    """The GPU one rank holds (device LOCAL_RANK of its CUDA_VISIBLE_DEVICES), and its state."""
+
+    index: int
+    uuid: str
+    utilization_percent: float = 0.0
+    memory_used: int = 0
+    memory_total: int = 0
+    temperature_c: int = 0
+
+
+@dataclass(frozen=True)
 class WorkerStatus:
     global_rank: int
     local_rank: int
@@ -991,6 +1033,8 @@ class WorkerStatus:
     """Workers of the round, all roles (WORLD_SIZE)."""
     role_world_size: int = 0
     """Workers of its role in the round (ROLE_WORLD_SIZE)."""
+    gpu: WorkerGpu | None = None
+    """None on a node without GPUs."""
 
 
 @dataclass(frozen=True)
@@ -1025,6 +1069,14 @@ class NodeInfo:
     last_seen: float
     jobs: tuple[str, ...] = ()
     incarnation: str = ""
+    gpus: tuple[GpuDevice, ...] = ()
+    gpu_health: tuple[GpuHealth, ...] = ()
+    gpus_used: tuple[int, ...] = ()
+    """Indices of the GPUs jobs' rounds hold."""
+    quarantine_reason: str = ""
+    """Why the node is quarantined (state "quarantined"): no new round is placed there."""
+    quarantined_until: float = 0.0
+    """When the quarantine ends by itself (seconds since the epoch), unless cleared first."""
 
 
 @dataclass(frozen=True)

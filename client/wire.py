@@ -13,6 +13,8 @@ from client.model import (
     MAX_SPEC_BYTES,
     AttemptSummary,
     FailureCategory,
+    GpuDevice,
+    GpuHealth,
     JobEvent,
     JobSpec,
     JobState,
@@ -23,6 +25,7 @@ from client.model import (
     Role,
     RunResult,
     SpecError,
+    WorkerGpu,
     WorkerState,
     WorkerStatus,
 )
@@ -350,6 +353,12 @@ def job_to_pb(status: JobStatus, result: RunResult | None, spec: JobSpec | None 
                 role_rank=w.role_rank,
                 world_size=w.world_size,
                 role_world_size=w.role_world_size,
+                gpu_index=w.gpu.index if w.gpu is not None else -1,
+                gpu_uuid=w.gpu.uuid if w.gpu is not None else "",
+                gpu_utilization_percent=w.gpu.utilization_percent if w.gpu is not None else 0.0,
+                gpu_memory_used_bytes=w.gpu.memory_used if w.gpu is not None else 0,
+                gpu_temperature_c=w.gpu.temperature_c if w.gpu is not None else 0,
+                gpu_memory_total_bytes=w.gpu.memory_total if w.gpu is not None else 0,
             )
             for w in status.workers
         ],
@@ -434,6 +443,7 @@ def job_status_from_pb(m: pb.Job) -> JobStatus:
                 role_rank=w.role_rank,
                 world_size=w.world_size,
                 role_world_size=w.role_world_size,
+                gpu=_worker_gpu_from_pb(w),
             )
             for w in m.workers
         ),
@@ -442,6 +452,19 @@ def job_status_from_pb(m: pb.Job) -> JobStatus:
         world_size=m.world_size,
         submitted_at=m.submitted_at,
         finished_at=m.finished_at,
+    )
+
+
+def _worker_gpu_from_pb(w: pb.WorkerStatus) -> WorkerGpu | None:
+    if w.gpu_index < 0 or not w.gpu_uuid:
+        return None
+    return WorkerGpu(
+        index=w.gpu_index,
+        uuid=w.gpu_uuid,
+        utilization_percent=w.gpu_utilization_percent,
+        memory_used=w.gpu_memory_used_bytes,
+        memory_total=w.gpu_memory_total_bytes,
+        temperature_c=w.gpu_temperature_c,
     )
 
 
@@ -455,6 +478,24 @@ def node_to_pb(n: NodeInfo) -> pb.Node:
         last_seen=n.last_seen,
         jobs=list(n.jobs),
         # No incarnation: it is what an agent's session is known by, never shown to clients.
+        quarantine_reason=n.quarantine_reason,
+        quarantined_until=n.quarantined_until,
+        gpus=[
+            pb.GpuDevice(index=g.index, uuid=g.uuid, name=g.name, memory_total=g.memory_total)
+            for g in n.gpus
+        ],
+        gpu_health=[
+            pb.GpuHealth(
+                index=h.index,
+                utilization_percent=h.utilization_percent,
+                memory_used=h.memory_used,
+                temperature_c=h.temperature_c,
+                uncorrectable_ecc=h.uncorrectable_ecc,
+                lost=h.lost,
+            )
+            for h in n.gpu_health
+        ],
+        gpus_used=list(n.gpus_used),
     )
 
 
@@ -468,6 +509,21 @@ def node_from_pb(m: pb.Node) -> NodeInfo:
         last_seen=m.last_seen,
         jobs=tuple(m.jobs),
         incarnation=m.incarnation,
+        gpus=tuple(GpuDevice(g.index, g.uuid, g.name, g.memory_total) for g in m.gpus),
+        gpu_health=tuple(
+            GpuHealth(
+                index=h.index,
+                utilization_percent=h.utilization_percent,
+                memory_used=h.memory_used,
+                temperature_c=h.temperature_c,
+                uncorrectable_ecc=h.uncorrectable_ecc,
+                lost=h.lost,
+            )
+            for h in m.gpu_health
+        ),
+        gpus_used=tuple(m.gpus_used),
+        quarantine_reason=m.quarantine_reason,
+        quarantined_until=m.quarantined_until,
     )
 
 

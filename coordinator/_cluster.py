@@ -27,6 +27,8 @@ from client.model import (
     MAX_RETURN_VALUE_BYTES,
     AttemptSummary,
     FailureCategory,
+    GpuDevice,
+    GpuHealth,
     JobEvent,
     JobSpec,
     JobState,
@@ -35,6 +37,7 @@ from client.model import (
     NodeInfo,
     ProcessFailure,
     RunResult,
+    WorkerGpu,
     WorkerState,
     WorkerStatus,
     first_failure,
@@ -52,6 +55,7 @@ __all__ = [
     "EventRecorded",
     "JobChanged",
     "JobNotFound",
+    "NodeChanged",
     "NodeIsLive",
     "NodeNameInUse",
     "ReleaseRound",
@@ -204,6 +208,13 @@ class EventsCut:
 
 
 @dataclass(frozen=True)
+class NodeChanged:
+    """A node's durable state changed (quarantined, cleared): write it."""
+
+    node: str
+
+
+@dataclass(frozen=True)
 class Forgotten:
     """A finished job (with its events and result) or a lost node is past retention: delete it."""
 
@@ -221,6 +232,7 @@ Effect = (
     | EventRecorded
     | EventsCut
     | Forgotten
+    | NodeChanged
 )
 
 
@@ -250,6 +262,9 @@ class ClusterConfig:
     Past it the round fails: a platform failure of each rank that did not start, which spends
     one restart of the job's budget however many ranks or nodes missed it. Mind slow starts (a
     big image, a cold cache, `import torch` on a busy host)."""
+    quarantine_ttl: float = 3600.0
+    """Seconds a node stays quarantined (a GPU lost or with new uncorrectable errors) unless
+    an operator clears it first."""
 
     def __post_init__(self) -> None:
         if not self.start_timeout > 0:
@@ -262,6 +277,8 @@ class ClusterConfig:
             raise ValueError(f"lost_node_retention: must be >= 0, got {self.lost_node_retention}")
         if self.max_lost_nodes < 0:
             raise ValueError(f"max_lost_nodes: must be >= 0, got {self.max_lost_nodes}")
+        if not self.quarantine_ttl > 0:
+            raise ValueError(f"quarantine_ttl: must be > 0 seconds, got {self.quarantine_ttl}")
 
 
 @dataclass
@@ -276,9 +293,27 @@ class _Node:
     attached: bool = True  # a session of this incarnation is open (False: restored from disk)
     # Stale rounds still running here, told to stop: "job#round" -> (slots, hold until).
     fenced: dict[str, tuple[int, float]] = field(default_factory=dict)
+    gpus: list[GpuDevice] = field(default_factory=list)  # what its agent offers (hello)
+    gpu_health: dict[int, GpuHealth] = field(default_factory=dict)  # index -> latest sample
+    gpu_jobs: dict[str, list[int]] = field(default_factory=dict)  # job id -> GPU indices held
+    ecc_accepted: dict[str, int] = field(default_factory=dict)
+    """GPU uuid -> uncorrectable ECC count already accepted (as of the last clear): only a
+    count above it quarantines the node (0 for a GPU never cleared)."""
+    quarantine_reason: str = ""
+    quarantined_until: float = 0.0
 
     def free_slots(self) -> int:
         return self.slots - sum(self.jobs.values()) - sum(n for n, _ in self.fenced.values())
+
+    def free_gpus(self) -> list[int]:
+        """Indices of the GPUs no round holds and no sample calls lost, in index order."""
+        held = {i for indices in self.gpu_jobs.values() for i in indices}
+        lost = {i for i, h in self.gpu_health.items() if h.lost}
+        return [g.index for g in self.gpus if g.index not in held and g.index not in lost]
+
+    def fits(self, nproc: int) -> bool:
+        """Room for `nproc` workers now: slots, and on a GPU node one free GPU each."""
+        return self.free_slots() >= nproc and (not self.gpus or len(self.free_gpus()) >= nproc)
 
 
 class _WorkerPhase(enum.Enum):
@@ -317,6 +352,7 @@ class _Member:
     seen_exits: set[tuple[int, int]] = field(default_factory=set)
     group_state: WorkerState = WorkerState.INIT
     """The node's worker group as a unit: what its agent last reported, or the coordinator saw."""
+    gpus: tuple[int, ...] = ()  # the node's GPU indices its workers hold, in local-rank order
 
 
 def _replaced(job: _Job) -> bool:
@@ -455,6 +491,7 @@ class Cluster:
         job = self._job(job_id)
         workers: list[WorkerStatus] = []
         for m in job.members:
+            node = self._nodes.get(m.node) if m.gpus else None
             for w in m.workers.values():
                 workers.append(
                     WorkerStatus(
@@ -471,6 +508,7 @@ class Cluster:
                         role_rank=m.ranks.role_rank(w.local_rank),
                         world_size=m.ranks.world_size,
                         role_world_size=m.ranks.role_world_size,
+                        gpu=_worker_gpu(node, m, w.local_rank, sampled=not job.state.is_terminal()),
                     )
                 )
         workers.sort(key=lambda w: w.global_rank)
@@ -521,10 +559,15 @@ class Cluster:
                 addr=n.addr,
                 slots=n.slots,
                 slots_used=min(n.slots, n.slots - n.free_slots()),
-                state=("live" if n.attached else "reconnecting") if n.live else "lost",
+                state=_node_state(n),
                 last_seen=n.last_seen,
                 jobs=tuple(n.jobs),
                 incarnation=n.incarnation,
+                gpus=tuple(n.gpus),
+                gpu_health=tuple(n.gpu_health[g.index] for g in n.gpus if g.index in n.gpu_health),
+                gpus_used=tuple(sorted(i for indices in n.gpu_jobs.values() for i in indices)),
+                quarantine_reason=n.quarantine_reason,
+                quarantined_until=n.quarantined_until,
             )
             for n in sorted(self._nodes.values(), key=lambda n: n.name)
         ]
@@ -615,6 +658,8 @@ class Cluster:
                 self.bad_records.append(("nodes", i, f"{type(exc).__name__}: {exc}"))
                 continue
             n.jobs = {}
+            n.gpu_jobs = {}
+            n.gpu_health = {}
             n.attached = False
             if n.live:
                 # A lost node keeps the time it was really last seen; a live one gets the grace.
@@ -661,6 +706,8 @@ class Cluster:
                     continue
                 if node.live:
                     node.jobs[job.job_id] = m.ranks.local_world_size
+                    if m.gpus:
+                        node.gpu_jobs[job.job_id] = list(m.gpus)
             self._event(
                 job,
                 now,
@@ -758,6 +805,7 @@ class Cluster:
         incarnation: str,
         now: float,
         running: Sequence[RunningGroupReport] = (),
+        gpus: Sequence[GpuDevice] = (),
     ) -> list[Effect]:
         self._reschedule = True
         node = self._nodes.get(name)
@@ -772,10 +820,10 @@ class Cluster:
                 "restarted, until it reconnects or its reconnect grace ends"
             )
         if node is None:
-            node = _Node(name, addr, slots, incarnation, True, now)
+            node = _Node(name, addr, slots, incarnation, True, now, gpus=list(gpus))
             self._n_live += 1
             self._nodes[name] = node
-            logger.info("node %s joined (%s, %d slots)", name, addr, slots)
+            logger.info("node %s joined (%s, %d slots, %d GPUs)", name, addr, slots, len(gpus))
         else:
             resumed = node.incarnation == incarnation
             node.addr, node.slots, node.incarnation = addr, slots, incarnation
@@ -785,6 +833,9 @@ class Cluster:
             if not resumed:
                 node.jobs.clear()
                 node.fenced.clear()
+                node.gpu_jobs.clear()
+                node.gpu_health.clear()
+            node.gpus = list(gpus)
             logger.info("node %s %s", name, "reconnected" if resumed else "rejoined")
         for report in running:
             self._adopt(node, report, now)
@@ -851,6 +902,7 @@ class Cluster:
         now: float,
         health: Sequence[tuple[str, int, Sequence[WorkerHealthSample]]] = (),
         group_states: Sequence[tuple[str, int, WorkerState]] = (),
+        gpus: Sequence[GpuHealth] = (),
     ) -> list[Effect]:
         node = self._live(name, incarnation)
         if node is None:
@@ -868,6 +920,11 @@ class Cluster:
                 continue  # stopped after it failed or finished: that is how it ended
             m.group_state = state
             self._changed(job, durable=False)
+        if gpus and node.gpus:
+            problem = self._gpu_samples(node, gpus)
+            if problem and not node.quarantine_reason:
+                self._quarantine(node, problem, now)
+                return self._finish(now)
         for job_id, round_, samples in health:
             job = self._jobs.get(job_id)
             if job is None or job.round != round_:
@@ -1145,6 +1202,8 @@ class Cluster:
                 for key, (_, until) in list(node.fenced.items()):
                     if now >= until:
                         del node.fenced[key]
+            if node.quarantine_reason and now >= node.quarantined_until:
+                self._clear_quarantine(node, "its quarantine time passed", now)
             if node.live and now - node.last_seen > self.config.lease:
                 self._effects.append(CloseSession(node.name, node.incarnation, "lease expired"))
                 self._lose_node(
@@ -1327,14 +1386,25 @@ class Cluster:
         nodes = [
             n
             for n in self._nodes.values()
-            if n.live and n.attached and job.job_id not in n.jobs and n.free_slots() >= need
+            if n.live
+            and n.attached
+            and not n.quarantine_reason
+            and job.job_id not in n.jobs
+            and n.fits(need)
         ]
         return sorted(nodes, key=lambda n: (n.addr, n.name))
 
     def _capacity(self, job: _Job) -> int:
         need = _smallest_group(job.spec)
-        fit = [n for n in self._nodes.values() if n.live and n.slots >= need]
-        if job.spec.roles and _place(job.spec, fit, room=lambda n: n.slots) is None:
+        fit = [
+            n
+            for n in self._nodes.values()
+            if n.live
+            and not n.quarantine_reason
+            and n.slots >= need
+            and (not n.gpus or len(n.gpus) >= need)
+        ]
+        if job.spec.roles and _place(job.spec, fit, room=_total_room) is None:
             # Enough nodes, but not of the sizes the roles need: short of min_nodes until
             # nodes that fit join, and the join timeout runs.
             return min(len(fit), job.spec.min_nodes - 1)
@@ -1356,8 +1426,11 @@ class Cluster:
                 lr: _Worker(local_rank=lr, global_rank=gr.global_rank(lr))
                 for lr in range(gr.local_world_size)
             }
-            job.members.append(_Member(node.name, node.addr, gr.group_rank, gr, workers))
+            gpus = tuple(node.free_gpus()[: gr.local_world_size]) if node.gpus else ()
+            job.members.append(_Member(node.name, node.addr, gr.group_rank, gr, workers, gpus=gpus))
             node.jobs[job.job_id] = gr.local_world_size
+            if gpus:
+                node.gpu_jobs[job.job_id] = list(gpus)
         job.last_call_deadline = None
         job.failures = {}
         job.return_values = {}
@@ -1390,6 +1463,8 @@ class Cluster:
     def _assign(self, job: _Job, now: float) -> None:
         master = job.members[0]
         for m in job.members:
+            node = self._nodes.get(m.node)
+            uuids = {g.index: g.uuid for g in node.gpus} if node is not None else {}
             workers = tuple(
                 WorkerRanks(
                     local_rank=lr,
@@ -1415,6 +1490,8 @@ class Cluster:
                         master_port=job.master_port,
                         workers=workers,
                         run_id=job.job_id,
+                        gpus=m.gpus,
+                        gpu_uuids=tuple(uuids.get(i, "") for i in m.gpus),
                     ),
                 )
             )
@@ -1922,6 +1999,8 @@ class Cluster:
 
     def _free_member(self, job: _Job, member: _Member) -> None:
         node = self._nodes.get(member.node)
+        if node is not None:
+            node.gpu_jobs.pop(job.job_id, None)
         if node is not None and node.jobs.pop(job.job_id, None) is not None:
             self._reschedule = True
 
@@ -1960,6 +2039,71 @@ class Cluster:
             self._changed(job)
         node.jobs.clear()
         node.fenced.clear()
+        node.gpu_jobs.clear()
+
+    def clear_quarantine(self, name: str, now: float) -> tuple[bool, list[Effect]]:
+        """An operator lets a quarantined node take new rounds again: (it was quarantined,
+        effects). The uncorrectable ECC counts it shows now are accepted: only a new error
+        quarantines it again. A GPU still lost quarantines it again at its next heartbeat."""
+        node = self._nodes.get(name)
+        if node is None or not node.quarantine_reason:
+            return False, self._finish(now)
+        self._clear_quarantine(node, "cleared by an operator", now)
+        return True, self._finish(now)
+
+    def _gpu_samples(self, node: _Node, samples: Sequence[GpuHealth]) -> str:
+        """Keep the node's GPU samples; what makes it unhealthy ("" = nothing)."""
+        uuids = {g.index: g.uuid for g in node.gpus}
+        problem = ""
+        for s in samples[: len(node.gpus)]:
+            uuid = uuids.get(s.index)
+            if uuid is None:
+                continue
+            node.gpu_health[s.index] = s
+            if problem:
+                continue
+            if s.lost:
+                problem = f"GPU {s.index} ({uuid}) is lost (fell off the bus or cannot be read)"
+            elif s.uncorrectable_ecc > node.ecc_accepted.get(uuid, 0):
+                problem = (
+                    f"GPU {s.index} ({uuid}) has {s.uncorrectable_ecc} uncorrectable ECC errors"
+                )
+        return problem
+
+    def _quarantine(self, node: _Node, reason: str, now: float) -> None:
+        """No new round goes to the node; a round running there re-forms as for a lost node."""
+        self._reschedule = True
+        node.quarantine_reason = _clip(reason, 1000)
+        node.quarantined_until = now + self.config.quarantine_ttl
+        self._effects.append(NodeChanged(node.name))
+        logger.warning(
+            "node %s quarantined for %g s: %s", node.name, self.config.quarantine_ttl, reason
+        )
+        why = f"node {node.name} quarantined: {reason}"
+        for job in self._active_jobs():
+            m = job.member(node.name)
+            if m is None or m.done or m.stopped:
+                continue
+            if job.state == JobState.RUNNING:
+                self._infra_failures(job, m, why, now)
+            self._event(job, now, "node_quarantined", why, node=node.name)
+            if job.state in (JobState.RUNNING, JobState.RENDEZVOUS):
+                self._begin_stop(
+                    job, _StopKind.MEMBERSHIP, f"{why}; re-forming with the remaining nodes", now
+                )
+            self._changed(job)
+
+    def _clear_quarantine(self, node: _Node, why: str, now: float) -> None:
+        logger.info("node %s: quarantine lifted (%s)", node.name, why)
+        uuids = {g.index: g.uuid for g in node.gpus}
+        for index, h in node.gpu_health.items():
+            if index in uuids:
+                node.ecc_accepted[uuids[index]] = h.uncorrectable_ecc
+        if len(node.ecc_accepted) > 4 * len(node.gpus) + 64:  # GPUs long gone: bounded
+            node.ecc_accepted = {u: node.ecc_accepted.get(u, 0) for u in uuids.values()}
+        node.quarantine_reason, node.quarantined_until = "", 0.0
+        self._reschedule = True
+        self._effects.append(NodeChanged(node.name))
 
     def _infra_failures(self, job: _Job, member: _Member, message: str, now: float) -> None:
         """The workers of `member` that were starting or running are gone with their node or
@@ -2023,6 +2167,8 @@ class Cluster:
             self._effects.append(ReleaseRound(node.name, job.job_id, job.round))
             return
         node.jobs[job.job_id] = member.ranks.local_world_size
+        if member.gpus:
+            node.gpu_jobs[job.job_id] = list(member.gpus)
         was_stopping = job.state == JobState.STOPPING
         if job.state == JobState.RENDEZVOUS and job.port_deadline is not None:
             # The round was assigned just before the coordinator went down: it runs.
@@ -2210,7 +2356,13 @@ def _smallest_group(spec: JobSpec) -> int:
 
 
 def _free_slots(node: _Node) -> int:
-    return node.free_slots()
+    """The workers a node could take now: its free slots, and its free GPUs when it has any."""
+    return min(node.free_slots(), len(node.free_gpus())) if node.gpus else node.free_slots()
+
+
+def _total_room(node: _Node) -> int:
+    """The most workers a node could ever take: its slots, and its GPUs when it has any."""
+    return min(node.slots, len(node.gpus)) if node.gpus else node.slots
 
 
 def _fit_order(
@@ -2268,6 +2420,34 @@ def _growth(spec: JobSpec, roles_now: Sequence[str], free: Sequence[_Node]) -> l
 
 
 _ENDED_GROUP = (WorkerState.FAILED, WorkerState.SUCCEEDED)
+
+
+def _node_state(n: _Node) -> str:
+    if not n.live:
+        return "lost"
+    if n.quarantine_reason:
+        return "quarantined"
+    return "live" if n.attached else "reconnecting"
+
+
+def _worker_gpu(
+    node: _Node | None, m: _Member, local_rank: int, *, sampled: bool
+) -> WorkerGpu | None:
+    """The GPU `local_rank` of member `m` holds, with its node's latest sample of it (none once
+    the job is over: the GPU may serve another job by then)."""
+    if node is None or not 0 <= local_rank < len(m.gpus):
+        return None
+    index = m.gpus[local_rank]
+    device = next((g for g in node.gpus if g.index == index), None)
+    h = node.gpu_health.get(index) if sampled else None
+    return WorkerGpu(
+        index=index,
+        uuid=device.uuid if device is not None else "",
+        utilization_percent=h.utilization_percent if h is not None else 0.0,
+        memory_used=h.memory_used if h is not None else 0,
+        memory_total=device.memory_total if device is not None else 0,
+        temperature_c=h.temperature_c if h is not None else 0,
+    )
 
 
 def _worker_state(phase: _WorkerPhase, proc_state: str) -> WorkerState:

@@ -6,7 +6,8 @@ from the gRPC layer. Gauges are kept as snapshots the scrape thread only reads, 
 touches the cluster from outside the event loop.
 
 - `gelastic_jobs{state}`: jobs the coordinator knows, by `JobState`.
-- `gelastic_nodes{state}`: registered nodes, `live` or `lost` (refreshed at most twice a second).
+- `gelastic_nodes{state}`: registered nodes, `live`, `quarantined` or `lost` (refreshed at most
+  twice a second).
 - `gelastic_restarts_total`: restarts that spent the restart budget.
 - `gelastic_failures_total{category}`: worker failures by `FailureCategory`; a node lost under a
   job counts once per job as `INFRA`.
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 NODE_REFRESH_S = 0.5
 _WAITING = frozenset({JobState.QUEUED, JobState.RENDEZVOUS})
-_NODE_STATES = ("live", "lost")
+_NODE_STATES = ("live", "quarantined", "lost")
 RENDEZVOUS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 RECOVERY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import grpc
 
 from client.assignment import RoundAssignment
-from client.model import JobSpec, SpecError, is_job_id, is_name
+from client.model import GpuDevice, GpuHealth, JobSpec, SpecError, is_job_id, is_name
 from client.wire import (
     attempt_to_pb,
     check_spec_size,
@@ -46,6 +46,7 @@ from coordinator._cluster import (
     Forgotten,
     JobChanged,
     JobNotFound,
+    NodeChanged,
     NodeIsLive,
     NodeNameInUse,
     ReleaseRound,
@@ -66,6 +67,10 @@ __all__ = ["CoordinatorService"]
 logger = logging.getLogger(__name__)
 
 MAX_SLOTS = 4096
+MAX_GPUS = 64
+"""Most GPUs one node may offer."""
+MAX_GPU_TEXT = 96
+"""Longest GPU uuid or name a hello may carry."""
 TICK_S = 0.1
 OUTBOX_LIMIT = 10_000
 FLUSH_INTERVAL_S = 0.05
@@ -422,6 +427,9 @@ class CoordinatorService:
         for eff in effects:
             if isinstance(eff, JobChanged | EventRecorded | EventsCut | Forgotten):
                 continue
+            if isinstance(eff, NodeChanged):
+                self._dirty_nodes.add(eff.node)
+                continue
             if isinstance(eff, CloseSession):
                 self._dirty_nodes.add(eff.node)
                 s = self._sessions.get(eff.node)
@@ -492,6 +500,8 @@ class CoordinatorService:
                         for w in a.workers
                     ],
                     run_id=a.run_id,
+                    gpus=list(a.gpus),
+                    gpu_uuids=list(a.gpu_uuids),
                 )
             )
         elif isinstance(eff, StopRound):
@@ -655,9 +665,10 @@ class CoordinatorService:
                 f"node name {hello.name!r} already has a live session; "
                 "a new one is refused until that one ends"
             )
+        gpus = _gpus_from_hello(hello)
         running = [_running_from_pb(g) for g in hello.running]
         effects = self.cluster.node_connected(
-            hello.name, hello.addr, hello.slots, hello.incarnation, self.now(), running
+            hello.name, hello.addr, hello.slots, hello.incarnation, self.now(), running, gpus
         )
         session = _Session(hello.name, hello.incarnation)
         self._sessions[hello.name] = session
@@ -708,7 +719,18 @@ class CoordinatorService:
                 state = group_state_from_pb(gh.state)
                 if state is not None:  # not reported (an agent from before group states)
                     states.append((gh.job_id, gh.round, state))
-            effects = c.heartbeat(name, inc, now, health, states)
+            gpus = [
+                GpuHealth(
+                    index=g.index,
+                    utilization_percent=min(100.0, max(0.0, g.utilization_percent)),
+                    memory_used=max(0, g.memory_used),
+                    temperature_c=g.temperature_c,
+                    uncorrectable_ecc=max(0, g.uncorrectable_ecc),
+                    lost=g.lost,
+                )
+                for g in msg.heartbeat.gpus[:MAX_GPUS]
+            ]
+            effects = c.heartbeat(name, inc, now, health, states, gpus)
         elif kind == "port_reserved":
             p = msg.port_reserved
             effects = c.port_reserved(name, inc, p.job_id, p.round, p.port, p.error, now)
@@ -901,6 +923,32 @@ def _exit_from_pb(m: pb.WorkerExit) -> WorkerExitReport:
     )
 
 
+def _gpus_from_hello(hello: pb.Hello) -> list[GpuDevice]:
+    """The GPUs a hello offers, checked: RequestError naming the field otherwise."""
+    if len(hello.gpus) > MAX_GPUS:
+        raise RequestError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"hello.gpus: at most {MAX_GPUS} GPUs, got {len(hello.gpus)}",
+        )
+    seen: set[int] = set()
+    out = []
+    for g in hello.gpus:
+        bad = ""
+        if not 0 <= g.index < 1024 or g.index in seen:
+            bad = f"index {g.index} is out of range or given twice"
+        elif not g.uuid or len(g.uuid) > MAX_GPU_TEXT or not g.uuid.isprintable() or "," in g.uuid:
+            bad = f"GPU {g.index}: uuid must be 1-{MAX_GPU_TEXT} printable characters, no comma"
+        elif len(g.name) > MAX_GPU_TEXT or not g.name.isprintable():
+            bad = f"GPU {g.index}: name must be at most {MAX_GPU_TEXT} printable characters"
+        elif g.memory_total < 0:
+            bad = f"GPU {g.index}: memory_total must be >= 0"
+        if bad:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"hello.gpus: {bad}")
+        seen.add(g.index)
+        out.append(GpuDevice(g.index, g.uuid, g.name, g.memory_total))
+    return out
+
+
 def _running_from_pb(g: pb.RunningGroup) -> RunningGroupReport:
     return RunningGroupReport(
         job_id=g.job_id,
@@ -1020,6 +1068,26 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
             if known:
                 logger.info("node %s forgotten on request", request.name)
             return pb.ForgetNodeResponse(forgotten=known)
+        except Exception as exc:
+            await _abort_for(context, exc)
+            raise
+
+    async def ClearQuarantine(
+        self, request: pb.ClearQuarantineRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ClearQuarantineResponse:
+        try:
+            if not is_name(request.name):
+                raise RequestError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"name: must be 1-128 of [A-Za-z0-9_.-], got {request.name[:200]!r}",
+                )
+            svc = self._svc
+            cleared, effects = svc.cluster.clear_quarantine(request.name, svc.now())
+            svc.apply(effects)
+            await svc.flush()
+            if cleared:
+                logger.info("node %s: quarantine cleared on request", request.name)
+            return pb.ClearQuarantineResponse(cleared=cleared)
         except Exception as exc:
             await _abort_for(context, exc)
             raise

@@ -79,6 +79,15 @@ def _parser() -> argparse.ArgumentParser:
         "the --retain-seconds; `gelastic nodes --forget NAME` drops one at once)",
     )
     s.add_argument(
+        "--quarantine-ttl",
+        type=float,
+        default=d.quarantine_ttl,
+        metavar="SECONDS",
+        help="how long a node with a lost GPU, or one with new uncorrectable ECC errors, takes "
+        "no new rounds (default %(default)g = 1 h; `gelastic nodes --clear-quarantine NAME` "
+        "ends it at once)",
+    )
+    s.add_argument(
         "--start-timeout",
         type=float,
         default=d.start_timeout,
@@ -177,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         retain_seconds=args.retain_seconds,
         lost_node_retention=args.lost_node_retention,
         start_timeout=args.start_timeout,
+        quarantine_ttl=args.quarantine_ttl,
         token_file=args.token_file,
         agent_token_file=args.agent_token_file,
         client_token_file=args.client_token_file,

@@ -73,6 +73,9 @@ class CoordinatorConfig:
     start_timeout: float = 120.0
     """Seconds a node has, from a round's assignment, until all its workers reported started;
     past it the round fails (a platform failure that spends one restart)."""
+    quarantine_ttl: float = 3600.0
+    """Seconds a node stays quarantined (a GPU lost or with new uncorrectable errors) unless an
+    operator clears it first (`gelastic nodes --clear-quarantine NAME`)."""
     token_file: str = ""
     """File holding the shared token agents and clients must present ("" = no token)."""
     agent_token_file: str = ""
@@ -154,6 +157,8 @@ class CoordinatorConfig:
         self.etcd_settings()
         if not 0 < self.start_timeout <= 7 * 86400:
             raise ValueError(f"start_timeout: must be in (0, 7 days] s, got {self.start_timeout}")
+        if not 0 < self.quarantine_ttl <= 365 * 86400:
+            raise ValueError(f"quarantine_ttl: must be in (0, 1 year] s, got {self.quarantine_ttl}")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
         if self.tls_client_ca and not self.tls_cert:
@@ -261,6 +266,7 @@ class Coordinator:
                 retain_seconds=self.config.retain_seconds,
                 lost_node_retention=self.config.lost_node_retention,
                 start_timeout=self.config.start_timeout,
+                quarantine_ttl=self.config.quarantine_ttl,
             ),
             store=self.store,
             reconnect_grace=self.config.reconnect_grace,

@@ -515,6 +515,18 @@ def _worker_env(
     )
     if timer_file is not None:
         env["TORCHELASTIC_TIMER_FILE"] = timer_file
+    if assignment.gpus:
+        # The round's own GPUs, by uuid (immune to CUDA_DEVICE_ORDER), so device LOCAL_RANK is
+        # the GPU placed for it; they win over the user's env. A node without GPUs leaves
+        # whatever the user or the agent set.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(
+            u or str(i)
+            for i, u in zip(
+                assignment.gpus,
+                assignment.gpu_uuids or ("",) * len(assignment.gpus),
+                strict=True,
+            )
+        )
     return env
 
 

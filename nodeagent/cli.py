@@ -32,7 +32,14 @@ def _parser() -> argparse.ArgumentParser:
         "--slots",
         type=int,
         default=d.slots,
-        help="worker processes this node may run (default: CPU count, %(default)s)",
+        help="worker processes this node may run (default: one per offered GPU, or the CPU "
+        "count on a node without GPUs)",
+    )
+    p.add_argument(
+        "--gpus",
+        default=d.gpus,
+        help="NVIDIA GPUs to offer: auto (every GPU NVML sees; none without nvidia-ml-py or a "
+        "driver), none, or NVML indices such as 0,1,2,3 (default %(default)s)",
     )
     p.add_argument("--name", default=d.name, help="unique node name (default: host name)")
     p.add_argument(
@@ -148,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     config = AgentConfig(
         coordinator=args.coordinator,
         slots=args.slots,
+        gpus=args.gpus,
         name=args.name,
         addr=args.addr,
         log_dir=args.log_dir,

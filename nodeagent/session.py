@@ -38,6 +38,15 @@ from client.model import (
 from client.security import Security
 from client.wire import failure_to_pb, group_state_to_pb, spec_from_pb
 from nodeagent._dirs import default_agent_dir, fresh_agent_dir, private_dir
+from nodeagent._gpus import (
+    FAULT_FILE_ENV,
+    GpuDevice,
+    GpuHealth,
+    GpuMonitor,
+    discover_gpus,
+    load_nvml,
+    parse_gpus,
+)
 from nodeagent._launch import attempt_dirs, role_spec
 from nodeagent._metrics import AgentMetrics
 from nodeagent._process import Sentinel
@@ -99,8 +108,12 @@ class AgentConfig:
 
     coordinator: str
     """host:port of the coordinator."""
-    slots: int = field(default_factory=lambda: os.cpu_count() or 1)
-    """Worker processes this node may run at once."""
+    slots: int = 0
+    """Worker processes this node may run at once (0 = one per offered GPU, or the CPU count
+    on a node that offers none)."""
+    gpus: str = "auto"
+    """GPUs to offer: "auto" (every GPU NVML sees; none without nvidia-ml-py or a driver),
+    "none", or NVML indices such as "0,1,2,3"."""
     name: str = field(default_factory=socket.gethostname)
     """Unique node name."""
     addr: str = ""
@@ -132,8 +145,9 @@ class AgentConfig:
     """Address to serve the metrics on."""
 
     def validate(self) -> None:
-        if not 1 <= self.slots <= 4096:
-            raise ValueError(f"slots: must be 1-4096, got {self.slots}")
+        if not 0 <= self.slots <= 4096:
+            raise ValueError(f"slots: must be 1-4096 (0: the default), got {self.slots}")
+        parse_gpus(self.gpus)
         if not is_name(self.name):
             raise ValueError(f"name: must be 1-128 of [A-Za-z0-9_.-], got {self.name!r}")
         if ":" not in self.coordinator:
@@ -174,9 +188,15 @@ class _Held:
 class NodeAgent:
     """`async with NodeAgent(config):` keeps a session with the coordinator until the block ends."""
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, *, nvml: Any | None = None) -> None:
         config.validate()
         self.config = config
+        self._nvml = nvml
+        """The pynvml module to use (None: import it, if installed)."""
+        self.gpus: list[GpuDevice] = []
+        self._gpu_monitor: GpuMonitor | None = None
+        self._gpu_health: list[GpuHealth] = []
+        self.slots = config.slots or os.cpu_count() or 1
         self.incarnation = uuid.uuid4().hex
         self.log_root = Path(config.log_dir or _default_log_dir(config.name)).resolve()
         self.state_dir = Path(config.state_dir).resolve() if config.state_dir else self.log_root
@@ -217,6 +237,7 @@ class NodeAgent:
     async def start(self) -> None:
         if self._main is not None:
             return
+        await self._discover_gpus()
         await asyncio.to_thread(self._make_dirs)
         await asyncio.to_thread(self.metrics.start)
         killed = await asyncio.to_thread(reap_previous, self._pid_file())
@@ -225,6 +246,34 @@ class NodeAgent:
         # Before any worker: what a worker starts must die with this agent, however it dies.
         self._sentinel.start()
         self._main = asyncio.get_running_loop().create_task(self._run(), name="agent-session")
+        if self._gpu_monitor is not None:
+            self._spawn(self._sample_gpus(self._gpu_monitor), "gpu-health")
+
+    async def _discover_gpus(self) -> None:
+        """Find the GPUs to offer (ValueError when an explicit --gpus cannot be met)."""
+        wanted = parse_gpus(self.config.gpus)
+        nvml = self._nvml
+        if wanted != "none" and nvml is None:
+            nvml = await asyncio.to_thread(load_nvml)
+        devices, handles, note = await asyncio.to_thread(discover_gpus, wanted, nvml, load=False)
+        logger.info("%s", note)
+        self.gpus = devices
+        if devices:
+            self._gpu_monitor = GpuMonitor(
+                nvml, devices, handles, fault_file=os.environ.get(FAULT_FILE_ENV) or None
+            )
+            self._gpu_health = [GpuHealth(d.index) for d in devices]
+            self.slots = self.config.slots or len(devices)
+
+    async def _sample_gpus(self, monitor: GpuMonitor) -> None:
+        # One sample at a time in a thread: a driver call that hangs holds one thread, never
+        # the loop; heartbeats carry the latest sample taken.
+        while True:
+            try:
+                self._gpu_health = await asyncio.to_thread(monitor.sample)
+            except Exception:
+                logger.exception("GPU sampling failed")
+            await asyncio.sleep(self._heartbeat_interval)
 
     async def stop(self, grace: float = 5.0) -> None:
         if self._closing:
@@ -474,10 +523,14 @@ class NodeAgent:
         return pb.Hello(
             name=self.config.name,
             addr=self.addr,
-            slots=self.config.slots,
+            slots=self.slots,
             incarnation=self.incarnation,
             version=VERSION,
             running=running,
+            gpus=[
+                pb.GpuDevice(index=d.index, uuid=d.uuid, name=d.name, memory_total=d.memory_total)
+                for d in self.gpus
+            ],
         )
 
     def _replay(self) -> list[pb.NodeMessage]:
@@ -532,7 +585,21 @@ class NodeAgent:
                         reason=h.group.state_reason,
                     )
                 )
-            self._put(outbox, pb.NodeMessage(heartbeat=pb.Heartbeat(seq=seq, groups=groups)))
+            gpus = [
+                pb.GpuHealth(
+                    index=g.index,
+                    utilization_percent=g.utilization_percent,
+                    memory_used=g.memory_used,
+                    temperature_c=g.temperature_c,
+                    uncorrectable_ecc=g.uncorrectable_ecc,
+                    lost=g.lost,
+                )
+                for g in self._gpu_health
+            ]
+            self._put(
+                outbox,
+                pb.NodeMessage(heartbeat=pb.Heartbeat(seq=seq, groups=groups, gpus=gpus)),
+            )
             self.metrics.observe(groups)
 
     # ---- commands --------------------------------------------------------------------------
@@ -600,6 +667,13 @@ class NodeAgent:
                     why = f"its workers name no single role of the spec ({sorted(roles)[:2]!r:.80})"
                 else:
                     spec = role_spec(spec, next(iter(roles)))
+        uuids = {d.index: d.uuid for d in self.gpus}
+        gpus = tuple(m.gpus)
+        if not why and gpus:
+            if len(gpus) != len(m.workers) or len(set(gpus)) != len(gpus):
+                why = f"it gives {len(gpus)} GPUs to {len(m.workers)} workers"
+            elif any(i not in uuids for i in gpus):
+                why = f"it names GPUs {list(gpus)[:8]} but this node offers {sorted(uuids)}"
         if why:
             self._refuse(m, why)
             return
@@ -624,6 +698,9 @@ class NodeAgent:
                 for w in m.workers
             ),
             run_id=m.run_id,
+            gpus=gpus,
+            # This agent's own uuids for those indices, not the message's.
+            gpu_uuids=tuple(uuids[i] for i in gpus),
         )
         held = _Held(assignment)
         self._held[key] = held

@@ -18,11 +18,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
 from tests._etcd import EtcdServer
+from tests.gpu import GPU_TESTS_ENV, nvidia_gpu_present
 
 PROFILE_ENV = "GELASTIC_HYPOTHESIS_PROFILE"
 MAX_EXAMPLES_ENV = "GELASTIC_HYPOTHESIS_MAX_EXAMPLES"
@@ -58,6 +60,20 @@ def _load_profile() -> None:
 
 
 _load_profile()
+
+
+_GPU_DIR = Path(__file__).resolve().parent / "gpu"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """tests/gpu is not collected on a host without an NVIDIA GPU (a skip there would fail CI),
+    unless GELASTIC_GPU_TESTS=1 asks for it (`make test-gpu`, where it skips saying why)."""
+    path = collection_path.resolve()
+    if path != _GPU_DIR and _GPU_DIR not in path.parents:
+        return None
+    if os.environ.get(GPU_TESTS_ENV) == "1" or nvidia_gpu_present():
+        return None
+    return True
 
 
 def pytest_report_header() -> str:

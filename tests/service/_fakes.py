@@ -17,9 +17,16 @@ class FakeNode:
     """A scripted node agent speaking the real session protocol."""
 
     def __init__(
-        self, address: str, name: str, addr: str, slots: int = 2, incarnation: str = ""
+        self,
+        address: str,
+        name: str,
+        addr: str,
+        slots: int = 2,
+        incarnation: str = "",
+        gpus: list[pb.GpuDevice] | None = None,
     ) -> None:
         self.address, self.name, self.addr, self.slots = address, name, addr, slots
+        self.gpus = gpus or []
         self.incarnation = incarnation or f"inc-{name}"
         self.outbox: asyncio.Queue[pb.NodeMessage | None] = asyncio.Queue()
         self.channel = grpc.aio.insecure_channel(address)
@@ -32,6 +39,7 @@ class FakeNode:
             slots=self.slots,
             incarnation=self.incarnation,
             running=running or [],
+            gpus=self.gpus,
         )
         await self.outbox.put(pb.NodeMessage(hello=hello))
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from client.assignment import RoundAssignment
-from client.model import JobSpec, ProcessFailure
+from client.model import GpuDevice, JobSpec, ProcessFailure
 from coordinator._cluster import (
     AssignRound,
     Cluster,
@@ -115,6 +115,7 @@ class Driver:
         slots: int = 1,
         incarnation: str | None = None,
         running: Sequence[RunningGroupReport] = (),
+        gpus: Sequence[GpuDevice] = (),
     ) -> list[Effect]:
         if incarnation is None:
             self._incarnations += 1
@@ -124,7 +125,7 @@ class Driver:
         if old is not None and old.incarnation == incarnation:
             node.assignments, node.running = old.assignments, old.running
         effects = self.cluster.node_connected(
-            name, node.addr, slots, incarnation, self.now, running=running
+            name, node.addr, slots, incarnation, self.now, running=running, gpus=gpus
         )
         self.nodes[name] = node
         return self._take(effects)

@@ -285,7 +285,7 @@ class Member(_message.Message):
     def __init__(self, node: _Optional[str] = ..., addr: _Optional[str] = ..., group_rank: _Optional[int] = ..., nproc: _Optional[int] = ..., done: _Optional[bool] = ..., role: _Optional[str] = ..., group_state: _Optional[_Union[GroupState, str]] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("global_rank", "local_rank", "node", "state", "pid", "cpu_percent", "rss_bytes", "proc_state", "exitcode", "role", "role_rank", "world_size", "role_world_size")
+    __slots__ = ("global_rank", "local_rank", "node", "state", "pid", "cpu_percent", "rss_bytes", "proc_state", "exitcode", "role", "role_rank", "world_size", "role_world_size", "gpu_index", "gpu_uuid", "gpu_utilization_percent", "gpu_memory_used_bytes", "gpu_temperature_c", "gpu_memory_total_bytes")
     GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +299,12 @@ class WorkerStatus(_message.Message):
     ROLE_RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     ROLE_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    GPU_UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     global_rank: int
     local_rank: int
     node: str
@@ -312,7 +318,13 @@ class WorkerStatus(_message.Message):
     role_rank: int
     world_size: int
     role_world_size: int
-    def __init__(self, global_rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., node: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., pid: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., proc_state: _Optional[str] = ..., exitcode: _Optional[int] = ..., role: _Optional[str] = ..., role_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., role_world_size: _Optional[int] = ...) -> None: ...
+    gpu_index: int
+    gpu_uuid: str
+    gpu_utilization_percent: float
+    gpu_memory_used_bytes: int
+    gpu_temperature_c: int
+    gpu_memory_total_bytes: int
+    def __init__(self, global_rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., node: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., pid: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., proc_state: _Optional[str] = ..., exitcode: _Optional[int] = ..., role: _Optional[str] = ..., role_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., role_world_size: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., gpu_utilization_percent: _Optional[float] = ..., gpu_memory_used_bytes: _Optional[int] = ..., gpu_temperature_c: _Optional[int] = ..., gpu_memory_total_bytes: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "name", "state", "reason", "attempt", "round", "max_restarts", "members", "workers", "spec", "result", "has_result", "submitted_at", "finished_at", "min_nodes", "max_nodes", "nodes_joined", "last_call_deadline", "world_size")
@@ -357,7 +369,7 @@ class Job(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ..., round: _Optional[int] = ..., max_restarts: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., result: _Optional[_Union[RunResult, _Mapping]] = ..., has_result: _Optional[bool] = ..., submitted_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., nodes_joined: _Optional[int] = ..., last_call_deadline: _Optional[float] = ..., world_size: _Optional[int] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "addr", "slots", "slots_used", "state", "last_seen", "jobs", "incarnation")
+    __slots__ = ("name", "addr", "slots", "slots_used", "state", "last_seen", "jobs", "incarnation", "quarantine_reason", "quarantined_until", "gpus", "gpu_health", "gpus_used")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -366,6 +378,11 @@ class Node(_message.Message):
     LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINE_REASON_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_HEALTH_FIELD_NUMBER: _ClassVar[int]
+    GPUS_USED_FIELD_NUMBER: _ClassVar[int]
     name: str
     addr: str
     slots: int
@@ -374,7 +391,40 @@ class Node(_message.Message):
     last_seen: float
     jobs: _containers.RepeatedScalarFieldContainer[str]
     incarnation: str
-    def __init__(self, name: _Optional[str] = ..., addr: _Optional[str] = ..., slots: _Optional[int] = ..., slots_used: _Optional[int] = ..., state: _Optional[str] = ..., last_seen: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    quarantine_reason: str
+    quarantined_until: float
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuDevice]
+    gpu_health: _containers.RepeatedCompositeFieldContainer[GpuHealth]
+    gpus_used: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., addr: _Optional[str] = ..., slots: _Optional[int] = ..., slots_used: _Optional[int] = ..., state: _Optional[str] = ..., last_seen: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., quarantine_reason: _Optional[str] = ..., quarantined_until: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ..., gpus_used: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GpuDevice(_message.Message):
+    __slots__ = ("index", "uuid", "name", "memory_total")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    name: str
+    memory_total: int
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_total: _Optional[int] = ...) -> None: ...
+
+class GpuHealth(_message.Message):
+    __slots__ = ("index", "utilization_percent", "memory_used", "temperature_c", "uncorrectable_ecc", "lost")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    UNCORRECTABLE_ECC_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    utilization_percent: float
+    memory_used: int
+    temperature_c: int
+    uncorrectable_ecc: int
+    lost: bool
+    def __init__(self, index: _Optional[int] = ..., utilization_percent: _Optional[float] = ..., memory_used: _Optional[int] = ..., temperature_c: _Optional[int] = ..., uncorrectable_ecc: _Optional[int] = ..., lost: _Optional[bool] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("seq", "job_id", "timestamp", "kind", "reason", "attempt", "round", "node", "rank")
@@ -481,6 +531,18 @@ class ForgetNodeResponse(_message.Message):
     FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
     forgotten: bool
     def __init__(self, forgotten: _Optional[bool] = ...) -> None: ...
+
+class ClearQuarantineRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ClearQuarantineResponse(_message.Message):
+    __slots__ = ("cleared",)
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    cleared: bool
+    def __init__(self, cleared: _Optional[bool] = ...) -> None: ...
 
 class CancelJobRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -609,20 +671,22 @@ class RunningGroup(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerPid, _Mapping]]] = ..., exits: _Optional[_Iterable[_Union[WorkerExit, _Mapping]]] = ..., stopped: _Optional[bool] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("name", "addr", "slots", "incarnation", "version", "running")
+    __slots__ = ("name", "addr", "slots", "incarnation", "version", "running", "gpus")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
     name: str
     addr: str
     slots: int
     incarnation: str
     version: str
     running: _containers.RepeatedCompositeFieldContainer[RunningGroup]
-    def __init__(self, name: _Optional[str] = ..., addr: _Optional[str] = ..., slots: _Optional[int] = ..., incarnation: _Optional[str] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningGroup, _Mapping]]] = ...) -> None: ...
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuDevice]
+    def __init__(self, name: _Optional[str] = ..., addr: _Optional[str] = ..., slots: _Optional[int] = ..., incarnation: _Optional[str] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningGroup, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ...) -> None: ...
 
 class WorkerHealth(_message.Message):
     __slots__ = ("local_rank", "global_rank", "pid", "cpu_percent", "rss_bytes", "proc_state")
@@ -655,12 +719,14 @@ class GroupHealth(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerHealth, _Mapping]]] = ..., state: _Optional[_Union[GroupState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("seq", "groups")
+    __slots__ = ("seq", "groups", "gpus")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     groups: _containers.RepeatedCompositeFieldContainer[GroupHealth]
-    def __init__(self, seq: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupHealth, _Mapping]]] = ...) -> None: ...
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuHealth]
+    def __init__(self, seq: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupHealth, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ...) -> None: ...
 
 class PortReserved(_message.Message):
     __slots__ = ("job_id", "round", "port", "error")
@@ -799,7 +865,7 @@ class WorkerRanks(_message.Message):
     def __init__(self, local_rank: _Optional[int] = ..., global_rank: _Optional[int] = ..., role_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., role_world_size: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
 
 class Assign(_message.Message):
-    __slots__ = ("job_id", "round", "attempt", "spec", "group_rank", "group_world_size", "master_addr", "master_port", "workers", "run_id")
+    __slots__ = ("job_id", "round", "attempt", "spec", "group_rank", "group_world_size", "master_addr", "master_port", "workers", "run_id", "gpus", "gpu_uuids")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -810,6 +876,8 @@ class Assign(_message.Message):
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     attempt: int
@@ -820,7 +888,9 @@ class Assign(_message.Message):
     master_port: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerRanks]
     run_id: str
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., group_rank: _Optional[int] = ..., group_world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerRanks, _Mapping]]] = ..., run_id: _Optional[str] = ...) -> None: ...
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., group_rank: _Optional[int] = ..., group_world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerRanks, _Mapping]]] = ..., run_id: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Stop(_message.Message):
     __slots__ = ("job_id", "round", "grace_ms", "reason", "replaced")

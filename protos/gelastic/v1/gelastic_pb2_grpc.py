@@ -94,6 +94,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ForgetNodeRequest.SerializeToString,
                 response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ForgetNodeResponse.FromString,
                 _registered_method=True)
+        self.ClearQuarantine = channel.unary_unary(
+                '/gelastic.v1.Coordinator/ClearQuarantine',
+                request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ClearQuarantineRequest.SerializeToString,
+                response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ClearQuarantineResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -173,6 +178,12 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ClearQuarantine(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -235,6 +246,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ForgetNode,
                     request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ForgetNodeRequest.FromString,
                     response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ForgetNodeResponse.SerializeToString,
+            ),
+            'ClearQuarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearQuarantine,
+                    request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ClearQuarantineRequest.FromString,
+                    response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ClearQuarantineResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -561,6 +577,33 @@ class Coordinator:
             '/gelastic.v1.Coordinator/ForgetNode',
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ForgetNodeRequest.SerializeToString,
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ForgetNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearQuarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gelastic.v1.Coordinator/ClearQuarantine',
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ClearQuarantineRequest.SerializeToString,
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ClearQuarantineResponse.FromString,
             options,
             channel_credentials,
             insecure,
