@@ -155,7 +155,7 @@ class Timeline:
 def describe_failures(failures: Sequence[ProcessFailure]) -> str:
     """`rank 3 on node-1 (SIGKILL); also ranks 0, 2 (exit code 1)`: a signal death first (the
     kill that started it), else the root cause the coordinator named; it is named if another."""
-    ordered = sorted(failures, key=lambda f: (not f.signal, not f.root_cause, f.global_rank))
+    ordered = sorted(failures, key=lambda f: (_how(f) != f.signal, not f.root_cause, f.global_rank))
     head, rest = ordered[0], ordered[1:]
     text = f"rank {head.global_rank} on {head.node} ({_how(head)})"
     if rest:
