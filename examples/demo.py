@@ -148,7 +148,8 @@ class Timeline:
         if a.failures:
             return f"failed{at}: {describe_failures(a.failures)}"
         if "lost" in a.end_reason:
-            return f"stopped{at}: {_one_line(a.end_reason)}"
+            # "node node-1 lost (why); re-forming with the remaining nodes": the next line says so.
+            return f"stopped{at}: {_one_line(a.end_reason.split(';')[0])}"
         return f"finished{at}: {_one_line(a.end_reason)}"
 
 
