@@ -119,6 +119,9 @@ def main() -> None:
         f"rank {rank}/{world} on {os.environ.get('GROUP_RANK')}:{os.environ.get('LOCAL_RANK')} done",
         flush=True,
     )
+    # Every rank reaches the end before any tears its group down: one that exits first can
+    # leave another's destroy_process_group() waiting on it.
+    dist.barrier()
     dist.destroy_process_group()
 
 
