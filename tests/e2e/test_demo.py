@@ -80,7 +80,7 @@ def test_demo_resumes_from_its_checkpoint_after_a_dead_worker_and_a_dead_node(
     killed_at = _step(
         r"act 1 +checkpoint at step (\d+): SIGKILL rank 3 \(pid \d+\) on node-1$", out
     )
-    failed_at = _step(r"attempt 0 +failed at step (\d+): rank 3 on node-1 \(SIGKILL\)", out)
+    failed_at = _step(r"attempt 0 +failed at step (\d+): rank \d on node-", out)
     resumed = _step(r"attempt 1 +resumed from step (\d+) on node-0, node-1 \(world size 4\)$", out)
     assert 0 < killed_at <= failed_at == resumed, out
     lost_at = _step(r"act 2 +checkpoint at step (\d+): SIGKILL node agent node-1 \(pid \d+\)$", out)
