@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import resource
 import shutil
 import signal
 import sys
@@ -59,10 +60,34 @@ class DemoFailed(RuntimeError):
 
 
 def _print_dashboard_url(cluster: LocalCluster) -> None:
-    """The one place that shows the cluster's dashboard, once LocalCluster serves one."""
-    url = getattr(cluster, "dashboard_url", None)
+    """Where the cluster's live dashboard is, while the demo runs (the token stays in its file)."""
+    url = cluster.dashboard_url
     if url:
-        print(f"dashboard: {url}", flush=True)
+        print(f"dashboard: {url}  (log in with the token in {cluster.token_file})", flush=True)
+
+
+class Phases:
+    """Wall-clock marks of the demo's phases, and the CPU time it and its cluster used."""
+
+    def __init__(self, t0: float) -> None:
+        self.marks: list[tuple[str, float]] = [("start", t0)]
+
+    def mark(self, what: str) -> None:
+        self.marks.append((what, time.time()))
+
+    def report(self) -> str:
+        lines = ["phases (wall):"]
+        for (_, a), (what, b) in zip(self.marks, self.marks[1:], strict=False):
+            lines.append(f"  {b - a:5.1f} s  {what}")
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        # Its processes once they were reaped: the coordinator and the agents, with the workers,
+        # standbys and store hosts they reaped (not those of an agent that was killed).
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        own, theirs = me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+        lines.append(
+            f"CPU: {own + theirs:.1f} s ({own:.1f} s the demo, {theirs:.1f} s its cluster)"
+        )
+        return "\n".join(lines)
 
 
 def checkpoint_step(ckpt_dir: Path) -> int:
@@ -147,15 +172,20 @@ class Timeline:
         later = [r for r in self.resumed if r > a.round]
         step = self.resumed[min(later)][0] if later else self.final_step
         at = f" at step {step}" if step else ""
+        if "lost" in a.end_reason:
+            # "node node-1 lost (why); re-forming with the remaining nodes": the next line says so.
+            # Its workers went with its agent: the loss is the story, not their exit codes.
+            text = f"stopped{at}: {_one_line(a.end_reason.split(';')[0])}"
+            if a.failures:
+                ranks = ", ".join(str(f.global_rank) for f in a.failures)
+                text += f"; its ranks {ranks} went with it"
+            return text
         if a.failures:
             text = f"failed{at}: {describe_failures(a.failures)}"
             victim = self.killed.get(a.round)
             if victim is not None and all(f.global_rank != victim for f in a.failures):
                 text += f" (rank {victim}, which the demo killed, is not listed)"
             return text
-        if "lost" in a.end_reason:
-            # "node node-1 lost (why); re-forming with the remaining nodes": the next line says so.
-            return f"stopped{at}: {_one_line(a.end_reason.split(';')[0])}"
         return f"finished{at}: {_one_line(a.end_reason)}"
 
 
@@ -186,7 +216,7 @@ def _wait(job: Job, pred: Callable[[], bool], what: str, timeout: float = WAIT_S
             raise DemoFailed(f"the job ended ({state.value}) while waiting for {what}")
         return False
 
-    poll_until(check, timeout, interval=0.1, what=what)
+    poll_until(check, timeout, interval=0.2, what=what)
 
 
 def resumed_from(job: Job, attempt: int, round_: int) -> tuple[int, int] | None:
@@ -245,12 +275,14 @@ def kill_worker(cluster: LocalCluster, job: Job, rank: int) -> tuple[int, str, i
     return w.pid, w.node, status.round
 
 
-def run(args: argparse.Namespace, cluster: LocalCluster, ckpt_dir: Path, t0: float) -> RunResult:
+def run(
+    args: argparse.Namespace, cluster: LocalCluster, ckpt_dir: Path, t0: float, phases: Phases
+) -> RunResult:
     steps = args.steps
     act1, act2 = steps * 3 // 10, steps * 6 // 10
     spec = JobSpec(
         entrypoint=[sys.executable, str(HERE / "train_ddp.py")],
-        args=["--steps", str(steps), "--checkpoint-dir", str(ckpt_dir), "--step-time", "0.1"],
+        args=["--steps", str(steps), "--checkpoint-dir", str(ckpt_dir), "--step-time", "0.05"],
         nproc_per_node=2,
         min_nodes=1,
         max_nodes=2,
@@ -275,6 +307,7 @@ def run(args: argparse.Namespace, cluster: LocalCluster, ckpt_dir: Path, t0: flo
     timeline.say("demo", "submitted the job", time.time())
 
     _wait(job, lambda: checkpoint_step(ckpt_dir) >= act1, f"the checkpoint of step {act1}")
+    phases.mark(f"submit to the checkpoint of step {act1} (4 workers start cold)")
     timeline.update()
     at = checkpoint_step(ckpt_dir)
     pid, node, round1 = kill_worker(cluster, job, VICTIM_RANK)
@@ -283,10 +316,12 @@ def run(args: argparse.Namespace, cluster: LocalCluster, ckpt_dir: Path, t0: flo
         "act 1", f"checkpoint at step {at}: SIGKILL rank {VICTIM_RANK} (pid {pid}) on {node}"
     )
     step1 = wait_resumed(job, timeline, round1, NODES)
+    phases.mark("act 1: kill to resumed (attempt 1 on standbys)")
     if step1 < at or step1 == 0:
         raise DemoFailed(f"the restart resumed from step {step1}, not from step {at} or later")
 
     _wait(job, lambda: checkpoint_step(ckpt_dir) >= act2, f"the checkpoint of step {act2}")
+    phases.mark(f"training to the checkpoint of step {act2}")
     round2 = job.status().round
     at = checkpoint_step(ckpt_dir)
     agent_pid = cluster.kill_agent(VICTIM_NODE, signal.SIGKILL)
@@ -294,10 +329,12 @@ def run(args: argparse.Namespace, cluster: LocalCluster, ckpt_dir: Path, t0: flo
         "act 2", f"checkpoint at step {at}: SIGKILL node agent {VICTIM_NODE} (pid {agent_pid})"
     )
     step2 = wait_resumed(job, timeline, round2, [n for n in NODES if n != VICTIM_NODE])
+    phases.mark("act 2: kill to resumed (node-0 alone, on standbys)")
     if step2 < at:
         raise DemoFailed(f"the re-formed round resumed from step {step2}, not from {at} or later")
 
     result = job.wait(timeout=WAIT_S)
+    phases.mark(f"training to step {steps} and the exit barrier")
     timeline.final_step = checkpoint_step(ckpt_dir)
     timeline.update()
     if args.events:
@@ -352,19 +389,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: RunResult | None = None
     failed = ""
     print("starting a local cluster: 1 coordinator + 2 node agents on 127.0.0.1 ...", flush=True)
-    cluster = LocalCluster(nodes=len(NODES), slots=2, workdir=root / "cluster")
+    cluster = LocalCluster(nodes=len(NODES), slots=2, workdir=root / "cluster", dashboard_port=0)
+    phases = Phases(t0)
     try:
         with cluster:
+            phases.mark("cluster start (coordinator, 2 agents)")
             _print_dashboard_url(cluster)
             for node in cluster.client.list_nodes():
                 print(f"  node joined: {node.name} ({node.addr}, {node.slots} slots)", flush=True)
-            result = run(args, cluster, ckpt_dir, t0)
+            result = run(args, cluster, ckpt_dir, t0, phases)
     except (DemoFailed, TimeoutError) as exc:
         failed = str(exc)
     except Exception:
         failed = traceback.format_exc()
     # What the stop had to SIGKILL outlived a graceful stop: that is what was left behind.
     left = [str(k) for k in cluster.killed] + [str(p.pid) for p in cluster.leftovers()]
+    phases.mark("cluster stop")
     print()
     if result is not None:
         print(summary(result))
@@ -373,6 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"logs and checkpoints kept in {root}")
     else:
         shutil.rmtree(root, ignore_errors=True)
+    print(phases.report())
     print(f"cluster stopped; processes left behind: {len(left)}  ({time.time() - t0:.1f} s)")
     for what in left:
         print(f"  left behind: {what}")

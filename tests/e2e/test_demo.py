@@ -11,6 +11,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -37,6 +39,22 @@ def _marked(mark: str) -> list[psutil.Process]:
     return found
 
 
+def _read(proc: subprocess.Popen[bytes], lines: list[str], served: list[int]) -> None:
+    """Collect the demo's output; open the dashboard's URL as soon as it is printed."""
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        line = raw.decode(errors="replace")
+        lines.append(line)
+        m = re.match(r"dashboard: (http://127\.0\.0\.1:\d+/) ", line)
+        if m:
+            try:
+                # No token: the dashboard answers with its login page, which is enough here.
+                with urllib.request.urlopen(m.group(1), timeout=10) as resp:
+                    served.append(resp.status)
+            except OSError as e:
+                lines.append(f"[test] the dashboard did not answer: {e}\n")
+
+
 def _step(pattern: str, text: str) -> int:
     m = re.search(pattern, text, re.MULTILINE)
     assert m, f"no line matching {pattern!r} in the demo's output:\n{text[-4000:]}"
@@ -58,14 +76,24 @@ def test_demo_resumes_from_its_checkpoint_after_a_dead_worker_and_a_dead_node(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    lines: list[str] = []
+    served: list[int] = []
+    reader = threading.Thread(target=_read, args=(proc, lines, served), daemon=True)
+    reader.start()
     try:
-        raw, _ = proc.communicate(timeout=TIMEOUT)
+        proc.wait(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         for p in _marked(mark):
             p.kill()
-        raw, _ = proc.communicate(timeout=30)
-        pytest.fail(f"the demo ran over {TIMEOUT} s:\n{raw.decode(errors='replace')[-4000:]}")
-    out = raw.decode(errors="replace")
+        proc.wait(timeout=30)
+        reader.join(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        pytest.fail(f"the demo ran over {TIMEOUT} s:\n{''.join(lines)[-4000:]}")
+    reader.join(30)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    out = "".join(lines)
 
     # Nothing it started may survive it: looked for before anything is killed.
     try:
@@ -84,9 +112,18 @@ def test_demo_resumes_from_its_checkpoint_after_a_dead_worker_and_a_dead_node(
     resumed = _step(r"attempt 1 +resumed from step (\d+) on node-0, node-1 \(world size 4\)$", out)
     assert 0 < killed_at <= failed_at == resumed, out
     lost_at = _step(r"act 2 +checkpoint at step (\d+): SIGKILL node agent node-1 \(pid \d+\)$", out)
+    stopped_at = _step(r"attempt 1 +stopped at step (\d+): node node-1 lost \(.*\)", out)
     reformed = _step(r"attempt 1 +resumed from step (\d+) on node-0 \(world size 2\)$", out)
-    assert resumed < lost_at <= reformed, out
+    assert resumed < lost_at <= stopped_at == reformed, out
     assert _step(r"attempt 1 +finished at step (\d+): all workers succeeded$", out) == 10
     assert re.search(r"^RunResult: state=SUCCEEDED attempts=2 rounds=3", out, re.MULTILINE), out
     assert "processes left behind: 0" in out
+    # The dashboard is served while it runs; the token stays in its file.
+    dashboard = re.search(
+        r"^dashboard: (http://127\.0\.0\.1:\d+/) +\(log in with the token in ", out, re.M
+    )
+    assert dashboard, out
+    assert served == [200], out
+    assert re.search(r"^ +[\d.]+ s +act 2: kill to resumed", out, re.MULTILINE), out
+    assert re.search(r"^CPU: [\d.]+ s \([\d.]+ s the demo, [\d.]+ s its cluster\)$", out, re.M), out
     assert list(tmp.iterdir()) == [], "the demo left files in its temp dir"
