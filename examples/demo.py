@@ -9,9 +9,12 @@ workers (min_nodes=1, max_nodes=2) and checkpoints every step into a private dir
 - Act 2: at 60% of the steps, the demo SIGKILLs node-1's agent; its workers die with it. The job
   re-forms on node-0 alone, resumes from the checkpoint again, and finishes.
 
-The timeline is printed as it happens, from the job's attempts, its events and rank 0's log (it
-prints `resumed from step N`), all read through the client API; then the RunResult. The job asks
-for standby workers (`preload`), so a restart does not import torch again.
+The coordinator serves its dashboard (`LocalCluster(dashboard_port=0)`); its URL is printed
+first. The timeline is printed as it happens, from the job's attempts, its events and rank 0's
+log (it prints `resumed from step N`), all read through the client API; then the RunResult, the
+wall time of each phase and the CPU time of the demo and its cluster. The job asks for standby
+workers (`preload` of torch and of the torch._dynamo that DDP's constructor imports), so a
+restart does not import them again.
 
 The demo exits non-zero when the story did not happen as told: the job failed, attempt 0 did
 not fail, a round did not resume from the checkpoint, or anything it started was left running.
