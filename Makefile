@@ -97,8 +97,10 @@ fuzz: $(STAMP)
 	GELASTIC_HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -rsx -p no:cacheprovider \
 		--timeout=$(FUZZ_TIMEOUT) $(FUZZ_TESTS)
 
+# DEMO_ARGS: e.g. "--steps 10 --events" (see examples/demo.py).
+DEMO_ARGS ?=
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	$(PY) examples/demo.py $(DEMO_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
