@@ -22,7 +22,7 @@ import grpc.aio
 import psutil
 import pytest
 
-from client import Client, GelasticError, JobSpec
+from client import Client, GelasticError, JobSpec, cli
 from client.coordinators import LEADER_HEADER
 from client.wire import spec_to_pb
 from coordinator.server import Coordinator, CoordinatorConfig
@@ -184,6 +184,24 @@ async def test_with_every_replica_down_or_standby_a_call_fails_unavailable_withi
     assert f"{down}: UNAVAILABLE: " in message
     assert took < 3 + 1.5, took
     assert len(standby.calls) > 1  # it kept trying, within the deadline and the cap
+
+
+async def test_the_cli_takes_a_list_and_names_a_bad_entry_or_every_unreachable_one(
+    leader: Coordinator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with Standby(leader.address) as standby:
+        argv = ["--coordinator", f"{standby.address},{leader.address}", "jobs", "--json"]
+        assert await asyncio.to_thread(cli.main, argv) == 0
+        assert standby.calls == ["/gelastic.v1.Coordinator/ListJobs"]
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli.main, ["--coordinator", "127.0.0.1:1,b", "jobs"]) == 2
+    assert "entry 2 of 2, 'b', is not HOST:PORT" in capsys.readouterr().err
+    down = [_closed_port(), _closed_port()]
+    argv = ["--coordinator", ",".join(down), "--connect-timeout", "2", "jobs"]
+    assert await asyncio.to_thread(cli.main, argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gelastic jobs: cannot reach any coordinator of the list: "), err
+    assert all(f"{d}: Connection refused" in err for d in down), err
 
 
 # ---- agents -----------------------------------------------------------------------------------
