@@ -228,6 +228,7 @@ class Client:
         current = self._leader
         tried: set[str] = set()
         answers: dict[str, str] = {}
+        said_as_leader: set[str] = set()
         last: grpc.RpcError | None = None
         delay = 0.1
         pass_no = 1
@@ -245,7 +246,12 @@ class Client:
                 standby = code == grpc.StatusCode.UNAVAILABLE and is_standby_answer(
                     _details(exc), named
                 )
-                answers[current] = f"{code.name if code else 'ERROR'}: {_details(exc)}"
+                # What a replica said as the leader (its store unreachable, say) outlasts its
+                # later standby answers: it is the reason worth showing.
+                if not (standby and current in said_as_leader):
+                    answers[current] = f"{code.name if code else 'ERROR'}: {_details(exc)}"
+                if not standby:
+                    said_as_leader.add(current)
                 if not (standby or (idempotent and code in retry_on)):
                     raise _wrap(exc) from None
                 nxt = next_coordinator(listed, current, tried, hint)
