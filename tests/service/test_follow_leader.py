@@ -233,6 +233,17 @@ async def test_an_agent_given_standbys_first_registers_with_the_leader(
         assert second.calls == []  # the hint, not the rotation, took it there
 
 
+async def test_an_agent_does_not_follow_a_hint_to_an_address_that_is_not_listed(
+    leader: Coordinator, tmp_path: Path
+) -> None:
+    async with Standby() as trap, Standby(trap.address) as liar:
+        agent = _agent(f"{liar.address},{leader.address}", tmp_path)
+        async with agent:
+            await asyncio.wait_for(agent.connected.wait(), WAIT_S)
+            assert agent.target == leader.address
+        assert liar.calls and trap.calls == []
+
+
 class EpochCoordinator(pb_grpc.NodeSessionServicer):  # type: ignore[misc]
     """A NodeSession server that sends, on each session, the messages a test scripts."""
 

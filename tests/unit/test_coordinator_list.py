@@ -69,6 +69,15 @@ def test_the_agent_config_refuses_a_bad_list() -> None:
     AgentConfig(coordinator="a:1,b:2").validate()
 
 
+def test_the_agent_cli_names_the_bad_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    from nodeagent import cli as nodeagent_cli
+
+    assert nodeagent_cli.main(["--coordinator", "a:1,b:2,b:2", "--name", "n1"]) == 2
+    assert capsys.readouterr().err == (
+        "nodeagent: coordinator: b:2 is in the list twice (entries 2 and 3)\n"
+    )
+
+
 LISTED = ("a:1", "b:2", "c:3")
 
 
