@@ -196,7 +196,7 @@ class NodeAgent:
         self.epoch = 0
         """The newest leader epoch any coordinator message carried, for the life of the agent;
         a message with an older one is refused."""
-        self._stale_logged = (0.0, 0)  # (when, refusals since)
+        self._stale_logged = (-float("inf"), 0)  # (when, refusals since)
         self.addr = config.addr or _route_addr(self.target)
         self.security = Security.from_files(
             config.token_file,
@@ -295,8 +295,8 @@ class NodeAgent:
                     reason = f"session with {target} closed by the coordinator"
             except asyncio.CancelledError:
                 raise
-            except StaleEpoch as exc:
-                reason = str(exc)
+            except StaleEpoch:
+                reason = ""  # _check_epoch logged it, rate-limited
             except grpc.aio.AioRpcError as exc:
                 code, details = exc.code(), one_line(exc.details() or "")[:500]
                 if code == grpc.StatusCode.ALREADY_EXISTS:

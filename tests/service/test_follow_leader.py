@@ -342,7 +342,7 @@ def _started(received: list[pb.NodeMessage], job_id: str) -> list[pb.WorkersStar
 
 
 async def test_an_agent_refuses_a_message_of_an_older_epoch_and_reconnects(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = EpochCoordinator()
     await fake.server.start()
@@ -385,6 +385,13 @@ async def test_an_agent_refuses_a_message_of_an_older_epoch_and_reconnects(
             await outbox.put(_welcome(9))
             await asyncio.wait_for(agent.connected.wait(), WAIT_S)
             assert agent.epoch == 9
+            # Two refusals, one line (rate-limited), naming the epochs.
+            refusals = [r.getMessage() for r in caplog.records if "carries leader epoch" in r.msg]
+            assert len(refusals) == 1, refusals
+            assert (
+                "refused assign from" in refusals[0]
+                and "epoch 3, older than epoch 5" in (refusals[0])
+            )
             assert ("job-old-0000000002", 1) not in agent._held
             await outbox.put(None)
     finally:
