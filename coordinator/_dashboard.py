@@ -487,6 +487,17 @@ class Dashboard:
         self._runner = runner
         logger.info("dashboard on %s", self.url)
 
+    def adopt(self, svc: CoordinatorService) -> None:
+        """Show `svc` from now on (a replica that took over, or stepped down)."""
+        if self._runner is not None:
+            with contextlib.suppress(ValueError):
+                self.svc.effect_observers.remove(self.feed.observe)
+            svc.effect_observers.append(self.feed.observe)
+        self.svc = svc
+        self.model.svc = svc
+        self._overview_cache = (-1, b"")
+        self._job_cache = {}
+
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
         if runner is None:
