@@ -128,6 +128,8 @@ class Leadership:
         self._confirmed = -math.inf
         """Monotonic send time of the last keepalive (or grant) etcd confirmed."""
         self._leading = False
+        self._fresh = True
+        """No leader key was read yet by this process."""
         self._depose = asyncio.Event()
         self._depose_reason = ""
         self.epoch = 0
@@ -246,17 +248,28 @@ class Leadership:
     async def _try_once(self) -> int:
         t = self.poll_interval
         kv = await self._in_thread(self._store.read_key, self._key, t)
+        fresh, self._fresh = self._fresh, False
         if kv is not None:
             rid, addr = _decode_leader(kv.value)
-            if rid != self.replica_id:
+            if rid != self.replica_id and not (fresh and addr == self.advertise):
                 self.leader_addr = addr
                 return 0
-            # This replica's own key from a term it already gave up: its lease goes, then the
-            # campaign is open to every replica.
-            logger.info("revoking the leader lease of an earlier term of this replica")
+            if rid != self.replica_id:
+                # This process listens at the address the key names: the process that wrote it
+                # (a coordinator here that crashed and is being restarted) is gone. Taken over
+                # at once, not after the TTL; only at start, so that two replicas configured
+                # with one address cannot take it from each other in turn.
+                logger.warning(
+                    "the leader key names this replica's address %s: the coordinator that "
+                    "held it is gone; taking over",
+                    addr,
+                )
+            else:
+                # This replica's own key from a term it already gave up.
+                logger.info("revoking the leader lease of an earlier term of this replica")
             await self._in_thread(self._store.revoke_lease, kv.lease, t)
             self.leader_addr = ""
-            return 0
+            # The key went with its lease: the campaign below is open to every replica.
         sent = self._clock()
         lease, granted = await self._in_thread(
             self._store.grant_lease, math.ceil(self.ttl), self.ttl

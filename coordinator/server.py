@@ -462,9 +462,15 @@ class Coordinator:
     async def _elected(self, epoch: int) -> None:
         """Take over as after a restart: fence the store, load the state, then serve."""
         assert self.leadership is not None and self._gate is not None
-        assert isinstance(self.store, EtcdStore)
-        self.store.set_fence(Fence(self.store.leader_key(), epoch))
-        service = await asyncio.to_thread(self._new_service, self.store)
+        store = self.store
+        assert isinstance(store, EtcdStore)
+
+        def load() -> CoordinatorService:
+            # In a thread: set_fence waits for a write of an earlier term still under way.
+            store.set_fence(Fence(store.leader_key(), epoch))
+            return self._new_service(store)
+
+        service = await asyncio.to_thread(load)
         service.epoch = epoch
         service.may_send = self.leadership.leading
         service.on_fenced = self.leadership.depose

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -32,15 +34,23 @@ WAIT_S = 20.0
 
 
 def _config(url: str, tmp_path: Path, **kw: object) -> CoordinatorConfig:
-    return CoordinatorConfig(
-        state_dir=str(tmp_path / "unused"),
-        store=url,
-        port=0,
-        lease=30.0,
-        heartbeat_interval=1.0,
-        leader_ttl=TTL,
-        **kw,  # type: ignore[arg-type]
-    )
+    settings: dict[str, object] = {
+        "state_dir": str(tmp_path / "unused"),
+        "store": url,
+        "port": 0,
+        "lease": 30.0,
+        "heartbeat_interval": 1.0,
+        "leader_ttl": TTL,
+    }
+    settings.update(kw)
+    return CoordinatorConfig(**settings)  # type: ignore[arg-type]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 async def _until(what: str, check: Callable[[], bool], timeout: float = WAIT_S) -> None:
@@ -270,6 +280,36 @@ async def test_the_leader_steps_down_on_its_own_timer_before_the_ttl(
             assert c.leadership.epoch > epoch
     finally:
         etcd.stop()
+
+
+async def test_a_coordinator_restarted_at_the_leaders_address_takes_over_at_once(
+    etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
+) -> None:
+    # What a coordinator killed with SIGKILL leaves: the leader key on a lease still alive.
+    port = _free_port()
+    key = (parse_etcd_url(etcd_url)[1] + "/leader").encode()
+    with etcd_server.channel() as ch:
+        lease = epb_grpc.LeaseStub(ch).LeaseGrant(epb.LeaseGrantRequest(TTL=60), timeout=5).ID
+        value = json.dumps({"id": "0" * 32, "addr": f"127.0.0.1:{port}"}).encode()
+        epb_grpc.KVStub(ch).Put(epb.PutRequest(key=key, value=value, lease=lease), timeout=5)
+    other = Coordinator(_config(etcd_url, tmp_path))
+    await other.start()
+    try:
+        # Another address waits for the lease to run out...
+        assert not other.leading
+        started = time.monotonic()
+        # ...the same address listens here now: whoever held it is gone.
+        async with Coordinator(_config(etcd_url, tmp_path, port=port)) as c:
+            assert c.leading and c.advertised() == f"127.0.0.1:{port}"
+            assert time.monotonic() - started < 10
+            await _until(
+                "the other replica knows the leader",
+                lambda: (
+                    other.leadership is not None and other.leadership.leader_addr == c.advertised()
+                ),
+            )
+    finally:
+        await other.stop()
 
 
 async def test_every_message_to_an_agent_carries_the_epoch(
