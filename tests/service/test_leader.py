@@ -165,9 +165,18 @@ async def test_a_revoked_lease_elects_another_replica_which_loads_the_state(
         assert first.leadership is not None
         epoch = first.leadership.epoch
         job = await _submit(first.address, "r1")
+        # A client stream of the term: it ends when the term does.
+        channel = grpc.aio.insecure_channel(first.address)
+        watch = pb_grpc.CoordinatorStub(channel).WatchJob(pb.WatchJobRequest(job_id=job))
+        assert (await watch.read()).job.job_id == job
         # Expiry, as etcd sees it: the lease goes; the leader learns it at its next keepalive.
         await asyncio.to_thread(_revoke_leader_lease, etcd_server, etcd_url)
         await _until("the first leader steps down", lambda: not first.leading)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            while (await asyncio.wait_for(watch.read(), WAIT_S)) is not grpc.aio.EOF:
+                pass
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        await channel.close()
         second = await _leader_elected(coords)
         assert second.leadership is not None and second.leadership.epoch > epoch
         got = await _call(second.address, lambda s: s.GetJob(pb.GetJobRequest(job_id=job)))
