@@ -248,6 +248,8 @@ class DashboardModel:
 
     def __init__(self, svc: CoordinatorService) -> None:
         self.svc = svc
+        self.standby: Callable[[], str] = lambda: ""
+        """What a replica that does not lead says ("" while it leads, and with SQLite)."""
 
     def root_cause_line(self, job_id: str) -> str:
         c = self.svc.cluster
@@ -319,7 +321,16 @@ class DashboardModel:
                     "jobs": list(n.jobs),
                 }
             )
-        return {"now": now, "nodes": nodes, "jobs": rows, "jobs_total": len(ids)}
+        overview: dict[str, Any] = {
+            "now": now,
+            "nodes": nodes,
+            "jobs": rows,
+            "jobs_total": len(ids),
+        }
+        standby = self.standby()
+        if standby:
+            overview["standby"] = standby
+        return overview
 
     def job(self, job_id: str) -> dict[str, Any]:
         c = self.svc.cluster

@@ -506,6 +506,11 @@ class Coordinator:
         c = self.config
         tls = server_ssl_context(c.tls_cert, c.tls_key, c.tls_client_ca) if c.tls_cert else None
         dashboard = Dashboard(self.service, c.host, port, self.config.tokens()[1], tls)
+        gate = self._gate
+        if gate is not None:
+            dashboard.model.standby = lambda: (
+                "" if gate.term is not None else f"Standby replica ({gate.refusal()[0]})."
+            )
         await dashboard.start()
         self.dashboard = dashboard
         self.service.dashboard = (dashboard.scheme, c.host, dashboard.port)

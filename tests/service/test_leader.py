@@ -371,3 +371,29 @@ def test_replica_options_are_bounded(tmp_path: Path, kw: dict[str, object], erro
 def test_a_bad_advertise_address_is_refused(etcd_url: str, tmp_path: Path, addr: str) -> None:
     with pytest.raises(ValueError, match="advertise"):
         _config(etcd_url, tmp_path, advertise=addr).validate()
+
+
+async def test_the_dashboard_and_metrics_of_a_standby_say_so(
+    etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
+) -> None:
+    coords = [
+        Coordinator(
+            _config(etcd_url, tmp_path, dashboard_port=_free_port(), metrics_port=_free_port())
+        )
+        for _ in range(2)
+    ]
+    try:
+        for c in coords:
+            await c.start()
+        leader = await _leader_elected(coords)
+        standby = next(c for c in coords if c is not leader)
+        assert leader.dashboard is not None and standby.dashboard is not None
+        assert "standby" not in leader.dashboard.model.overview()
+        said = standby.dashboard.model.overview()["standby"]
+        assert said == f"Standby replica (not the leader; the leader is at {leader.advertised()})."
+        for c, value in ((leader, 1.0), (standby, 0.0)):
+            assert c.metrics is not None
+            assert c.metrics.registry.get_sample_value("gelastic_coordinator_leader") == value
+    finally:
+        for c in coords:
+            await c.stop()
