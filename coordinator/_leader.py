@@ -186,8 +186,8 @@ class Leadership:
             logger.info("this replica (%s) leads, epoch %d", self.advertise, epoch)
             lead = asyncio.get_running_loop().create_task(self._keep_leading(), name="lease")
             reason = ""
+            take_over = asyncio.get_running_loop().create_task(elected(epoch))
             try:
-                take_over = asyncio.get_running_loop().create_task(elected(epoch))
                 await asyncio.wait((lead, take_over), return_when=asyncio.FIRST_COMPLETED)
                 if not take_over.done():
                     take_over.cancel()
@@ -197,17 +197,26 @@ class Leadership:
                     exc = take_over.exception()
                     logger.error("taking over as leader failed: %s", exc, exc_info=exc)
                     self.depose(f"taking over failed: {exc}")
-                reason = await lead
+                try:
+                    reason = await lead
+                except Exception as exc:  # a bug: never lead on without the lease checked
+                    logger.exception("the leader lease check failed")
+                    reason = f"the leader lease check failed: {exc}"
             finally:
                 self._leading = False
                 self.last_step_down = (self._clock(), self._confirmed)
+                if not take_over.done():  # cancelled itself (the replica stops)
+                    take_over.cancel()
                 if not lead.done():
                     lead.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await lead
             logger.warning("this replica stops leading (epoch %d): %s", epoch, reason)
             self.leader_addr = ""
-            await deposed(reason)
+            try:
+                await deposed(reason)
+            except Exception:
+                logger.exception("stepping down failed")
             await self._revoke()
             await asyncio.sleep(self.poll_interval)
 
@@ -334,6 +343,9 @@ class Leadership:
                     ttl_left = refresh.result()
                 except StoreUnavailable as exc:
                     logger.warning("keepalive of the leader lease failed: %s", exc)
+                    continue
+                except Exception:
+                    logger.exception("keepalive of the leader lease failed")
                     continue
                 if ttl_left <= 0:
                     return "the leader lease is gone (expired or revoked in etcd)"
