@@ -5,7 +5,8 @@ The leader is stopped (its lease revoked on the way out): the agent reconnects t
 leader and is adopted (its worker is not restarted, its exit reported), and a `wait()` started
 before the failover ends with the job's result from the new leader. While the only leader
 cannot reach etcd, a submit fails UNAVAILABLE saying the store is unreachable, and once etcd is
-back no job appears that the client was told was not queued.
+back no job appears that the client was told was not queued. A submit repeated on the new
+leader with the first try's request id returns the job the first try made.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ import pytest
 
 from client import Client, GelasticError, JobSpec, WorkerState
 from client._client import _Progress
+from client.wire import spec_to_pb
 from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent.session import AgentConfig, NodeAgent
+from protos.gelastic.v1 import gelastic_pb2 as pb
 from tests._etcd import EtcdServer
 
 TTL = 3.0
 WAIT_S = 60.0
+SPEC = JobSpec(entrypoint=["python", "train.py"], nproc_per_node=1, min_nodes=1, max_nodes=1)
 WORKER = """
 import os, sys, time
 deadline = time.monotonic() + 120
@@ -163,3 +167,37 @@ async def test_while_the_leader_cannot_reach_etcd_a_submit_fails_unavailable_nam
                 client.close()
     finally:
         etcd.stop()
+
+
+async def test_a_submit_repeated_after_a_failover_returns_the_job_the_first_try_made(
+    etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
+) -> None:
+    coords = [Coordinator(_config(etcd_url, tmp_path)) for _ in range(2)]
+    for c in coords:
+        await c.start()
+    try:
+        await _until("one replica leads", lambda: sum(c.leading for c in coords) == 1)
+        first = next(c for c in coords if c.leading)
+        second = next(c for c in coords if c is not first)
+        listed = ",".join(c.advertised() for c in coords)
+        request = pb.SubmitRequest(spec=spec_to_pb(SPEC), request_id="retry-1")
+
+        def submit() -> str:
+            # As Client.submit does: one request id for every try, on whichever replica leads.
+            client = Client(listed, timeout=20)
+            try:
+                resp = client._call(
+                    lambda stub, t: stub.Submit(request, timeout=t), idempotent=True
+                )
+                return str(resp.job_id)
+            finally:
+                client.close()
+
+        job_id = await asyncio.to_thread(submit)
+        await first.stop()
+        await _until("the other replica leads", lambda: second.leading)
+        assert await asyncio.to_thread(submit) == job_id
+        assert second.service.cluster.job_ids() == [job_id]
+    finally:
+        for c in coords:
+            await c.stop()
