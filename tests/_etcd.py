@@ -7,12 +7,15 @@ without it a test skips, and under CI (CI=true) it fails instead: the etcd store
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import IO
 
@@ -148,6 +151,37 @@ class EtcdServer:
             auth.UserAdd(epb.AuthUserAddRequest(name="root", password=root_password), timeout=5)
             auth.UserGrantRole(epb.AuthUserGrantRoleRequest(user="root", role="root"), timeout=5)
             auth.AuthEnable(epb.AuthEnableRequest(), timeout=5)
+
+    def add_prefix_user(self, user: str, password: str, prefix: str) -> None:
+        """Make etcd user `user` (role of the same name) that may read and write the keys
+        under `prefix` only; before `enable_auth`. Through etcd's JSON gateway (plain text
+        only): the store's own proto subset has no role calls."""
+        if self.tls:
+            raise RuntimeError("add_prefix_user needs a plain-text etcd")
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+        def b64(text: str) -> str:
+            return base64.b64encode(text.encode()).decode()
+
+        for path, doc in (
+            ("/v3/auth/role/add", {"name": user}),
+            (
+                "/v3/auth/role/grant",
+                {
+                    "name": user,
+                    "perm": {"permType": "READWRITE", "key": b64(prefix), "range_end": b64(end)},
+                },
+            ),
+            ("/v3/auth/user/add", {"name": user, "password": password}),
+            ("/v3/auth/user/grant", {"user": user, "role": user}),
+        ):
+            req = urllib.request.Request(
+                f"http://{self.endpoint}{path}",
+                data=json.dumps(doc).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                json.loads(resp.read())
 
     def wait_ready(self, deadline: float | None = None) -> None:
         if deadline is None:
