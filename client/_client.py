@@ -1,7 +1,9 @@
 """The Python client: `submit()` a JobSpec and follow the `Job` it returns.
 
-Blocking calls over a gRPC channel. Every call has a deadline; only idempotent calls are
-retried. Results come back as domain objects, never protobuf messages. Function arguments are
+Blocking calls over gRPC channels, one per listed coordinator replica, made when first used.
+Every call has a total deadline and a cap on tries; only idempotent calls are retried, and a
+call goes to the leader a standby names only when that address is in the list
+(`client.coordinators`). The last leader that answered is remembered. Results come back as domain objects, never protobuf messages. Function arguments are
 pickled here; return values are unpickled here only by the `Job` that submitted them, after
 their tag checks out against the job's key (`client.results`): the coordinator only ever sees
 bytes, and a result looked up without the key is never unpickled.
@@ -21,11 +23,18 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, BinaryIO, TextIO, TypeVar
+from typing import Any, BinaryIO, TextIO, TypeAlias, TypeVar
 
 import grpc
 
 from client._terminal import strip_terminal_controls
+from client.coordinators import (
+    LEADER_HEADER,
+    is_standby_answer,
+    leader_hint,
+    next_coordinator,
+    parse_coordinators,
+)
 from client.model import (
     MAX_RESULT_BYTES_PER_JOB,
     MAX_RETURN_VALUE_BYTES,
@@ -63,6 +72,19 @@ SUBMIT_RETRY_CODES = (
 )
 """What a submit retries on, with the same request id."""
 RETRIES = 5
+"""Passes over the coordinator list one call makes (with a pause between passes)."""
+LIST_PASSES = 8
+"""Passes over a list of several replicas: their pauses (about 7 s in all) outlast a failover
+of the default leader TTL (3 s), within the call's deadline."""
+MAX_PAUSE_S = 2.0
+LIST_CHANNEL_OPTIONS = (
+    # A replica that comes back (or a black-holed one) is noticed within seconds, not the
+    # default 20 s connect timeout and 120 s backoff of a channel that failed.
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 3000),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+MAX_DETAILS_CHARS = 300
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_EVENT_PAGES = 1000
 """Most GetEvents pages one `events()` call reads (a job keeps at most 10,000 events)."""
@@ -70,6 +92,8 @@ MAX_ATTEMPT_PAGES = 200
 """Most GetAttempts pages one `attempts()` call reads (a job keeps at most 100 attempts)."""
 
 T = TypeVar("T")
+R = TypeVar("R")
+Stub: TypeAlias = pb_grpc.CoordinatorStub
 
 
 def _coordinator_address(address: str | None) -> str:
@@ -82,8 +106,24 @@ def _wrap(exc: grpc.RpcError) -> GelasticError:
     return GelasticError(code, f"{code.name if code else 'ERROR'}: {details}")
 
 
+def _details(exc: grpc.RpcError) -> str:
+    d = exc.details() if hasattr(exc, "details") else str(exc)
+    return " ".join(str(d or "").split())[:MAX_DETAILS_CHARS]
+
+
+def _hint(exc: grpc.RpcError, listed: Sequence[str]) -> tuple[str, bool]:
+    """(the listed leader a standby named, whether it named one at all)."""
+    try:
+        md: Any = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    except Exception:  # a call that never started has none
+        md = None
+    named = any(k == LEADER_HEADER for k, _ in md or ())
+    return leader_hint(md, listed), named
+
+
 class Client:
-    """A connection to one coordinator. Usable as a context manager."""
+    """A connection to a coordinator, or to the leader of a list of replicas
+    ("a:29400,b:29400"). Usable as a context manager."""
 
     def __init__(
         self,
@@ -97,7 +137,8 @@ class Client:
         tls_key: str | None = None,
         tls_server_name: str | None = None,
     ) -> None:
-        self.address = _coordinator_address(coordinator)
+        self.addresses = parse_coordinators(_coordinator_address(coordinator))
+        """Every listed replica, in the given order."""
         self.timeout = timeout
         if security is None:
             security = Security.from_env(
@@ -108,18 +149,56 @@ class Client:
                 tls_server_name=tls_server_name,
             )
         self.security = security
+        for address in self.addresses:
+            security.check_target(address)  # no token in plain text to any of them
         self._md = security.metadata
-        self._channel = security.channel(
-            self.address,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
-        self._stub = pb_grpc.CoordinatorStub(self._channel)
+        self._options: list[tuple[str, object]] = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        if len(self.addresses) > 1:
+            self._options.extend(LIST_CHANNEL_OPTIONS)
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, Stub] = {}
+        self._leader = self.addresses[0]
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        """The coordinator calls go to first: the leader that last answered (at first, the
+        first listed address)."""
+        return self._leader
+
+    def _stub_for(self, address: str) -> Stub:
+        with self._lock:
+            stub = self._stubs.get(address)
+            if stub is None:
+                if self._closed:
+                    raise GelasticError(None, "the client is closed")
+                # The TLS name checked is the host dialed (or --tls-server-name for all).
+                channel = self.security.channel(address, options=self._options)
+                self._channels[address] = channel
+                stub = self._stubs[address] = Stub(channel)
+            return stub
+
+    @property
+    def _channel(self) -> grpc.Channel:
+        self._stub_for(self._leader)
+        return self._channels[self._leader]
+
+    @property
+    def _stub(self) -> Stub:
+        return self._stub_for(self._leader)
 
     def close(self) -> None:
-        self._channel.close()
+        with self._lock:
+            self._closed = True
+            channels = list(self._channels.values())
+            self._channels.clear()
+            self._stubs.clear()
+        for channel in channels:
+            channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -131,22 +210,110 @@ class Client:
 
     def _call(
         self,
-        fn: Callable[[], T],
+        fn: Callable[[Stub, float], T],
         *,
         idempotent: bool,
         retry_on: tuple[grpc.StatusCode, ...] = (grpc.StatusCode.UNAVAILABLE,),
     ) -> T:
+        """`fn(stub, timeout)` on the leader, within `self.timeout` in all.
+
+        A standby's answer (the call was not acted on) sends it to the leader the standby names
+        when that is listed, else to the next listed address; an idempotent call also moves on
+        after an error in `retry_on`. Every address tried once is a pass; passes are bounded
+        and paused between (0.1 s, doubling to MAX_PAUSE_S).
+        """
+        listed = self.addresses
+        deadline = time.monotonic() + self.timeout
+        passes = RETRIES if len(listed) == 1 else LIST_PASSES
+        current = self._leader
+        tried: set[str] = set()
+        answers: dict[str, str] = {}
+        said_as_leader: set[str] = set()
+        last: grpc.RpcError | None = None
         delay = 0.1
-        for attempt in range(RETRIES if idempotent else 1):
+        pass_no = 1
+        for _ in range(2 * passes * len(listed)):  # a hint is followed at most once a try
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            tried.add(current)
             try:
-                return fn()
+                out = fn(self._stub_for(current), remaining)
             except grpc.RpcError as exc:
-                retryable = exc.code() in retry_on
-                if not (idempotent and retryable) or attempt == RETRIES - 1:
+                last = exc
+                code = exc.code()
+                hint, named = _hint(exc, listed)
+                standby = code == grpc.StatusCode.UNAVAILABLE and is_standby_answer(
+                    _details(exc), named
+                )
+                # What a replica said as the leader (its store unreachable, say) outlasts its
+                # later standby answers: it is the reason worth showing.
+                if not (standby and current in said_as_leader):
+                    answers[current] = f"{code.name if code else 'ERROR'}: {_details(exc)}"
+                if not standby:
+                    said_as_leader.add(current)
+                if not (standby or (idempotent and code in retry_on)):
                     raise _wrap(exc) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")
+                nxt = next_coordinator(listed, current, tried, hint)
+                if nxt is None:
+                    if pass_no >= passes:
+                        break
+                    pass_no += 1
+                    time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+                    delay = min(delay * 2, MAX_PAUSE_S)
+                    tried.clear()
+                    nxt = next_coordinator(listed, current, tried, hint)
+                current = nxt or current
+                continue
+            self._leader = current
+            return out
+        raise self._gave_up(last, answers)
+
+    def _gave_up(self, last: grpc.RpcError | None, answers: dict[str, str]) -> GelasticError:
+        if len(self.addresses) == 1 and last is not None:
+            return _wrap(last)
+        code = last.code() if last is not None else grpc.StatusCode.DEADLINE_EXCEEDED
+        said = "; ".join(f"{a}: {answers[a]}" for a in self.addresses if a in answers)
+        return GelasticError(
+            code,
+            f"{code.name}: no coordinator of {', '.join(self.addresses)} took the call within "
+            f"{self.timeout:g} s ({said or 'none answered'})",
+        )
+
+    def _stream(self, open_call: Callable[[Stub], Iterator[R]]) -> Iterator[R]:
+        """The items of a server stream from the leader.
+
+        Before the first item a standby's answer (or an unreachable replica) sends the stream to
+        the listed leader named, else the next listed address, each tried once; after it an
+        error ends the stream (the caller resumes it, as after a coordinator restart), and the
+        leader a standby named is remembered for the next call.
+        """
+        listed = self.addresses
+        current = self._leader
+        tried: set[str] = set()
+        while True:
+            tried.add(current)
+            call = open_call(self._stub_for(current))
+            got = False
+            try:
+                for item in call:
+                    if not got:
+                        got = True
+                        self._leader = current
+                    yield item
+                return
+            except grpc.RpcError as exc:
+                hint, _ = _hint(exc, listed)
+                nxt = next_coordinator(listed, current, tried, hint)
+                if got or exc.code() != grpc.StatusCode.UNAVAILABLE or nxt is None:
+                    if hint:
+                        self._leader = hint
+                    raise _wrap(exc) from None
+                current = nxt
+            finally:
+                cancel = getattr(call, "cancel", None)
+                if cancel is not None:
+                    cancel()
 
     # ---- calls -----------------------------------------------------------------------------
 
@@ -164,7 +331,7 @@ class Client:
         # first try made, so a submit never makes two jobs.
         msg = pb.SubmitRequest(spec=spec_to_pb(spec), request_id=uuid.uuid4().hex)
         resp = self._call(
-            lambda: self._stub.Submit(msg, timeout=self.timeout, metadata=self._md),
+            lambda stub, t: stub.Submit(msg, timeout=t, metadata=self._md),
             idempotent=True,
             retry_on=SUBMIT_RETRY_CODES,
         )
@@ -178,13 +345,13 @@ class Client:
     def get_job(self, job_id: str) -> pb.Job:
         req = pb.GetJobRequest(job_id=job_id)
         return self._call(
-            lambda: self._stub.GetJob(req, timeout=self.timeout, metadata=self._md), idempotent=True
+            lambda stub, t: stub.GetJob(req, timeout=t, metadata=self._md), idempotent=True
         )
 
     def list_jobs(self, include_finished: bool = True) -> list[JobStatus]:
         req = pb.ListJobsRequest(include_finished=include_finished)
         resp = self._call(
-            lambda: self._stub.ListJobs(req, timeout=self.timeout, metadata=self._md),
+            lambda stub, t: stub.ListJobs(req, timeout=t, metadata=self._md),
             idempotent=True,
         )
         return [job_status_from_pb(j) for j in resp.jobs]
@@ -192,7 +359,7 @@ class Client:
     def list_nodes(self) -> list[NodeInfo]:
         req = pb.ListNodesRequest()
         resp = self._call(
-            lambda: self._stub.ListNodes(req, timeout=self.timeout, metadata=self._md),
+            lambda stub, t: stub.ListNodes(req, timeout=t, metadata=self._md),
             idempotent=True,
         )
         return [node_from_pb(n) for n in resp.nodes]
@@ -204,7 +371,7 @@ class Client:
         """
         req = pb.GetDashboardRequest()
         resp = self._call(
-            lambda: self._stub.GetDashboard(req, timeout=self.timeout, metadata=self._md),
+            lambda stub, t: stub.GetDashboard(req, timeout=t, metadata=self._md),
             idempotent=True,
         )
         if not resp.serving:
@@ -222,7 +389,7 @@ class Client:
         A live node is refused (GelasticError with FAILED_PRECONDITION)."""
         req = pb.ForgetNodeRequest(name=name)
         resp = self._call(
-            lambda: self._stub.ForgetNode(req, timeout=self.timeout, metadata=self._md),
+            lambda stub, t: stub.ForgetNode(req, timeout=t, metadata=self._md),
             idempotent=True,
         )
         return bool(resp.forgotten)
@@ -231,7 +398,7 @@ class Client:
         req = pb.CancelJobRequest(job_id=job_id)
         # Cancelling twice is harmless, so the call is safe to retry.
         resp = self._call(
-            lambda: self._stub.CancelJob(req, timeout=self.timeout, metadata=self._md),
+            lambda stub, t: stub.CancelJob(req, timeout=t, metadata=self._md),
             idempotent=True,
         )
         return job_status_from_pb(resp)
@@ -240,13 +407,9 @@ class Client:
         """Every event after `after_seq`, read a bounded page at a time."""
         out: list[JobEvent] = []
         for _ in range(MAX_EVENT_PAGES):
+            req = pb.GetEventsRequest(job_id=job_id, after_seq=after_seq)
             resp = self._call(
-                functools.partial(
-                    self._stub.GetEvents,
-                    pb.GetEventsRequest(job_id=job_id, after_seq=after_seq),
-                    timeout=self.timeout,
-                    metadata=self._md,
-                ),
+                functools.partial(_unary, "GetEvents", req, metadata=self._md),
                 idempotent=True,
             )
             out.extend(event_from_pb(e) for e in resp.events)
@@ -260,13 +423,9 @@ class Client:
         whole, even where GetJob had to shorten them."""
         out: list[AttemptSummary] = []
         for _ in range(MAX_ATTEMPT_PAGES):
+            areq = pb.GetAttemptsRequest(job_id=job_id, start=len(out))
             resp = self._call(
-                functools.partial(
-                    self._stub.GetAttempts,
-                    pb.GetAttemptsRequest(job_id=job_id, start=len(out)),
-                    timeout=self.timeout,
-                    metadata=self._md,
-                ),
+                functools.partial(_unary, "GetAttempts", areq, metadata=self._md),
                 idempotent=True,
             )
             out.extend(attempt_from_pb(a) for a in resp.attempts)
@@ -290,9 +449,9 @@ class Client:
             )
         req = pb.GetResultRequest(job_id=job_id)
 
-        def fetch() -> dict[int, bytes]:
+        def fetch(stub: Stub, timeout: float) -> dict[int, bytes]:
             parts: dict[int, bytearray] = {}
-            call = self._stub.GetResult(req, timeout=self.timeout, metadata=self._md)
+            call = stub.GetResult(req, timeout=timeout, metadata=self._md)
             try:
                 for chunk in call:
                     rank = int(chunk.rank)
@@ -318,10 +477,12 @@ class Client:
 
     def watch(self, job_id: str, timeout: float | None = None) -> Iterator[pb.JobUpdate]:
         req = pb.WatchJobRequest(job_id=job_id)
-        try:
-            yield from self._stub.WatchJob(req, timeout=timeout, metadata=self._md)
-        except grpc.RpcError as exc:
-            raise _wrap(exc) from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        yield from self._stream(lambda stub: stub.WatchJob(req, timeout=left(), metadata=self._md))
 
     def logs(
         self,
@@ -341,11 +502,15 @@ class Client:
         )
         if timeout is None and not follow:
             timeout = self.timeout
-        try:
-            for chunk in self._stub.ReadLogs(req, timeout=timeout, metadata=self._md):
-                yield chunk.data
-        except grpc.RpcError as exc:
-            raise _wrap(exc) from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        for chunk in self._stream(
+            lambda stub: stub.ReadLogs(req, timeout=left(), metadata=self._md)
+        ):
+            yield chunk.data
 
 
 class Job:
@@ -457,6 +622,10 @@ class Job:
     ) -> Iterator[bytes]:
         """Stream a rank's log from the agent that holds it, through the coordinator."""
         return self.client.logs(self.job_id, rank, stream, attempt, follow)
+
+
+def _unary(name: str, req: Any, stub: Stub, timeout: float, *, metadata: Any) -> Any:
+    return getattr(stub, name)(req, timeout=timeout, metadata=metadata)
 
 
 class _suppress_unavailable:

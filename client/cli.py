@@ -33,6 +33,7 @@ from client._tables import (
     to_jsonable,
 )
 from client._terminal import TerminalFilter
+from client.coordinators import parse_coordinators
 from client.model import JobSpec, JobState, RunResult, SpecError, is_function_reference
 from client.results import trusted_load
 from client.security import Security, describe_tls_failure
@@ -135,8 +136,8 @@ def _add_connection_options(p: argparse.ArgumentParser, *, suppress: bool) -> No
     p.add_argument(
         "--coordinator",
         default=default(None),
-        help="HOST:PORT of the coordinator "
-        f"(default: $GELASTIC_COORDINATOR or {DEFAULT_COORDINATOR})",
+        help="HOST:PORT of the coordinator, or of its replicas as a list A:PORT,B:PORT,... "
+        f"(at most 16; default: $GELASTIC_COORDINATOR or {DEFAULT_COORDINATOR})",
     )
     p.add_argument(
         "--token-file",
@@ -540,8 +541,25 @@ def check_reachable(address: str, timeout: float) -> None:
             ) from None
 
 
+def check_any_reachable(addresses: Sequence[str], timeout: float) -> None:
+    """`check_reachable` for a list of replicas: fine when any one of them is reachable."""
+    if len(addresses) == 1:
+        check_reachable(addresses[0], timeout)
+        return
+    reasons = []
+    for address in addresses:
+        try:
+            check_reachable(address, timeout)
+            return
+        except CliError as exc:
+            reasons.append(str(exc).removeprefix("cannot reach the coordinator at "))
+    raise CliError(f"cannot reach any coordinator of the list: {'; '.join(reasons)}")
+
+
 def _describe(exc: GelasticError, address: str, security: Security | None = None) -> str:
     details = one_line(str(exc))
+    if exc.code == grpc.StatusCode.UNAVAILABLE and "," in address:
+        return f"cannot reach the leader of the coordinators {address}: {details}"
     if exc.code == grpc.StatusCode.UNAVAILABLE:
         # grpc says "Socket closed" for most TLS mismatches: one handshake of our own names it.
         why = describe_tls_failure(address, security) if security is not None else ""
@@ -562,10 +580,12 @@ def _connect(args: argparse.Namespace) -> Client:
         tls_key=getattr(args, "tls_key", "") or None,
         tls_server_name=getattr(args, "tls_server_name", "") or None,
     )
+    addresses = parse_coordinators(address)
     # Refused before any connection: the token must not go out in clear text.
-    security.check_target(address)
-    check_reachable(address, args.connect_timeout)
-    return Client(address, timeout=args.timeout, security=security)
+    for one in addresses:
+        security.check_target(one)
+    check_any_reachable(addresses, args.connect_timeout)
+    return Client(",".join(addresses), timeout=args.timeout, security=security)
 
 
 # ---- output ---------------------------------------------------------------------------------

@@ -248,6 +248,8 @@ class DashboardModel:
 
     def __init__(self, svc: CoordinatorService) -> None:
         self.svc = svc
+        self.standby: Callable[[], str] = lambda: ""
+        """What a replica that does not lead says ("" while it leads, and with SQLite)."""
 
     def root_cause_line(self, job_id: str) -> str:
         c = self.svc.cluster
@@ -319,7 +321,16 @@ class DashboardModel:
                     "jobs": list(n.jobs),
                 }
             )
-        return {"now": now, "nodes": nodes, "jobs": rows, "jobs_total": len(ids)}
+        overview: dict[str, Any] = {
+            "now": now,
+            "nodes": nodes,
+            "jobs": rows,
+            "jobs_total": len(ids),
+        }
+        standby = self.standby()
+        if standby:
+            overview["standby"] = standby
+        return overview
 
     def job(self, job_id: str) -> dict[str, Any]:
         c = self.svc.cluster
@@ -486,6 +497,17 @@ class Dashboard:
             self.port = int(runner.addresses[0][1])
         self._runner = runner
         logger.info("dashboard on %s", self.url)
+
+    def adopt(self, svc: CoordinatorService) -> None:
+        """Show `svc` from now on (a replica that took over, or stepped down)."""
+        if self._runner is not None:
+            with contextlib.suppress(ValueError):
+                self.svc.effect_observers.remove(self.feed.observe)
+            svc.effect_observers.append(self.feed.observe)
+        self.svc = svc
+        self.model.svc = svc
+        self._overview_cache = (-1, b"")
+        self._job_cache = {}
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None

@@ -86,8 +86,22 @@ class CoordinatorMetrics:
             buckets=RECOVERY_BUCKETS,
             registry=self.registry,
         )
+        self.leading: Callable[[], bool] | None = None
+        """With replicas: whether this one leads (`gelastic_coordinator_leader`, 1 or 0)."""
         self.registry.register(_StateGauges(self))
         ProcessCollector(registry=self.registry)
+        self._refresh_nodes()
+
+    def adopt(self, cluster: Cluster) -> None:
+        """Count from `cluster` from now on (a replica that took over, or stepped down)."""
+        self._cluster = cluster
+        self._job_states = {j: cluster.job_state(j) for j in cluster.job_ids()}
+        counts = dict.fromkeys(self._job_counts, 0)
+        for state in self._job_states.values():
+            counts[state.value] += 1
+        self._job_counts.update(counts)
+        self._waiting_since = {}
+        self._failed_at = {}
         self._refresh_nodes()
 
     # ---- snapshots read by the scrape thread -----------------------------------------------
@@ -207,4 +221,11 @@ class _StateGauges(Collector):
         )
         for state, n in self._metrics.node_counts().items():
             nodes.add_metric([state], n)
-        return [jobs, nodes]
+        leading = self._metrics.leading
+        if leading is None:
+            return [jobs, nodes]
+        leader = GaugeMetricFamily(
+            "gelastic_coordinator_leader", "1 while this replica leads, 0 while it stands by"
+        )
+        leader.add_metric([], 1 if leading() else 0)
+        return [jobs, nodes, leader]

@@ -46,6 +46,13 @@ class Probes:
     async def serving(self) -> None:
         await self._set_all(health_pb2.HealthCheckResponse.SERVING)
 
+    async def standby(self) -> None:
+        """A replica that does not lead: the process serves (""), the gelastic services do not
+        (they answer UNAVAILABLE with the leader's address)."""
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        for service in GELASTIC_SERVICES:
+            await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+
     async def stopping(self) -> None:
         """NOT_SERVING for good: probes see it during the stop's grace period."""
         await self._health.enter_graceful_shutdown()

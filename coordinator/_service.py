@@ -56,7 +56,7 @@ from coordinator._cluster import (
 )
 from coordinator._codec import encode
 from coordinator._errors import RequestError, status_for
-from coordinator._store import StateStore, StoreUnavailable
+from coordinator._store import StateStore, StoreFenced, StoreUnavailable
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
@@ -227,6 +227,13 @@ class CoordinatorService:
         """With mTLS: refuse a session whose node name is not in the agent's certificate."""
         self.dashboard: tuple[str, str, int] | None = None
         """(scheme, host, port) of the web dashboard while it serves (GetDashboard)."""
+        self.epoch = 0
+        """The leader's epoch, carried by every message to the agents (0: one coordinator)."""
+        self.may_send: Callable[[], bool] = _always
+        """Checked before every message a node session writes: False once this coordinator
+        no longer leads (the session then closes, and nothing more is sent)."""
+        self.on_fenced: Callable[[str], None] | None = None
+        """Called when the store refused a write because another coordinator leads."""
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -252,6 +259,21 @@ class CoordinatorService:
         for s in list(self._sessions.values()):
             s.close()
         await self.flush()
+
+    async def abandon(self) -> None:
+        """Stop at once without writing anything: another coordinator leads now. The node
+        sessions close; what was not written is dropped with the rest of this state."""
+        self._stopping = True
+        self.may_send = _never
+        for task in (self._tick_task, self._flush_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._tick_task = self._flush_task = None
+        self._held = []
+        for s in list(self._sessions.values()):
+            s.close()
 
     # ---- persistence -----------------------------------------------------------------------
 
@@ -292,7 +314,11 @@ class CoordinatorService:
                         store.save, jobs, events, nodes, meta, forget_jobs, forget_nodes, cuts
                     )
                 except Exception as exc:
-                    if isinstance(exc, StoreUnavailable):  # no traceback each second it is down
+                    if isinstance(exc, StoreFenced):
+                        logger.error("the coordinator state was not written: %s", exc)
+                        if self.on_fenced is not None:
+                            self.on_fenced(str(exc))
+                    elif isinstance(exc, StoreUnavailable):  # no traceback each second it is down
                         logger.error("could not write the coordinator state; will retry: %s", exc)
                     else:
                         logger.exception("could not write the coordinator state; will retry")
@@ -372,9 +398,14 @@ class CoordinatorService:
                     async with asyncio.timeout(max(0.0, FLUSH_INTERVAL_S - cost)):
                         await self._urgent.wait()
 
-    def add_to_server(self, server: grpc.aio.Server) -> None:
-        pb_grpc.add_CoordinatorServicer_to_server(_CoordinatorServicer(self), server)
-        pb_grpc.add_NodeSessionServicer_to_server(_NodeSessionServicer(self), server)
+    def add_to_server(
+        self, server: grpc.aio.Server, current: Callable[[], CoordinatorService] | None = None
+    ) -> None:
+        """Serve this service; with `current`, whichever service it returns at each call (a
+        replica's service changes with each term it leads)."""
+        get = current or (lambda: self)
+        pb_grpc.add_CoordinatorServicer_to_server(_CoordinatorServicer(get), server)
+        pb_grpc.add_NodeSessionServicer_to_server(_NodeSessionServicer(get), server)
 
     async def _tick_loop(self) -> None:
         while True:
@@ -916,8 +947,12 @@ async def _abort_for(context: grpc.aio.ServicerContext, exc: BaseException) -> N
 
 
 class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
-    def __init__(self, svc: CoordinatorService) -> None:
-        self._svc = svc
+    def __init__(self, current: Callable[[], CoordinatorService]) -> None:
+        self._current = current
+
+    @property
+    def _svc(self) -> CoordinatorService:
+        return self._current()
 
     async def Submit(
         self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext
@@ -1101,8 +1136,12 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
 
 class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
-    def __init__(self, svc: CoordinatorService) -> None:
-        self._svc = svc
+    def __init__(self, current: Callable[[], CoordinatorService]) -> None:
+        self._current = current
+
+    @property
+    def _svc(self) -> CoordinatorService:
+        return self._current()
 
     async def Session(
         self, request_iterator: AsyncIterator[pb.NodeMessage], context: grpc.aio.ServicerContext
@@ -1142,7 +1181,7 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
             await _abort_for(context, exc)
             return
         loop = asyncio.get_running_loop()
-        reader = loop.create_task(self._read(session, request_iterator))
+        reader = loop.create_task(self._read(svc, session, request_iterator))
         ended = loop.create_task(session.ended.wait())
         # What the loop waits on besides `ended`; cancelled on the way out however it ends.
         pending: asyncio.Task[Any] | None = None
@@ -1158,6 +1197,10 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
                     msg = session.outbox.get_nowait()
                 if session.closed:
                     break
+                if not svc.may_send():
+                    session.close()  # no longer the leader: nothing more goes out
+                    break
+                msg.epoch = svc.epoch
                 # Written with context.write, not yielded: a write to an agent that does not
                 # read never completes, and a close must still end the call.
                 pending = write = loop.create_task(context.write(msg))
@@ -1180,13 +1223,15 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
         # waits behind what is already written: it reaches an agent that reads again, and the
         # call goes with the connection if it never does.
 
-    async def _read(self, session: _Session, it: AsyncIterator[pb.NodeMessage]) -> None:
+    async def _read(
+        self, svc: CoordinatorService, session: _Session, it: AsyncIterator[pb.NodeMessage]
+    ) -> None:
         try:
             async for msg in it:
                 if session.closed:
                     return
                 try:
-                    self._svc.on_node_message(session, msg)
+                    svc.on_node_message(session, msg)
                 except RequestError as exc:
                     logger.warning("node %s sent a bad message: %s", session.name, exc.message)
                 except JobNotFound as exc:
@@ -1304,6 +1349,14 @@ def _assign_size_bound(a: RoundAssignment) -> int:
     chars = sum(map(len, items)) + sum(len(k) + len(v) for k, v in spec.env.items())
     count = len(items) + 2 * len(spec.env)
     return 4 * chars + 16 * count + len(spec.function_args) + 64 * len(a.workers) + 1024
+
+
+def _always() -> bool:
+    return True
+
+
+def _never() -> bool:
+    return False
 
 
 def _ignore_outcome(task: asyncio.Task[Any]) -> None:

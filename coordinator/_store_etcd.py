@@ -1,6 +1,6 @@
 """The coordinator's durable state in etcd v3: one key per job, event, node and meta value.
 
-Talks to etcd's own gRPC API (KV Range/Txn, Auth Authenticate) with stubs generated from
+Talks to etcd's own gRPC API (KV Range/Txn, Lease, Auth Authenticate) with stubs generated from
 `protos/etcd/rpc.proto`. Every call has a deadline; a member that does not answer is left for
 the next endpoint; when none answers the call raises `StoreUnavailable`, so that the service
 answers UNAVAILABLE and retries the write later, and never reports a write it does not know
@@ -14,6 +14,7 @@ Layout under `PREFIX/` (key parts percent-encoded, values JSON):
     nodes/NAME                a node as last seen
     quarantine/NS-N           a record that could not be read, moved aside with the reason
     parts/KEY/ID/N            pieces of a value too large for one request (see below)
+    leader                    the leading replica {"id", "addr"}, on its lease (_leader.py)
 
 Bounds: etcd refuses a request over `--max-request-bytes` (1.5 MiB by default) and a txn with
 more than `--max-txn-ops` operations (128). A batch is written in txns of at most
@@ -263,6 +264,7 @@ class EtcdStore:
             else:
                 self._channels.append(grpc.insecure_channel(ep, options))
         self._stubs = [epb_grpc.KVStub(ch) for ch in self._channels]
+        self._lease_stubs = [epb_grpc.LeaseStub(ch) for ch in self._channels]
         self._parted: set[bytes] = set()
         """Keys whose value lives in pieces (their pieces go when they are rewritten)."""
         self._part_id = 0
@@ -293,22 +295,27 @@ class EtcdStore:
     def describe(self) -> str:
         return f"etcd {self.settings.url()}"
 
-    def _call(self, fn: Callable[[epb_grpc.KVStub, list[tuple[str, str]], dict[str, Any]], T]) -> T:
+    def _call(
+        self,
+        fn: Callable[[epb_grpc.KVStub, list[tuple[str, str]], dict[str, Any]], T],
+        timeout: float = 0.0,
+    ) -> T:
         """Run one call on the first member that answers; StoreUnavailable when none does.
 
         When no member could be connected to, one more round waits (briefly) for a connection:
         a member that just came back is answered by a channel still in its reconnect backoff.
         """
         errors: list[str] = []
+        timeout = timeout or self._timeout
         n = len(self._channels)
         unreachable = 0
         for round_ in range(2):
             if round_ == 1 and unreachable < n:
                 break
             options: dict[str, Any] = (
-                {"timeout": self._timeout}
+                {"timeout": timeout}
                 if round_ == 0
-                else {"timeout": RECONNECT_WAIT_S, "wait_for_ready": True}
+                else {"timeout": min(timeout, RECONNECT_WAIT_S), "wait_for_ready": True}
             )
             for i in range(n):
                 index = (self._current + i) % n
@@ -502,6 +509,91 @@ class EtcdStore:
             ops.append(_delete(parts, _range_end(parts)))
             self._parted.discard(key)
         return ops
+
+    # ---- leases and the leader key (the election: coordinator/_leader.py) ----------------
+
+    def _lease_stub(self, kv: epb_grpc.KVStub) -> epb_grpc.LeaseStub:
+        return self._lease_stubs[self._stubs.index(kv)]
+
+    def leader_key(self) -> bytes:
+        return self._root + b"leader"
+
+    def grant_lease(self, ttl: int, timeout: float = 0.0) -> tuple[int, int]:
+        """A new lease of `ttl` seconds: (its id, the TTL etcd granted)."""
+        req = epb.LeaseGrantRequest(TTL=ttl)
+        resp: epb.LeaseGrantResponse = self._call(
+            lambda kv, md, options: self._lease_stub(kv).LeaseGrant(req, metadata=md, **options),
+            timeout,
+        )
+        if resp.error or resp.ID == 0:
+            raise EtcdRefused(f"etcd granted no lease: {resp.error[:200]}")
+        return resp.ID, resp.TTL
+
+    def keep_alive(self, lease_id: int, timeout: float) -> int:
+        """Refresh the lease once; the TTL etcd answered (0: the lease is gone)."""
+
+        def once(kv: epb_grpc.KVStub, md: list[tuple[str, str]], options: dict[str, Any]) -> int:
+            call = self._lease_stub(kv).LeaseKeepAlive(
+                iter([epb.LeaseKeepAliveRequest(ID=lease_id)]), metadata=md, **options
+            )
+            try:
+                for resp in call:
+                    ttl: int = resp.TTL
+                    return ttl
+                return 0
+            finally:
+                call.cancel()
+
+        return self._call(once, timeout)
+
+    def revoke_lease(self, lease_id: int, timeout: float = 0.0) -> None:
+        """Revoke the lease (its keys go at once); a lease etcd no longer knows is no error."""
+        req = epb.LeaseRevokeRequest(ID=lease_id)
+        try:
+            self._call(
+                lambda kv, md, options: self._lease_stub(kv).LeaseRevoke(
+                    req, metadata=md, **options
+                ),
+                timeout,
+            )
+        except StoreUnavailable as exc:
+            if "lease not found" not in str(exc):
+                raise
+
+    def read_key(self, key: bytes, timeout: float = 0.0) -> epb.KeyValue | None:
+        resp: epb.RangeResponse = self._call(
+            lambda kv, md, options: kv.Range(epb.RangeRequest(key=key), metadata=md, **options),
+            timeout,
+        )
+        return resp.kvs[0] if resp.kvs else None
+
+    def create_with_lease(
+        self, key: bytes, value: bytes, lease_id: int, timeout: float = 0.0
+    ) -> tuple[int, epb.KeyValue | None]:
+        """Put `key` with the lease only if the key does not exist (never fenced): (its
+        creation revision, None) when made, else (0, the key as it is)."""
+        req = epb.TxnRequest(
+            compare=[
+                epb.Compare(
+                    result=epb.Compare.EQUAL,
+                    target=epb.Compare.CREATE,
+                    key=key,
+                    create_revision=0,
+                )
+            ],
+            success=[
+                epb.RequestOp(request_put=epb.PutRequest(key=key, value=value, lease=lease_id))
+            ],
+            failure=[epb.RequestOp(request_range=epb.RangeRequest(key=key))],
+        )
+        resp: epb.TxnResponse = self._call(
+            lambda kv, md, options: kv.Txn(req, metadata=md, **options), timeout
+        )
+        if resp.succeeded:
+            revision: int = resp.header.revision
+            return revision, None
+        kvs = resp.responses[0].response_range.kvs if resp.responses else []
+        return 0, kvs[0] if kvs else None
 
     # ---- the StateStore interface --------------------------------------------------------
 

@@ -59,6 +59,21 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--etcd-user", default="", help="etcd user to authenticate as")
     s.add_argument("--etcd-password-file", default="", help="file holding --etcd-user's password")
     s.add_argument(
+        "--advertise",
+        default=d.advertise,
+        metavar="HOST:PORT",
+        help="with --store etcd://: the address agents and clients reach this replica at "
+        "(default: the address it listens on)",
+    )
+    s.add_argument(
+        "--leader-ttl",
+        type=float,
+        default=d.leader_ttl,
+        metavar="SECONDS",
+        help="with --store etcd://: the leader lease; a leader that cannot refresh it steps "
+        "down before it expires, and a standby takes over (1-60, default %(default)g)",
+    )
+    s.add_argument(
         "--retain-jobs",
         type=int,
         default=d.retain_jobs,
@@ -172,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         etcd_key=args.etcd_key,
         etcd_user=args.etcd_user,
         etcd_password_file=args.etcd_password_file,
+        advertise=args.advertise,
+        leader_ttl=args.leader_ttl,
         reconnect_grace=args.reconnect_grace,
         retain_jobs=args.retain_jobs,
         retain_seconds=args.retain_seconds,

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import logging
 import os
 import socket
+import uuid
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -18,9 +20,18 @@ from client.metrics_http import MetricsEndpoint
 from client.security import check_tls_files, is_loopback, read_token
 from coordinator._auth import ServerTLS, TokenInterceptor
 from coordinator._cluster import ClusterConfig
+from coordinator._leader import (
+    DEFAULT_TTL_S,
+    MAX_TTL_S,
+    MIN_TTL_S,
+    LeaderGate,
+    Leadership,
+    Term,
+    parse_advertise,
+)
 from coordinator._probes import Probes
 from coordinator._service import CoordinatorService
-from coordinator._store import MEMORY, StateStore, Store, default_state_dir
+from coordinator._store import MEMORY, Fence, StateStore, Store, default_state_dir
 from coordinator._store_etcd import EtcdSettings, EtcdStore, parse_etcd_url
 
 if TYPE_CHECKING:
@@ -62,6 +73,12 @@ class CoordinatorConfig:
     """etcd user to authenticate as ("" = none)."""
     etcd_password_file: str = ""
     """File holding etcd_user's password."""
+    advertise: str = ""
+    """With etcd: HOST:PORT agents and clients reach this replica at ("" = the address it
+    listens on, a wildcard host replaced by this host's name)."""
+    leader_ttl: float = DEFAULT_TTL_S
+    """With etcd: seconds of the leader lease; a leader that cannot refresh it steps down
+    sooner, a standby takes over once it expired."""
     reconnect_grace: float = 15.0
     """After a restart, seconds a known node has to reconnect before it counts as lost."""
     retain_jobs: int = 10_000
@@ -151,7 +168,15 @@ class CoordinatorConfig:
             raise ValueError(
                 f"lost_node_retention: must be 0 to 10 years, got {self.lost_node_retention}"
             )
-        self.etcd_settings()
+        etcd = self.etcd_settings()
+        if not MIN_TTL_S <= self.leader_ttl <= MAX_TTL_S:
+            raise ValueError(
+                f"leader_ttl: must be {MIN_TTL_S:g}-{MAX_TTL_S:g} s, got {self.leader_ttl}"
+            )
+        if self.advertise:
+            if etcd is None:
+                raise ValueError("--advertise is for replicas: it needs --store etcd://...")
+            parse_advertise(self.advertise)
         if not 0 < self.start_timeout <= 7 * 86400:
             raise ValueError(f"start_timeout: must be in (0, 7 days] s, got {self.start_timeout}")
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -253,19 +278,20 @@ class Coordinator:
         self.config = config or CoordinatorConfig()
         self.config.validate()
         self._lock_fd, self.store = _open_store(self.config)
-        self.service = CoordinatorService(
-            ClusterConfig(
-                heartbeat_interval=self.config.heartbeat_interval,
-                lease=self.config.lease,
-                retain_jobs=self.config.retain_jobs,
-                retain_seconds=self.config.retain_seconds,
-                lost_node_retention=self.config.lost_node_retention,
-                start_timeout=self.config.start_timeout,
-            ),
-            store=self.store,
-            reconnect_grace=self.config.reconnect_grace,
+        self.replicated = isinstance(self.store, EtcdStore)
+        """With etcd: one of several replicas, serving only while elected leader."""
+        self.replica_id = uuid.uuid4().hex
+        self.leadership: Leadership | None = None
+        self._gate: LeaderGate | None = (
+            LeaderGate(lambda: self.leadership.leader_addr if self.leadership else "")
+            if self.replicated
+            else None
         )
-        self.service.require_cert_node_names = self.config.require_cert_node_names
+        self._leader_task: asyncio.Task[None] | None = None
+        self._took_over = asyncio.Event()
+        # A standby holds no state: its service is an empty one that never runs (the gate
+        # answers every call); the leader's is loaded from the store when it wins.
+        self.service = self._new_service(None if self.replicated else self.store)
         self.metrics: CoordinatorMetrics | None = None
         self._metrics_endpoint: MetricsEndpoint | None = None
         if self.config.metrics_port:
@@ -273,6 +299,8 @@ class Coordinator:
             from coordinator._metrics import CoordinatorMetrics
 
             self.metrics = CoordinatorMetrics(self.service.cluster, self.service.now)
+            if self.replicated:
+                self.metrics.leading = lambda: self.leading
             self.service.effect_observers.append(self.metrics.observe)
             self._metrics_endpoint = MetricsEndpoint(
                 self.metrics.registry, self.config.metrics_host, self.config.metrics_port
@@ -281,6 +309,40 @@ class Coordinator:
         self._probes: Probes | None = None
         self.port = 0
         self.dashboard: Dashboard | None = None
+
+    def _new_service(self, store: StateStore | None) -> CoordinatorService:
+        service = CoordinatorService(
+            ClusterConfig(
+                heartbeat_interval=self.config.heartbeat_interval,
+                lease=self.config.lease,
+                retain_jobs=self.config.retain_jobs,
+                retain_seconds=self.config.retain_seconds,
+                lost_node_retention=self.config.lost_node_retention,
+                start_timeout=self.config.start_timeout,
+            ),
+            store=store,
+            reconnect_grace=self.config.reconnect_grace,
+        )
+        service.require_cert_node_names = self.config.require_cert_node_names
+        if store is None and isinstance(self.store, EtcdStore):
+            service.may_send = lambda: False  # a standby's: it sends nothing, ever
+        return service
+
+    def _switch_service(self, service: CoordinatorService) -> None:
+        old, self.service = self.service, service
+        if self.metrics is not None:
+            with contextlib.suppress(ValueError):
+                old.effect_observers.remove(self.metrics.observe)
+            self.metrics.adopt(service.cluster)
+            service.effect_observers.append(self.metrics.observe)
+        if self.dashboard is not None:
+            service.dashboard = old.dashboard
+            self.dashboard.adopt(service)
+
+    @property
+    def leading(self) -> bool:
+        """True while this coordinator serves: always with SQLite, while elected with etcd."""
+        return self._gate is None or self._gate.term is not None
 
     @property
     def address(self) -> str:
@@ -298,11 +360,13 @@ class Coordinator:
                 self.config.metrics_host, self.config.metrics_port, "serve metrics (--metrics-port)"
             )
         agent_token, client_token = self.config.tokens()
-        interceptors = (
+        interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] = (
             [TokenInterceptor(agent_token, client_token, self.service.refusals)]
             if agent_token
             else []
         )
+        if self._gate is not None:
+            interceptors.append(self._gate)  # after the token: no leader address to strangers
         server = grpc.aio.server(
             interceptors=interceptors,
             options=[
@@ -315,7 +379,7 @@ class Coordinator:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        self.service.add_to_server(server)
+        self.service.add_to_server(server, lambda: self.service)
         probes = Probes(server)
         await probes.starting()
         host = self.config.host
@@ -347,8 +411,11 @@ class Coordinator:
                 raise
         await server.start()
         self._server, self._probes = server, probes
-        self.service.start()
-        await probes.serving()
+        if self.replicated:
+            await self._start_election()
+        else:
+            self.service.start()
+            await probes.serving()
         logger.info("coordinator listening on %s", self.address)
         if not agent_token and not c.tls_client_ca:
             logger.warning(
@@ -357,6 +424,76 @@ class Coordinator:
                 "users; use --token-file",
                 self.address,
             )
+
+    # ---- replicas ------------------------------------------------------------------------
+
+    def advertised(self) -> str:
+        """The address agents and clients reach this replica at."""
+        if self.config.advertise:
+            return self.config.advertise
+        host = self.config.host
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    async def _start_election(self) -> None:
+        assert isinstance(self.store, EtcdStore) and self._probes is not None
+        await self._probes.standby()
+        leadership = Leadership(
+            self.store, self.replica_id, self.advertised(), self.config.leader_ttl
+        )
+        self.leadership = leadership
+        self._leader_task = asyncio.get_running_loop().create_task(
+            leadership.run(self._elected, self._deposed), name="election"
+        )
+        # A lone replica serves once start() returns; one that lost waits as a standby.
+        wait = 2 * self.config.leader_ttl + 5.0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await leadership.first_round.wait()
+                if leadership.leading():
+                    await self._took_over.wait()
+        logger.info(
+            "coordinator replica %s: %s",
+            self.advertised(),
+            "leads" if self.leading else f"stands by (leader: {leadership.leader_addr or 'none'})",
+        )
+
+    async def _elected(self, epoch: int) -> None:
+        """Take over as after a restart: fence the store, load the state, then serve."""
+        assert self.leadership is not None and self._gate is not None
+        store = self.store
+        assert isinstance(store, EtcdStore)
+
+        def load() -> CoordinatorService:
+            # In a thread: set_fence waits for a write of an earlier term still under way.
+            store.set_fence(Fence(store.leader_key(), epoch))
+            return self._new_service(store)
+
+        service = await asyncio.to_thread(load)
+        service.epoch = epoch
+        service.may_send = self.leadership.leading
+        service.on_fenced = self.leadership.depose
+        self._switch_service(service)
+        service.start()
+        self._gate.term = Term(epoch)
+        if self._probes is not None:
+            await self._probes.serving()
+        self._took_over.set()
+
+    async def _deposed(self, reason: str) -> None:
+        """Stop acting at once: end every call of the term, drop the state, stand by."""
+        assert self._gate is not None
+        term, self._gate.term = self._gate.term, None
+        if term is not None:
+            term.ended.set()
+        self._took_over.clear()
+        service = self.service
+        await service.abandon()
+        # The fence stays: a write of the old term still under way fails at etcd.
+        self._switch_service(self._new_service(None))
+        if self._probes is not None and self._server is not None:
+            await self._probes.standby()
 
     async def start_dashboard(self, port: int = 0) -> str:
         """Serve the web dashboard on `port` of the coordinator's host (0 = any free port), with
@@ -369,6 +506,11 @@ class Coordinator:
         c = self.config
         tls = server_ssl_context(c.tls_cert, c.tls_key, c.tls_client_ca) if c.tls_cert else None
         dashboard = Dashboard(self.service, c.host, port, self.config.tokens()[1], tls)
+        gate = self._gate
+        if gate is not None:
+            dashboard.model.standby = lambda: (
+                "" if gate.term is not None else f"Standby replica ({gate.refusal()[0]})."
+            )
         await dashboard.start()
         self.dashboard = dashboard
         self.service.dashboard = (dashboard.scheme, c.host, dashboard.port)
@@ -384,7 +526,21 @@ class Coordinator:
             await self.dashboard.stop()
             self.dashboard = None
             self.service.dashboard = None
-        await self.service.stop()
+        if self.leading:
+            # While the lease is still kept alive: the last writes are fenced on this term.
+            await self.service.stop()
+        if self._leader_task is not None:
+            self._leader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._leader_task
+            self._leader_task = None
+        if self.leadership is not None:
+            # Revoked, not left to expire: a standby takes over at its next poll.
+            await self.leadership.resign()
+            self.leadership.close()
+        if self._gate is not None and self._gate.term is not None:
+            self._gate.term.ended.set()
+            self._gate.term = None
         await server.stop(grace)
         if self._metrics_endpoint is not None:
             await asyncio.to_thread(self._metrics_endpoint.stop)

@@ -1,4 +1,4 @@
-"""`nodeagent --coordinator HOST:PORT`: run one node agent until SIGINT or SIGTERM."""
+"""`nodeagent --coordinator HOST:PORT[,HOST:PORT...]`: run one node agent until SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
@@ -27,7 +27,12 @@ def _parser() -> argparse.ArgumentParser:
     d = AgentConfig(coordinator="127.0.0.1:29400")
     p = argparse.ArgumentParser(prog="nodeagent", description="gelastic node agent")
     p.add_argument("--version", action=_Version)
-    p.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator")
+    p.add_argument(
+        "--coordinator",
+        required=True,
+        help="HOST:PORT of the coordinator, or of its replicas as a list A:PORT,B:PORT,... "
+        "(at most 16; the agent follows the leader among them)",
+    )
     p.add_argument(
         "--slots",
         type=int,
@@ -116,7 +121,7 @@ async def _run(config: AgentConfig, grace: float) -> str:
     _scrub_token(config.token_file, agent.security.token)
     await agent.start()
     print(
-        f"nodeagent {config.name} ({agent.addr}) -> {config.coordinator}; logs in {agent.log_root}",
+        f"nodeagent {config.name} ({agent.addr}) -> {','.join(agent.coordinators)}; logs in {agent.log_root}",
         flush=True,
     )
     stop = asyncio.Event()

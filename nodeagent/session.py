@@ -4,7 +4,10 @@ The agent registers (hello), heartbeats with its workers' health, and carries ou
 told: reserve a master port, start a round's workers, stop them, serve their logs. It pushes
 every worker start and exit the moment it happens. When the stream breaks it keeps its workers
 running, reconnects with backoff and jitter, and re-reports everything it holds (including exits
-that happened meanwhile), so nothing is lost while the coordinator is away. A refusal no retry
+that happened meanwhile), so nothing is lost while the coordinator is away. Given a list of
+coordinator replicas it rotates through them, going straight to the leader a standby names when
+that address is listed. It keeps the newest leader epoch it has seen and refuses (and hangs up
+on) a coordinator that speaks with an older one. A refusal no retry
 can fix (a wrong token, a name another live agent holds, a TLS setting the coordinator does not
 accept) ends the session loop instead, with the reason in `refusal`.
 """
@@ -27,6 +30,7 @@ from typing import Any
 import grpc
 
 from client.assignment import RoundAssignment, WorkerRanks
+from client.coordinators import leader_hint, next_coordinator, parse_coordinators
 from client.model import (
     MAX_STANDBY_LINGER_S,
     FailureCategory,
@@ -47,7 +51,7 @@ from nodeagent._workers import WorkerExit, WorkerGroup
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
-__all__ = ["AgentConfig", "NodeAgent"]
+__all__ = ["AgentConfig", "NodeAgent", "StaleEpoch"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +81,8 @@ PROBE_CONFIRM_S = 0.5
 """A TLS verdict ends the agent only when a second probe this much later agrees."""
 RETRY_LOG_EVERY_S = 10.0
 """A retry with the same reason and pause is logged again after this long."""
+STALE_LOG_EVERY_S = 10.0
+"""Refusals of messages from an older leader epoch are logged at most this often."""
 _PROBE_HINTS = (
     "socket closed",
     "handshake",
@@ -98,7 +104,7 @@ class AgentConfig:
     """How a node agent joins its coordinator. CLI flags map one-to-one onto fields."""
 
     coordinator: str
-    """host:port of the coordinator."""
+    """host:port of the coordinator, or a comma-separated list of its replicas (at most 16)."""
     slots: int = field(default_factory=lambda: os.cpu_count() or 1)
     """Worker processes this node may run at once."""
     name: str = field(default_factory=socket.gethostname)
@@ -136,10 +142,13 @@ class AgentConfig:
             raise ValueError(f"slots: must be 1-4096, got {self.slots}")
         if not is_name(self.name):
             raise ValueError(f"name: must be 1-128 of [A-Za-z0-9_.-], got {self.name!r}")
-        if ":" not in self.coordinator:
-            raise ValueError(f"coordinator: must be host:port, got {self.coordinator!r}")
+        parse_coordinators(self.coordinator)
         if not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port: must be 0-65535 (0 = off), got {self.metrics_port}")
+
+
+class StaleEpoch(Exception):
+    """A coordinator message from a leader older than the newest this agent has seen."""
 
 
 @dataclass
@@ -180,7 +189,15 @@ class NodeAgent:
         self.state_dir = Path(config.state_dir).resolve() if config.state_dir else self.log_root
         if config.addr:
             check_addr(config.addr)
-        self.addr = config.addr or _route_addr(config.coordinator)
+        self.coordinators = parse_coordinators(config.coordinator)
+        """Every listed replica, in the given order."""
+        self.target = self.coordinators[0]
+        """The replica the current (or next) session dials."""
+        self.epoch = 0
+        """The newest leader epoch any coordinator message carried, for the life of the agent;
+        a message with an older one is refused."""
+        self._stale_logged = (-float("inf"), 0)  # (when, refusals since)
+        self.addr = config.addr or _route_addr(self.target)
         self.security = Security.from_files(
             config.token_file,
             config.tls_ca,
@@ -190,7 +207,8 @@ class NodeAgent:
             tls=config.tls,
             insecure=config.insecure,
         )
-        self.security.check_target(config.coordinator)
+        for target in self.coordinators:
+            self.security.check_target(target)
         self._held: dict[tuple[str, int], _Held] = {}
         self._outbox: asyncio.Queue[pb.NodeMessage] | None = None
         self._log_outbox: asyncio.Queue[pb.NodeMessage] | None = None
@@ -263,15 +281,22 @@ class NodeAgent:
         refused_since: float | None = None
         last_log: tuple[str, float, float] = ("", 0.0, 0.0)  # (reason, pause, when)
         probed: dict[str, str] = {}
+        hops = 0  # hints followed since the last pause
         while not self._closing:
             started = time.monotonic()
             reason = ""
+            target = self.target
+            # Unless told otherwise below, the next session tries the next listed replica.
+            after = next_coordinator(self.coordinators, target, {target}) or target
+            follow = False
             try:
                 await self._session()
                 if not self._closing:
-                    reason = f"session with {self.config.coordinator} closed by the coordinator"
+                    reason = f"session with {target} closed by the coordinator"
             except asyncio.CancelledError:
                 raise
+            except StaleEpoch:
+                reason = ""  # _check_epoch logged it, rate-limited
             except grpc.aio.AioRpcError as exc:
                 code, details = exc.code(), one_line(exc.details() or "")[:500]
                 if code == grpc.StatusCode.ALREADY_EXISTS:
@@ -283,31 +308,34 @@ class NodeAgent:
                     if now - refused_since > _name_held_s(exc) + NAME_HELD_MARGIN_S:
                         self._refuse_for_good(
                             f"node name {self.config.name!r} is in use by another live agent "
-                            f"(coordinator {self.config.coordinator} refused this one for "
+                            f"(coordinator {target} refused this one for "
                             f"{now - refused_since:.0f} s: {details}); give this agent "
                             "another --name"
                         )
                         return
                     reason = f"coordinator refused this agent for now: {details}"
                     delay = min(delay, REFUSED_RETRY_MAX_S / 2)
+                    after = target  # that coordinator holds the name: only it can free it
                 elif code in (
                     grpc.StatusCode.INVALID_ARGUMENT,
                     grpc.StatusCode.UNAUTHENTICATED,
                     grpc.StatusCode.PERMISSION_DENIED,
                 ):
-                    self._refuse_for_good(
-                        f"coordinator {self.config.coordinator} refused this agent: {details}"
-                    )
+                    self._refuse_for_good(f"coordinator {target} refused this agent: {details}")
                     return
                 else:
-                    reason = f"session with {self.config.coordinator} ended: {code.name}: {details}"
-                    if code == grpc.StatusCode.UNAVAILABLE and any(
+                    reason = f"session with {target} ended: {code.name}: {details}"
+                    hint = leader_hint(exc.trailing_metadata(), self.coordinators)
+                    if code == grpc.StatusCode.UNAVAILABLE and hint and hint != target:
+                        # A standby named the leader: straight there, a bounded number of times.
+                        after, follow = hint, hops < len(self.coordinators)
+                    elif code == grpc.StatusCode.UNAVAILABLE and any(
                         h in details.lower() for h in _PROBE_HINTS
                     ):
                         if details not in probed:
                             probed.clear()  # bounded: only the latest reason is remembered
                             probed[details] = await asyncio.to_thread(
-                                _probe_tls, self.config.coordinator, self.security
+                                _probe_tls, target, self.security
                             )
                         if probed[details]:
                             self._refuse_for_good(probed[details])
@@ -327,13 +355,20 @@ class NodeAgent:
                 self._log_requests.clear()
             if self._closing:
                 return
+            self.target = after
+            if follow:
+                hops += 1
+                logger.info("%s; going to the leader it named, %s", reason, after)
+                continue
+            hops = 0
             if time.monotonic() - started > 10:
                 delay = 0.05
             if reason:
                 now = time.monotonic()
                 said, pause, when = last_log
                 if reason != said or delay != pause or now - when > RETRY_LOG_EVERY_S:
-                    logger.warning("%s; retrying within %.2g s", reason, delay)
+                    where = f" at {after}" if len(self.coordinators) > 1 else ""
+                    logger.warning("%s; retrying%s within %.2g s", reason, where, delay)
                     last_log = (reason, delay, now)
             # Full jitter keeps a fleet of agents from reconnecting in lockstep.
             await asyncio.sleep(random.uniform(0, delay))
@@ -350,7 +385,7 @@ class NodeAgent:
         self._outbox_full.clear()
         outbox.put_nowait(pb.NodeMessage(hello=self._hello()))
         async with self.security.aio_channel(
-            self.config.coordinator,
+            self.target,
             options=[
                 ("grpc.keepalive_time_ms", 10_000),
                 ("grpc.keepalive_timeout_ms", 5_000),
@@ -380,6 +415,8 @@ class NodeAgent:
             full.add_done_callback(lambda _t: call.cancel())
             try:
                 async for msg in call:
+                    # Before anything of it is acted on, the welcome included.
+                    self._check_epoch(msg)
                     kind = msg.WhichOneof("kind")
                     if kind == "welcome":
                         self._heartbeat_interval = max(
@@ -392,10 +429,11 @@ class NodeAgent:
                             self._put(outbox, m)
                         self.connected.set()
                         logger.info(
-                            "registered with %s as %s (%s)",
-                            self.config.coordinator,
+                            "registered with %s as %s (%s)%s",
+                            self.target,
                             self.config.name,
                             self.addr,
+                            f", leader epoch {self.epoch}" if self.epoch else "",
                         )
                         if heartbeat is None:
                             heartbeat = asyncio.get_running_loop().create_task(
@@ -422,6 +460,35 @@ class NodeAgent:
                     await writer
                 with contextlib.suppress(asyncio.CancelledError):
                     await full
+
+    def _check_epoch(self, msg: pb.CoordinatorMessage) -> None:
+        """Raise StaleEpoch for a message from a leader older than the newest seen; a newer
+        epoch becomes the newest. Epoch 0 (one coordinator, no election) passes only while
+        no coordinator has spoken with a higher one."""
+        epoch = int(msg.epoch)
+        if epoch >= self.epoch:
+            self.epoch = epoch
+            return
+        when, refused = self._stale_logged
+        now = time.monotonic()
+        kind = msg.WhichOneof("kind") or "message"
+        if now - when >= STALE_LOG_EVERY_S:
+            logger.warning(
+                "refused %s from %s: it carries leader epoch %d, older than epoch %d seen "
+                "before (a deposed leader); closing that session%s",
+                kind,
+                self.target,
+                epoch,
+                self.epoch,
+                f" ({refused} more refused since the last report)" if refused else "",
+            )
+            self._stale_logged = (now, 0)
+        else:
+            self._stale_logged = (when, refused + 1)
+        raise StaleEpoch(
+            f"coordinator {self.target} speaks for leader epoch {epoch}, older than {self.epoch}; "
+            f"its {kind} was not acted on"
+        )
 
     def _send(self, msg: pb.NodeMessage) -> None:
         if self._outbox is not None:

@@ -123,6 +123,7 @@ function renderCluster(app) {
   const slots = d.nodes.reduce((a, n) => a + n.slots, 0);
   const used = d.nodes.reduce((a, n) => a + n.slots_used, 0);
   const summary = el("p", { class: "summary" },
+    (d.standby ? d.standby + " " : "") +
     d.nodes.length + " nodes (" + live + " live), " + used + "/" + slots + " slots used, " +
     d.jobs.filter((j) => !TERMINAL.has(j.state)).length + " active jobs");
   const rows = d.nodes.map((n) => {

@@ -213,6 +213,54 @@ class TxnResponse(_message.Message):
     responses: _containers.RepeatedCompositeFieldContainer[ResponseOp]
     def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., succeeded: _Optional[bool] = ..., responses: _Optional[_Iterable[_Union[ResponseOp, _Mapping]]] = ...) -> None: ...
 
+class LeaseGrantRequest(_message.Message):
+    __slots__ = ("TTL", "ID")
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TTL: int
+    ID: int
+    def __init__(self, TTL: _Optional[int] = ..., ID: _Optional[int] = ...) -> None: ...
+
+class LeaseGrantResponse(_message.Message):
+    __slots__ = ("header", "ID", "TTL", "error")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    ID: int
+    TTL: int
+    error: str
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., ID: _Optional[int] = ..., TTL: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class LeaseRevokeRequest(_message.Message):
+    __slots__ = ("ID",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ID: int
+    def __init__(self, ID: _Optional[int] = ...) -> None: ...
+
+class LeaseRevokeResponse(_message.Message):
+    __slots__ = ("header",)
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ...) -> None: ...
+
+class LeaseKeepAliveRequest(_message.Message):
+    __slots__ = ("ID",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ID: int
+    def __init__(self, ID: _Optional[int] = ...) -> None: ...
+
+class LeaseKeepAliveResponse(_message.Message):
+    __slots__ = ("header", "ID", "TTL")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    header: ResponseHeader
+    ID: int
+    TTL: int
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., ID: _Optional[int] = ..., TTL: _Optional[int] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -226,6 +226,164 @@ class KV:
             _registered_method=True)
 
 
+class LeaseStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.LeaseGrant = channel.unary_unary(
+                '/etcdserverpb.Lease/LeaseGrant',
+                request_serializer=protos_dot_etcd_dot_rpc__pb2.LeaseGrantRequest.SerializeToString,
+                response_deserializer=protos_dot_etcd_dot_rpc__pb2.LeaseGrantResponse.FromString,
+                _registered_method=True)
+        self.LeaseRevoke = channel.unary_unary(
+                '/etcdserverpb.Lease/LeaseRevoke',
+                request_serializer=protos_dot_etcd_dot_rpc__pb2.LeaseRevokeRequest.SerializeToString,
+                response_deserializer=protos_dot_etcd_dot_rpc__pb2.LeaseRevokeResponse.FromString,
+                _registered_method=True)
+        self.LeaseKeepAlive = channel.stream_stream(
+                '/etcdserverpb.Lease/LeaseKeepAlive',
+                request_serializer=protos_dot_etcd_dot_rpc__pb2.LeaseKeepAliveRequest.SerializeToString,
+                response_deserializer=protos_dot_etcd_dot_rpc__pb2.LeaseKeepAliveResponse.FromString,
+                _registered_method=True)
+
+
+class LeaseServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def LeaseGrant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaseRevoke(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaseKeepAlive(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_LeaseServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'LeaseGrant': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaseGrant,
+                    request_deserializer=protos_dot_etcd_dot_rpc__pb2.LeaseGrantRequest.FromString,
+                    response_serializer=protos_dot_etcd_dot_rpc__pb2.LeaseGrantResponse.SerializeToString,
+            ),
+            'LeaseRevoke': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaseRevoke,
+                    request_deserializer=protos_dot_etcd_dot_rpc__pb2.LeaseRevokeRequest.FromString,
+                    response_serializer=protos_dot_etcd_dot_rpc__pb2.LeaseRevokeResponse.SerializeToString,
+            ),
+            'LeaseKeepAlive': grpc.stream_stream_rpc_method_handler(
+                    servicer.LeaseKeepAlive,
+                    request_deserializer=protos_dot_etcd_dot_rpc__pb2.LeaseKeepAliveRequest.FromString,
+                    response_serializer=protos_dot_etcd_dot_rpc__pb2.LeaseKeepAliveResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'etcdserverpb.Lease', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('etcdserverpb.Lease', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Lease:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def LeaseGrant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Lease/LeaseGrant',
+            protos_dot_etcd_dot_rpc__pb2.LeaseGrantRequest.SerializeToString,
+            protos_dot_etcd_dot_rpc__pb2.LeaseGrantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaseRevoke(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Lease/LeaseRevoke',
+            protos_dot_etcd_dot_rpc__pb2.LeaseRevokeRequest.SerializeToString,
+            protos_dot_etcd_dot_rpc__pb2.LeaseRevokeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaseKeepAlive(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/etcdserverpb.Lease/LeaseKeepAlive',
+            protos_dot_etcd_dot_rpc__pb2.LeaseKeepAliveRequest.SerializeToString,
+            protos_dot_etcd_dot_rpc__pb2.LeaseKeepAliveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class MaintenanceStub:
     """Missing associated documentation comment in .proto file."""
 

@@ -48,7 +48,9 @@ def _running(job: Any, n: int) -> bool:
 def test_etcd_killed_mid_job_then_back_loses_nothing(
     etcd: EtcdServer, make_cluster: Callable[..., LocalCluster], out: Path, gate: Gate
 ) -> None:
-    cluster = make_cluster(coordinator_args=["--store", etcd.url("gelastic")])
+    # A leader lease longer than the outage: the coordinator leads throughout and resumes (with
+    # the default of 3 s it would step down and be elected again, tests/service/test_leader.py).
+    cluster = make_cluster(coordinator_args=["--store", etcd.url("gelastic"), "--leader-ttl", "60"])
     spec = JobSpec(
         entrypoint=[PY, script("crash_once.py")],
         nproc_per_node=2,

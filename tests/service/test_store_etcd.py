@@ -58,9 +58,14 @@ def _prefix(url: str) -> str:
     return parse_etcd_url(url)[1] + "/"
 
 
-def _config(url: str, tmp_path: Path) -> CoordinatorConfig:
+def _config(url: str, tmp_path: Path, leader_ttl: float = 3.0) -> CoordinatorConfig:
     return CoordinatorConfig(
-        state_dir=str(tmp_path / "unused"), store=url, port=0, lease=30.0, heartbeat_interval=1.0
+        state_dir=str(tmp_path / "unused"),
+        store=url,
+        port=0,
+        lease=30.0,
+        heartbeat_interval=1.0,
+        leader_ttl=leader_ttl,
     )
 
 
@@ -263,7 +268,9 @@ async def test_submit_and_cancel_answer_unavailable_while_etcd_is_down_and_resum
     etcd = EtcdServer(tmp_path / "etcd")
     etcd.start()
     try:
-        async with Coordinator(_config(etcd.url("gelastic"), tmp_path)) as c:
+        # A leader lease longer than the outage: the coordinator keeps leading throughout (a
+        # shorter one steps down, see tests/service/test_leader.py).
+        async with Coordinator(_config(etcd.url("gelastic"), tmp_path, leader_ttl=60)) as c:
             node = FakeNode(c.address, "node-a", "127.0.0.1", slots=1)
             await node.connect()
             first = await _submit(c, "req-1")

@@ -801,7 +801,7 @@ class LogCredit(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "reserve_port", "assign", "stop", "release", "start_logs", "cancel_logs", "log_credit")
+    __slots__ = ("welcome", "reserve_port", "assign", "stop", "release", "start_logs", "cancel_logs", "log_credit", "epoch")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     RESERVE_PORT_FIELD_NUMBER: _ClassVar[int]
     ASSIGN_FIELD_NUMBER: _ClassVar[int]
@@ -810,6 +810,7 @@ class CoordinatorMessage(_message.Message):
     START_LOGS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_LOGS_FIELD_NUMBER: _ClassVar[int]
     LOG_CREDIT_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     reserve_port: ReservePort
     assign: Assign
@@ -818,4 +819,5 @@ class CoordinatorMessage(_message.Message):
     start_logs: StartLogs
     cancel_logs: CancelLogs
     log_credit: LogCredit
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., reserve_port: _Optional[_Union[ReservePort, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., start_logs: _Optional[_Union[StartLogs, _Mapping]] = ..., cancel_logs: _Optional[_Union[CancelLogs, _Mapping]] = ..., log_credit: _Optional[_Union[LogCredit, _Mapping]] = ...) -> None: ...
+    epoch: int
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., reserve_port: _Optional[_Union[ReservePort, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., start_logs: _Optional[_Union[StartLogs, _Mapping]] = ..., cancel_logs: _Optional[_Union[CancelLogs, _Mapping]] = ..., log_credit: _Optional[_Union[LogCredit, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,399 @@
+"""Coordinator replicas on one real etcd: the election, what a standby answers, take-over with
+the state, the fence, the leader's own step-down timer, and the epoch on every message."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from client import JobSpec
+from client.wire import spec_to_pb
+from coordinator._leader import LEADER_METADATA
+from coordinator._store_etcd import parse_etcd_url
+from coordinator.server import Coordinator, CoordinatorConfig
+from protos.etcd import rpc_pb2 as epb
+from protos.etcd import rpc_pb2_grpc as epb_grpc
+from protos.gelastic.v1 import gelastic_pb2 as pb
+from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+from tests._etcd import EtcdServer
+from tests.service._fakes import FakeNode
+
+SPEC = JobSpec(entrypoint=["python", "train.py"], nproc_per_node=1, min_nodes=1, max_nodes=1)
+TTL = 3.0
+WAIT_S = 20.0
+
+
+def _config(url: str, tmp_path: Path, **kw: object) -> CoordinatorConfig:
+    settings: dict[str, object] = {
+        "state_dir": str(tmp_path / "unused"),
+        "store": url,
+        "port": 0,
+        "lease": 30.0,
+        "heartbeat_interval": 1.0,
+        "leader_ttl": TTL,
+    }
+    settings.update(kw)
+    return CoordinatorConfig(**settings)  # type: ignore[arg-type]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def _until(what: str, check: Callable[[], bool], timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def _replicas(url: str, tmp_path: Path, n: int = 3) -> AsyncIterator[list[Coordinator]]:
+    coords = [Coordinator(_config(url, tmp_path)) for _ in range(n)]
+    try:
+        for c in coords:
+            await c.start()
+        yield coords
+    finally:
+        for c in coords:
+            await c.stop()
+
+
+def _leader(coords: list[Coordinator]) -> Coordinator:
+    leading = [c for c in coords if c.leading]
+    assert len(leading) == 1, [c.advertised() for c in leading]
+    return leading[0]
+
+
+async def _leader_elected(coords: list[Coordinator]) -> Coordinator:
+    await _until("one replica leads", lambda: sum(c.leading for c in coords) == 1)
+    return _leader(coords)
+
+
+async def _call(address: str, fn: Callable[[pb_grpc.CoordinatorStub], Awaitable[object]]) -> object:
+    async with grpc.aio.insecure_channel(address) as ch:
+        return await fn(pb_grpc.CoordinatorStub(ch))
+
+
+async def _submit(address: str, request_id: str) -> str:
+    resp = await _call(
+        address,
+        lambda s: s.Submit(
+            pb.SubmitRequest(spec=spec_to_pb(SPEC), request_id=request_id), timeout=30
+        ),
+    )
+    assert isinstance(resp, pb.SubmitResponse)
+    return resp.job_id
+
+
+async def _refusal(address: str) -> tuple[grpc.StatusCode, str, dict[str, str]]:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _call(address, lambda s: s.ListJobs(pb.ListJobsRequest(), timeout=10))
+    md = {k: v for k, v in (err.value.trailing_metadata() or ()) if isinstance(v, str)}
+    return err.value.code(), err.value.details() or "", md
+
+
+async def _drain(node: FakeNode) -> list[str]:
+    """Kinds of what the node is still sent, until the coordinator ends its session."""
+    assert node.call is not None
+    kinds: list[str] = []
+    try:
+        while (msg := await asyncio.wait_for(node.call.read(), WAIT_S)) is not grpc.aio.EOF:
+            kinds.append(str(msg.WhichOneof("kind")))
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+    return kinds
+
+
+def _revoke_leader_lease(server: EtcdServer, url: str) -> None:
+    """Revoke the leader key's lease straight in etcd, as if it had expired."""
+    key = (parse_etcd_url(url)[1] + "/leader").encode()
+    with server.channel() as ch:
+        kv = epb_grpc.KVStub(ch).Range(epb.RangeRequest(key=key), timeout=5).kvs[0]
+        epb_grpc.LeaseStub(ch).LeaseRevoke(epb.LeaseRevokeRequest(ID=kv.lease), timeout=5)
+
+
+async def test_one_of_three_replicas_leads_and_the_standbys_point_at_it(
+    etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
+) -> None:
+    async with _replicas(etcd_url, tmp_path) as coords:
+        leader = await _leader_elected(coords)
+        assert leader.leadership is not None and leader.leadership.epoch > 0
+        job = await _submit(leader.address, "r1")
+        for standby in (c for c in coords if c is not leader):
+            code, details, md = await _refusal(standby.address)
+            assert code == grpc.StatusCode.UNAVAILABLE
+            assert details == f"not the leader; the leader is at {leader.advertised()}"
+            assert md[LEADER_METADATA] == leader.advertised()
+            # The node session too: an agent is sent to the leader, not served.
+            node = FakeNode(standby.address, "node-s", "127.0.0.1", slots=1)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await node.connect()
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            await node.close()
+            # Health: the process serves, the gelastic services do not.
+            async with grpc.aio.insecure_channel(standby.address) as ch:
+                health = health_pb2_grpc.HealthStub(ch)
+                whole = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+                api = await health.Check(
+                    health_pb2.HealthCheckRequest(service="gelastic.v1.Coordinator"), timeout=5
+                )
+            assert whole.status == health_pb2.HealthCheckResponse.SERVING
+            assert api.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            # A standby holds none of the state.
+            assert not standby.service.cluster.has_job(job)
+
+
+async def test_a_revoked_lease_elects_another_replica_which_loads_the_state(
+    etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
+) -> None:
+    async with _replicas(etcd_url, tmp_path) as coords:
+        first = await _leader_elected(coords)
+        assert first.leadership is not None
+        epoch = first.leadership.epoch
+        job = await _submit(first.address, "r1")
+        # A client stream of the term: it ends when the term does.
+        channel = grpc.aio.insecure_channel(first.address)
+        watch = pb_grpc.CoordinatorStub(channel).WatchJob(pb.WatchJobRequest(job_id=job))
+        assert (await watch.read()).job.job_id == job
+        # Expiry, as etcd sees it: the lease goes; the leader learns it at its next keepalive.
+        await asyncio.to_thread(_revoke_leader_lease, etcd_server, etcd_url)
+        await _until("the first leader steps down", lambda: not first.leading)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            while (await asyncio.wait_for(watch.read(), WAIT_S)) is not grpc.aio.EOF:
+                pass
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        await channel.close()
+        second = await _leader_elected(coords)
+        assert second.leadership is not None and second.leadership.epoch > epoch
+        got = await _call(second.address, lambda s: s.GetJob(pb.GetJobRequest(job_id=job)))
+        assert isinstance(got, pb.Job) and got.job_id == job
+        # The old leader now points at the new one.
+        if first is not second:
+            await _until(
+                "the old leader knows the new one",
+                lambda: (
+                    first.leadership is not None
+                    and first.leadership.leader_addr == second.advertised()
+                ),
+            )
+            code, _, md = await _refusal(first.address)
+            assert code == grpc.StatusCode.UNAVAILABLE
+            assert md[LEADER_METADATA] == second.advertised()
+
+
+async def test_a_clean_stop_hands_over_at_once(
+    etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
+) -> None:
+    async with _replicas(etcd_url, tmp_path, n=2) as coords:
+        first = await _leader_elected(coords)
+        job = await _submit(first.address, "r1")
+        other = next(c for c in coords if c is not first)
+        stopped = time.monotonic()
+        await first.stop()
+        await _until("the standby leads", lambda: other.leading)
+        # Revoked on the way out: no wait for the TTL to run out.
+        assert time.monotonic() - stopped < TTL
+        got = await _call(other.address, lambda s: s.GetJob(pb.GetJobRequest(job_id=job)))
+        assert isinstance(got, pb.Job) and got.job_id == job
+
+
+async def test_a_deposed_leader_write_is_fenced_and_it_stops_sending(
+    etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
+) -> None:
+    async with _replicas(etcd_url, tmp_path, n=2) as coords:
+        old = await _leader_elected(coords)
+        assert old.leadership is not None
+        term = old.service
+        node = FakeNode(old.address, "node-a", "127.0.0.1", slots=1)
+        welcome = await node.connect()
+        assert welcome.epoch == old.leadership.epoch
+        # Another replica takes the leader key while the old one's lease still lives: the old
+        # one still believes it leads, until its next write.
+        key = (parse_etcd_url(etcd_url)[1] + "/leader").encode()
+        with etcd_server.channel() as ch:
+            epb_grpc.KVStub(ch).DeleteRange(epb.DeleteRangeRequest(key=key), timeout=5)
+        other = next(c for c in coords if c is not old)
+        await _until(
+            "the other replica leads",
+            lambda: (
+                other.leadership is not None
+                and other.leadership.terms > 0
+                and other.service.epoch > 0
+            ),
+        )
+        assert old.leading
+        # A write (a submit) is refused by etcd: the old leader steps down at once.
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _submit(old.address, "r-old")
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        await _until("the fenced leader steps down", lambda: not old.leading)
+        assert not term.may_send()
+        # Its session with the node is closed, and nothing of the refused submit went out.
+        kinds = await _drain(node)
+        assert "reserve_port" not in kinds and "assign" not in kinds, kinds
+        await node.close()
+        # The refused job is nowhere: not in etcd, not on the new leader.
+        await _until("the new leader serves", lambda: other.leading)
+        listed = await _call(
+            other.address, lambda s: s.ListJobs(pb.ListJobsRequest(include_finished=True))
+        )
+        assert isinstance(listed, pb.ListJobsResponse) and list(listed.jobs) == []
+
+
+async def test_the_leader_steps_down_on_its_own_timer_before_the_ttl(
+    tmp_path: Path,
+) -> None:
+    etcd = EtcdServer(tmp_path / "etcd")
+    etcd.start()
+    try:
+        async with Coordinator(_config(etcd.url("g"), tmp_path)) as c:
+            assert c.leading and c.leadership is not None
+            epoch = c.leadership.epoch
+            term = c.service
+            node = FakeNode(c.address, "node-a", "127.0.0.1", slots=1)
+            await node.connect()
+            assert etcd.proc is not None
+            frozen = time.monotonic()
+            etcd.proc.send_signal(signal.SIGSTOP)  # etcd answers nothing, keepalives included
+            try:
+                await _until("the leader steps down", lambda: not c.leading, timeout=3 * TTL)
+                assert c.leadership.last_step_down is not None
+                at, confirmed = c.leadership.last_step_down
+                # Before etcd could have expired the lease: etcd counts the TTL from when it
+                # handled the last keepalive, which is after this replica sent it.
+                assert at - confirmed < TTL, (at - confirmed, TTL)
+                assert confirmed <= frozen + 0.1
+                assert not term.may_send()
+                await _drain(node)  # the coordinator ended the session
+                code, details, _ = await _refusal(c.address)
+                assert code == grpc.StatusCode.UNAVAILABLE and details == "no leader elected yet"
+            finally:
+                etcd.proc.send_signal(signal.SIGCONT)
+            await node.close()
+            # etcd answers again: the replica campaigns again and leads a new term.
+            await _until("it leads again", lambda: c.leading, timeout=3 * TTL + 10)
+            assert c.leadership.epoch > epoch
+    finally:
+        etcd.stop()
+
+
+async def test_a_coordinator_restarted_at_the_leaders_address_takes_over_at_once(
+    etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
+) -> None:
+    # What a coordinator killed with SIGKILL leaves: the leader key on a lease still alive.
+    port = _free_port()
+    key = (parse_etcd_url(etcd_url)[1] + "/leader").encode()
+    with etcd_server.channel() as ch:
+        lease = epb_grpc.LeaseStub(ch).LeaseGrant(epb.LeaseGrantRequest(TTL=60), timeout=5).ID
+        value = json.dumps({"id": "0" * 32, "addr": f"127.0.0.1:{port}"}).encode()
+        epb_grpc.KVStub(ch).Put(epb.PutRequest(key=key, value=value, lease=lease), timeout=5)
+    other = Coordinator(_config(etcd_url, tmp_path))
+    await other.start()
+    try:
+        # Another address waits for the lease to run out...
+        assert not other.leading
+        started = time.monotonic()
+        # ...the same address listens here now: whoever held it is gone.
+        async with Coordinator(_config(etcd_url, tmp_path, port=port)) as c:
+            assert c.leading and c.advertised() == f"127.0.0.1:{port}"
+            assert time.monotonic() - started < 10
+            await _until(
+                "the other replica knows the leader",
+                lambda: (
+                    other.leadership is not None and other.leadership.leader_addr == c.advertised()
+                ),
+            )
+    finally:
+        await other.stop()
+
+
+async def test_every_message_to_an_agent_carries_the_epoch(
+    etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
+) -> None:
+    async with Coordinator(_config(etcd_url, tmp_path)) as c:
+        assert c.leadership is not None
+        epoch = c.leadership.epoch
+        node = FakeNode(c.address, "node-a", "127.0.0.1", slots=1)
+        assert (await node.connect()).epoch == epoch
+        job = await _submit(c.address, "r1")
+        rp = await node.expect("reserve_port")
+        assert rp.epoch == epoch
+        await node.send(
+            port_reserved=pb.PortReserved(job_id=job, round=rp.reserve_port.round, port=40000)
+        )
+        assert (await node.expect("assign")).epoch == epoch
+        await _call(c.address, lambda s: s.CancelJob(pb.CancelJobRequest(job_id=job)))
+        assert (await node.expect("stop")).epoch == epoch
+        await node.close()
+
+
+async def test_sqlite_mode_has_no_election_and_epoch_zero(tmp_path: Path) -> None:
+    config = CoordinatorConfig(state_dir=str(tmp_path / "state"), port=0)
+    async with Coordinator(config) as c:
+        assert c.leading and c.leadership is None
+        node = FakeNode(c.address, "node-a", "127.0.0.1", slots=1)
+        welcome = await node.connect()
+        assert welcome.HasField("welcome") and welcome.epoch == 0
+        await node.close()
+
+
+@pytest.mark.parametrize(
+    ("kw", "error"),
+    [
+        ({"leader_ttl": 0.5}, "leader_ttl"),
+        ({"leader_ttl": 61.0}, "leader_ttl"),
+        ({"advertise": "host:29400"}, "needs --store etcd"),
+    ],
+)
+def test_replica_options_are_bounded(tmp_path: Path, kw: dict[str, object], error: str) -> None:
+    config = CoordinatorConfig(state_dir=str(tmp_path / "state"), port=0, **kw)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=error):
+        config.validate()
+
+
+@pytest.mark.parametrize(
+    "addr", ["host", "host:0", "host:99999", "a b:1", "h:1\n", "x" * 300 + ":1"]
+)
+def test_a_bad_advertise_address_is_refused(etcd_url: str, tmp_path: Path, addr: str) -> None:
+    with pytest.raises(ValueError, match="advertise"):
+        _config(etcd_url, tmp_path, advertise=addr).validate()
+
+
+async def test_the_dashboard_and_metrics_of_a_standby_say_so(
+    etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
+) -> None:
+    coords = [
+        Coordinator(
+            _config(etcd_url, tmp_path, dashboard_port=_free_port(), metrics_port=_free_port())
+        )
+        for _ in range(2)
+    ]
+    try:
+        for c in coords:
+            await c.start()
+        leader = await _leader_elected(coords)
+        standby = next(c for c in coords if c is not leader)
+        assert leader.dashboard is not None and standby.dashboard is not None
+        assert "standby" not in leader.dashboard.model.overview()
+        said = standby.dashboard.model.overview()["standby"]
+        assert said == f"Standby replica (not the leader; the leader is at {leader.advertised()})."
+        for c, value in ((leader, 1.0), (standby, 0.0)):
+            assert c.metrics is not None
+            assert c.metrics.registry.get_sample_value("gelastic_coordinator_leader") == value
+    finally:
+        for c in coords:
+            await c.stop()
