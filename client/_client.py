@@ -84,7 +84,8 @@ LIST_CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 3000),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
-MAX_DETAILS_CHARS = 300
+MAX_DETAILS_CHARS = 500
+"""Of each replica's answer in the error of a call that gave up."""
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_EVENT_PAGES = 1000
 """Most GetEvents pages one `events()` call reads (a job keeps at most 10,000 events)."""
@@ -108,7 +109,8 @@ def _wrap(exc: grpc.RpcError) -> GelasticError:
 
 def _details(exc: grpc.RpcError) -> str:
     d = exc.details() if hasattr(exc, "details") else str(exc)
-    return " ".join(str(d or "").split())[:MAX_DETAILS_CHARS]
+    text = " ".join(str(d or "").split())
+    return text if len(text) <= MAX_DETAILS_CHARS else text[: MAX_DETAILS_CHARS - 3] + "..."
 
 
 def _hint(exc: grpc.RpcError, listed: Sequence[str]) -> tuple[str, bool]:
