@@ -249,12 +249,24 @@ class EtcdCluster:
     def endpoints(self) -> list[str]:
         return [m.endpoint for m in self.members]
 
-    def url(self, prefix: str) -> str:
-        """A store URL that lists every member."""
-        return f"etcd://{','.join(self.endpoints)}/{prefix}"
+    def url(self, prefix: str, first: int = 0) -> str:
+        """A store URL that lists every member, member `first` first (the store's first try)."""
+        order = self.endpoints[first:] + self.endpoints[:first]
+        return f"etcd://{','.join(order)}/{prefix}"
 
     def index(self, endpoint: str) -> int:
         return self.endpoints.index(endpoint)
+
+    def raft_leader(self) -> int:
+        """Index of the member that is etcd's own (raft) leader now."""
+        for i, m in enumerate(self.members):
+            if not m.running:
+                continue
+            with m.channel() as ch:
+                st = epb_grpc.MaintenanceStub(ch).Status(epb.StatusRequest(), timeout=5)
+            if st.leader == st.header.member_id:
+                return i
+        raise RuntimeError("no member of the etcd cluster leads")
 
     def start(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
