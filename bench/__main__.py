@@ -2,7 +2,8 @@
 
 Without a scenario every one runs but `soak`, which runs only when named: it lasts `--minutes`
 (`python -m bench soak --minutes 60 --coordinator-arg=--retain-jobs=500`), and its rows of RSS,
-database size and Submit p99 over time go into the JSON's `meta.soak` and `soak.png`. Prints a table (scenario, metric, system, median, min, max,
+database size and Submit p99 over time go into the JSON's `meta.soak` and `soak.png`; the torch
+scenarios and `failover` (three coordinator replicas on etcd) run only when named too. Prints a table (scenario, metric, system, median, min, max,
 n) and the torchrun/gelastic ratios on stdout, progress on stderr, and writes the JSON; the
 scale scenarios' charts go next to it as PNG when matplotlib is installed.
 """
@@ -29,6 +30,7 @@ SCENARIOS = (
     "footprint",
     "coordinator_restart",
     "submit_throughput",
+    "failover",
     "soak",
     "torch_start",
     "torch_recovery",
@@ -39,7 +41,11 @@ LONG_SCENARIOS = ("soak",)
 """Run only when named."""
 TORCH_SCENARIOS = ("torch_start", "torch_recovery", "torch_failure", "torch_stop")
 """Workers that import torch and run gloo collectives: run only when named (heavier)."""
-DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in LONG_SCENARIOS + TORCH_SCENARIOS)
+REPLICA_SCENARIOS = ("failover",)
+"""Three coordinator replicas on etcd: run only when named (they need etcd)."""
+DEFAULT_SCENARIOS = tuple(
+    s for s in SCENARIOS if s not in LONG_SCENARIOS + TORCH_SCENARIOS + REPLICA_SCENARIOS
+)
 DEFAULT_RUNS = 5
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_JSON = RESULTS / "results.json"
@@ -53,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         metavar="SCENARIO",
         help=f"any of {', '.join(SCENARIOS)} "
-        f"(default: all but {', '.join(LONG_SCENARIOS + TORCH_SCENARIOS)})",
+        f"(default: all but {', '.join(LONG_SCENARIOS + TORCH_SCENARIOS + REPLICA_SCENARIOS)})",
     )
     parser.add_argument(
         "--runs", type=int, default=None, help=f"runs per scenario (default {DEFAULT_RUNS})"

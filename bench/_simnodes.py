@@ -10,9 +10,14 @@ stdin/stdout (one JSON line per command and per answer).
 
 With `resume`, a node also behaves like the real agent across a coordinator restart: it keeps
 the rounds it holds when its session ends and reports them in the Hello of its next session
-(`running=[RunningGroup(job_id, round, attempt, workers=[WorkerPid...])]`), and it opens a gRPC
-channel of its own for every session attempt (as the agent does), so no channel-level connect
-backoff is shared between nodes or carried from one attempt to the next.
+(`running=[RunningGroup(job_id, round, attempt, workers=[WorkerPid...], exits=[...])]`), and it
+opens a gRPC channel of its own for every session attempt (as the agent does), so no
+channel-level connect backoff is shared between nodes or carried from one attempt to the next.
+Given a list of coordinator replicas (`--address a,b,c`, with `resume`), it follows the leader
+as the agent does (`nodeagent/session.py`): after a session ends it tries the next listed
+address, or goes straight (no pause, at most once per listed address in a row) to the leader a
+standby names in its `gelastic-leader` metadata when that address is listed; it keeps the
+newest leader epoch seen and hangs up on a coordinator whose message carries an older one.
 
 `CoordinatorProcess` runs `coordinator serve` as a process of its own, so its CPU time and
 peak RSS are measured apart from everything else; `kill()` and `start()` again restart it on
@@ -46,6 +51,7 @@ import grpc
 import psutil
 
 from client import Client, GelasticError, JobSpec
+from client.coordinators import leader_hint, next_coordinator, parse_coordinators
 from client.security import Security
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -316,6 +322,11 @@ class SimFleet:
                 out.assign_last = max(last, out.assign_last or last)
         return out
 
+    def finish(self, job_id: str, timeout: float = 30.0) -> int:
+        """Every node's workers of `job_id` exit 0 now; returns how many nodes held it. A node
+        without a session reports the exits in the Hello of its next one, as the agent does."""
+        return sum(int(a["finished"]) for a in self._ask(f"finish {job_id}", timeout))
+
     def wait_welcomed(self, timeout: float) -> FleetStats:
         """Wait until every node has its Welcome; TimeoutError after `timeout`."""
         deadline = time.monotonic() + timeout
@@ -441,6 +452,7 @@ class _Held:
     round: int
     attempt: int
     workers: list[pb.WorkerPid]
+    exits: list[pb.WorkerExit] = field(default_factory=list)
 
 
 class _SimNode:
@@ -462,24 +474,41 @@ class _SimNode:
         self.held: dict[tuple[str, int], _Held] = {}
         self.assigned_at: dict[str, float] = {}
         self.seq = 0
+        self.target = fleet.addresses[0]
+        """The replica the current (or next) session dials."""
+        self.epoch = 0
+        """The newest leader epoch seen; a message with an older one ends the session."""
+        self.hint = ""
+        """The listed leader the last session's standby named ("" when none)."""
 
     async def run(self) -> None:
         """Keep a session open, reconnecting with backoff and full jitter like the real agent."""
         delay = RECONNECT_MIN_S
         incarnation = uuid.uuid4().hex
+        listed = self.fleet.addresses
+        hops = 0
         while True:
             started = time.monotonic()
+            target = self.target
+            self.hint = ""
             if self.stub is not None:
                 welcomed = await self._session(self.stub, incarnation)
             else:
                 async with grpc.aio.insecure_channel(
-                    self.fleet.address, options=[("grpc.use_local_subchannel_pool", 1)]
+                    target, options=[("grpc.use_local_subchannel_pool", 1)]
                 ) as channel:
                     welcomed = await self._session(pb_grpc.NodeSessionStub(channel), incarnation)
             if not welcomed:
                 # The server ended the attempt before its Welcome: a busy coordinator turns new
-                # calls away (too many pending calls), or none listens; the agent tries again.
+                # calls away (too many pending calls), a standby points at the leader, or none
+                # listens; the agent tries again.
                 self.fleet.refused += 1
+            self.target = next_coordinator(listed, target, {target}) or target
+            if self.hint and self.hint != target and hops < len(listed):
+                self.target = self.hint  # straight to the leader the standby named
+                hops += 1
+                continue
+            hops = 0
             if time.monotonic() - started > RECONNECT_RESET_S:
                 delay = RECONNECT_MIN_S
             await asyncio.sleep(random.uniform(0, delay))
@@ -488,9 +517,34 @@ class _SimNode:
     def _running(self) -> list[pb.RunningGroup]:
         """What this node holds, as the real agent reports it in the Hello after a reconnect."""
         return [
-            pb.RunningGroup(job_id=h.job_id, round=h.round, attempt=h.attempt, workers=h.workers)
+            pb.RunningGroup(
+                job_id=h.job_id, round=h.round, attempt=h.attempt, workers=h.workers, exits=h.exits
+            )
             for h in self.held.values()
         ]
+
+    def finish(self, job_id: str) -> bool:
+        """Its workers of `job_id` exit 0: sent now when in a session, and kept for the Hello."""
+        held = [h for h in self.held.values() if h.job_id == job_id and not h.exits]
+        for h in held:
+            for w in h.workers:
+                exit_ = pb.WorkerExit(
+                    local_rank=w.local_rank,
+                    global_rank=w.global_rank,
+                    pid=w.pid,
+                    exitcode=0,
+                    timestamp=time.time(),
+                )
+                h.exits.append(exit_)
+                if self.welcomed:
+                    self.send(
+                        pb.NodeMessage(
+                            worker_exited=pb.WorkerExited(
+                                job_id=h.job_id, round=h.round, exit=exit_
+                            )
+                        )
+                    )
+        return bool(held)
 
     async def _session(self, stub: pb_grpc.NodeSessionStub, incarnation: str) -> bool:
         """One session attempt; True if the coordinator welcomed this node."""
@@ -512,10 +566,16 @@ class _SimNode:
         welcomed = False
         try:
             async for msg in call:
+                if msg.epoch < self.epoch:
+                    self.fleet.stale += 1  # a deposed leader: hang up, act on nothing of it
+                    break
+                self.epoch = msg.epoch
                 self._on(msg)
                 welcomed = welcomed or self.welcomed
         except grpc.aio.AioRpcError as exc:
-            if welcomed:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self.hint = leader_hint(exc.trailing_metadata(), self.fleet.addresses)
+            if welcomed and not self.fleet.replicas:
                 self.fleet.error(f"{self.name}: session ended: {exc.code().name}: {exc.details()}")
         finally:
             if welcomed:
@@ -617,11 +677,18 @@ class _FleetProcess:
         self, address: str, first: int, count: int, slots: int, health: bool, resume: bool = False
     ) -> None:
         self.address = address
+        self.addresses = parse_coordinators(address)
+        self.replicas = len(self.addresses) > 1
+        """A list of replicas: a session ending is a failover, not an error."""
+        if self.replicas and not resume:
+            raise ValueError("a list of coordinators needs --resume (a channel per session)")
         self.first = first
         self.count = count
         self.slots = slots
         self.health = health
         self.resume = resume
+        self.stale = 0
+        """Sessions ended on a message of an older leader epoch."""
         self.heartbeat_interval = 1.0
         self.nodes: list[_SimNode] = []
         self.errors: list[str] = []
@@ -665,6 +732,8 @@ class _FleetProcess:
                 cmd, _, arg = line.partition(" ")
                 if cmd == "stats":
                     self._answer(self._stats(arg))
+                elif cmd == "finish":
+                    self._answer({"finished": sum(n.finish(arg) for n in self.nodes)})
                 else:
                     self._answer({"error": f"unknown command {cmd!r}"})
         finally:
@@ -701,6 +770,7 @@ class _FleetProcess:
             "assign_last": max(times) if times else None,
             "heartbeats": self.heartbeats,
             "refused": self.refused,
+            "stale": self.stale,
             "errors": self.errors,
         }
 
@@ -712,7 +782,9 @@ class _FleetProcess:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench._simnodes", description=__doc__)
-    p.add_argument("--address", required=True, help="the coordinator, host:port")
+    p.add_argument(
+        "--address", required=True, help="the coordinator, host:port (or a list of replicas)"
+    )
     p.add_argument("--first", type=int, default=0, help="index of this process's first node")
     p.add_argument("--count", type=int, required=True, help="nodes in this process")
     p.add_argument("--slots", type=int, default=1, help="slots each node offers")

@@ -10,6 +10,9 @@ the last answer. Afterwards ListJobs must show all of them QUEUED; the coordinat
 with its queue.
 
 - `T client thread(s): jobs/s`: M / that time. M = 500 (`--quick`: 50).
+- `etcd, K member(s): T client thread(s): jobs/s`: the same with `--store etcd://...` on a
+  fresh etcd cluster of K members on this host (each member its own data directory on the
+  same disk), K = 1 and 3 (`--quick`: 3). Skipped, with a line on stderr, without etcd.
 
 The note gives the median latency of one Submit (its p99 in brackets) and the coordinator's
 CPU time over the submitting (in cores), which tells whether it waited on the disk or computed.
@@ -23,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from bench._common import GELASTIC, Measurement, log
+from bench._etcd import EtcdCluster, etcd_binary
 from bench._simnodes import CoordinatorProcess, cpu_seconds
 from client import Client, JobSpec, JobState
 
@@ -30,6 +34,9 @@ SCENARIO = "submit_throughput"
 JOBS = 500
 QUICK_JOBS = 50
 THREADS = (1, 8)
+STORES = (0, 1, 3)
+"""0: SQLite; K > 0: etcd with K members."""
+QUICK_STORES = (0, 3)
 TIMEOUT = 300.0
 SPEC = JobSpec(entrypoint=["/bin/true"], nproc_per_node=1, min_nodes=1, max_nodes=1, name="tput")
 
@@ -41,8 +48,12 @@ class _Run:
     cpu_cores: float
 
 
-def _one_run(jobs: int, threads: int) -> _Run:
-    coord = CoordinatorProcess(lease=5.0, heartbeat_interval=1.0, log_level="WARNING")
+def _one_run(jobs: int, threads: int, members: int = 0) -> _Run:
+    etcd = EtcdCluster(members).start() if members else None
+    store = ("--store", etcd.url("gelastic")) if etcd is not None else ()
+    coord = CoordinatorProcess(
+        lease=5.0, heartbeat_interval=1.0, log_level="WARNING", extra_args=store
+    )
     clients: list[Client] = []
     try:
         coord.start()
@@ -91,6 +102,8 @@ def _one_run(jobs: int, threads: int) -> _Run:
         for c in clients:
             c.close()
         coord.stop(grace=10.0)
+        if etcd is not None:
+            etcd.stop()
 
 
 def _p99(xs: list[float]) -> float:
@@ -100,23 +113,28 @@ def _p99(xs: list[float]) -> float:
 def run(runs: int, quick: bool) -> list[Measurement]:
     jobs = QUICK_JOBS if quick else JOBS
     out: list[Measurement] = []
-    for threads in THREADS:
+    stores = QUICK_STORES if quick else STORES
+    if etcd_binary() is None:
+        log(f"  {SCENARIO}: etcd is not installed; only SQLite is measured")
+        stores = (0,)
+    for members, threads in ((k, t) for k in stores for t in THREADS):
+        where = f"etcd, {members} member{'s' if members > 1 else ''}: " if members else ""
         m = Measurement(
             SCENARIO,
-            f"{threads} client thread{'s' if threads > 1 else ''}: jobs/s ({jobs} jobs)",
+            f"{where}{threads} client thread{'s' if threads > 1 else ''}: jobs/s ({jobs} jobs)",
             GELASTIC,
         )
         lat_ms: list[float] = []
         p99_ms: list[float] = []
         cores: list[float] = []
         for i in range(runs):
-            r = _one_run(jobs, threads)
+            r = _one_run(jobs, threads, members)
             m.add(r.rate)
             lat_ms.append(statistics.median(r.latencies) * 1000)
             p99_ms.append(_p99(r.latencies) * 1000)
             cores.append(r.cpu_cores)
             log(
-                f"  {SCENARIO} {threads} thread(s) run {i + 1}/{runs}: {r.rate:.0f} jobs/s, "
+                f"  {SCENARIO} {where}{threads} thread(s) run {i + 1}/{runs}: {r.rate:.0f} jobs/s, "
                 f"submit latency median {lat_ms[-1]:.1f} ms (p99 {p99_ms[-1]:.1f} ms), "
                 f"coordinator CPU {r.cpu_cores:.2f} cores"
             )

@@ -380,7 +380,7 @@ class CoordinatorService:
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
-            started = time.monotonic()
+            started, cpu_started = time.monotonic(), time.process_time()
             try:
                 await self.flush()
             except Exception:
@@ -389,8 +389,10 @@ class CoordinatorService:
                 continue  # a failed write is no batch to pause after: try again
             # A flush of a huge job costs O(ranks): pause in proportion so that a burst of
             # worker messages never spends more than a fifth of the loop on writing state. While
-            # messages or readers wait on the write, the pause is only that proportion.
-            cost = 4 * (time.monotonic() - started)
+            # messages or readers wait on the write, the pause is only that proportion. Time
+            # spent waiting on the store (an etcd that just got its quorum back) is no cost:
+            # counted, it would hold back the messages that waited for that very write.
+            cost = 4 * min(time.monotonic() - started, time.process_time() - cpu_started)
             await asyncio.sleep(cost)
             # The rest of the batching pause ends early once a message or a reader waits on the
             # write: they are what a user waits for (a round's Assign, a job's end).

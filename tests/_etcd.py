@@ -1,4 +1,5 @@
-"""A real single-member etcd for tests: on loopback, with its own temp data dir.
+"""Real etcd for tests, on loopback: one member (`EtcdServer`) or a three-member cluster
+(`EtcdCluster`), each member with its own temp data dir.
 
 `etcd_binary()` finds `etcd` (Debian's etcd-server, which `make setup` installs when it may);
 without it a test skips, and under CI (CI=true) it fails instead: the etcd store must be tested.
@@ -6,12 +7,15 @@ without it a test skips, and under CI (CI=true) it fails instead: the etcd store
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import IO
 
@@ -50,13 +54,18 @@ class EtcdServer:
         workdir: Path,
         tls: tuple[str, str, str] | None = None,
         extra_args: tuple[str, ...] = (),
+        name: str = "default",
     ) -> None:
         """`tls`: (CA, server certificate, server key) PEM files; clients then need a
-        certificate that CA signed (etcd's --client-cert-auth)."""
+        certificate that CA signed (etcd's --client-cert-auth). `name`: the member's name."""
         self.binary = etcd_binary()
         self.workdir = workdir
         self.tls = tls
         self.extra_args = extra_args
+        self.name = name
+        self.initial_cluster = ""
+        """`--initial-cluster` (NAME=PEER_URL,...); "" = this member alone."""
+        self.cluster_token = ""
         self.data_dir = workdir / "data"
         self.client_port = _free_port()
         self.peer_port = _free_port()
@@ -70,16 +79,31 @@ class EtcdServer:
     def url(self, prefix: str) -> str:
         return f"etcd://{self.endpoint}/{prefix}"
 
-    def start(self) -> None:
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, deadline: float | None = None) -> None:
+        """Start it and wait (until `deadline`, a monotonic time; default START_TIMEOUT_S from
+        now) until it answers a linearizable read, that is has a leader."""
+        self.spawn()
+        self.wait_ready(deadline)
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it (a cluster's members start together)."""
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("etcd is still running")
         self.workdir.mkdir(parents=True, exist_ok=True)
         client = f"{'https' if self.tls else 'http'}://{self.endpoint}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
+        peer = self.peer_url
         argv = [
             self.binary,
             "--name",
-            "default",
+            self.name,
             "--data-dir",
             str(self.data_dir),
             "--listen-client-urls",
@@ -91,10 +115,14 @@ class EtcdServer:
             "--initial-advertise-peer-urls",
             peer,
             "--initial-cluster",
-            f"default={peer}",
+            self.initial_cluster or f"{self.name}={peer}",
             "--log-level",
             "warn",
         ]
+        if self.cluster_token:
+            # Read only when the data dir is new; a restarted member rejoins from its data.
+            argv += ["--initial-cluster-state", "new"]
+            argv += ["--initial-cluster-token", self.cluster_token]
         if self.tls:
             ca, cert, key = self.tls
             argv += ["--cert-file", cert, "--key-file", key]
@@ -105,7 +133,6 @@ class EtcdServer:
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-        self._wait_ready()
 
     def channel(self, client_cert: tuple[str, str] | None = None) -> grpc.Channel:
         """A channel to this etcd (`client_cert`: PEM certificate and key, under TLS)."""
@@ -125,8 +152,40 @@ class EtcdServer:
             auth.UserGrantRole(epb.AuthUserGrantRoleRequest(user="root", role="root"), timeout=5)
             auth.AuthEnable(epb.AuthEnableRequest(), timeout=5)
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
+    def add_prefix_user(self, user: str, password: str, prefix: str) -> None:
+        """Make etcd user `user` (role of the same name) that may read and write the keys
+        under `prefix` only; before `enable_auth`. Through etcd's JSON gateway (plain text
+        only): the store's own proto subset has no role calls."""
+        if self.tls:
+            raise RuntimeError("add_prefix_user needs a plain-text etcd")
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+        def b64(text: str) -> str:
+            return base64.b64encode(text.encode()).decode()
+
+        for path, doc in (
+            ("/v3/auth/role/add", {"name": user}),
+            (
+                "/v3/auth/role/grant",
+                {
+                    "name": user,
+                    "perm": {"permType": "READWRITE", "key": b64(prefix), "range_end": b64(end)},
+                },
+            ),
+            ("/v3/auth/user/add", {"name": user, "password": password}),
+            ("/v3/auth/user/grant", {"user": user, "role": user}),
+        ):
+            req = urllib.request.Request(
+                f"http://{self.endpoint}{path}",
+                data=json.dumps(doc).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                json.loads(resp.read())
+
+    def wait_ready(self, deadline: float | None = None) -> None:
+        if deadline is None:
+            deadline = time.monotonic() + START_TIMEOUT_S
         with self.channel() as ch:
             stub = epb_grpc.KVStub(ch)
             while True:
@@ -168,3 +227,69 @@ class EtcdServer:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+class EtcdCluster:
+    """Three etcd members on loopback that form one cluster (each its own ports and data dir).
+
+    `start()` starts every member at once and waits, bounded, until each answers a linearizable
+    read; `kill(i)` SIGKILLs one, `start_member(i)` brings it back on its ports and data.
+    """
+
+    def __init__(self, workdir: Path, size: int = 3) -> None:
+        self.workdir = workdir
+        self.members = [EtcdServer(workdir / f"m{i}", name=f"m{i}") for i in range(size)]
+        initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        token = f"gelastic-test-{os.getpid()}-{self.members[0].peer_port}"
+        for m in self.members:
+            m.initial_cluster = initial
+            m.cluster_token = token
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.endpoint for m in self.members]
+
+    def url(self, prefix: str, first: int = 0) -> str:
+        """A store URL that lists every member, member `first` first (the store's first try)."""
+        order = self.endpoints[first:] + self.endpoints[:first]
+        return f"etcd://{','.join(order)}/{prefix}"
+
+    def index(self, endpoint: str) -> int:
+        return self.endpoints.index(endpoint)
+
+    def raft_leader(self) -> int:
+        """Index of the member that is etcd's own (raft) leader now."""
+        for i, m in enumerate(self.members):
+            if not m.running:
+                continue
+            with m.channel() as ch:
+                st = epb_grpc.MaintenanceStub(ch).Status(epb.StatusRequest(), timeout=5)
+            if st.leader == st.header.member_id:
+                return i
+        raise RuntimeError("no member of the etcd cluster leads")
+
+    def start(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            for m in self.members:
+                m.spawn()
+            for m in self.members:
+                m.wait_ready(deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def kill(self, i: int) -> None:
+        """SIGKILL member `i` (its data stays)."""
+        self.members[i].stop(signal.SIGKILL)
+
+    def start_member(self, i: int) -> None:
+        """Start member `i` again; returns once it answers (it needs a quorum to)."""
+        self.members[i].start()
+
+    def stop(self) -> None:
+        for m in self.members:
+            m.stop()
+
+    def log(self) -> str:
+        return "\n".join(f"--- {m.name}:\n{m.log()}" for m in self.members)
