@@ -69,7 +69,7 @@ def parse_gpus(text: str) -> str | tuple[int, ...]:
 def load_nvml() -> Any | None:
     """The pynvml module, or None when nvidia-ml-py is not installed."""
     try:
-        import pynvml  # type: ignore[import-not-found,unused-ignore]
+        import pynvml
     except ImportError:
         return None
     return pynvml
