@@ -289,7 +289,9 @@ def run(
         nproc_per_node=2,
         min_nodes=1,
         max_nodes=2,
-        max_restarts=2,
+        # One restart, for act 1: act 2 re-forms without spending it. The round after act 2 (node-0
+        # alone, no restart left) then warms no standbys: none could serve.
+        max_restarts=1,
         # Every free node joins at once (both are free whenever a round forms, until node-1
         # dies); a worker left to finish recording a failure gets 2 s.
         last_call_timeout=0,

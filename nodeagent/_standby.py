@@ -1,7 +1,7 @@
 """Warm standby workers: interpreters of a job that already imported its preload modules.
 
 A job whose spec names `preload` modules gets, on each agent that runs it, up to
-`nproc_per_node` standbys: the bootstrap started in standby mode (``--standby FD``) under the
+`nproc_per_node` standbys (when they can serve a later round: `can_serve`): the bootstrap started in standby mode (``--standby FD``) under the
 job's interpreter, flags, cwd and env, without any per-round variable (RANK, MASTER_ADDR,
 TORCHELASTIC_RESTART_COUNT, ...). Each imports the modules and blocks reading its hand-off from a
 pipe whose write end only the agent holds (inherited, never a path). When a later round of the
@@ -36,11 +36,12 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from client.assignment import RoundAssignment
 from nodeagent._launch import StandbyLaunch, StoreHostLaunch, WorkerLaunch
 from nodeagent._process import ProcessHandle, RealProcess, spawn
 from nodeagent._store_host import WarmStoreHost
 
-__all__ = ["IDLE_S", "MAX_HANDOFF_BYTES", "StandbyPool", "encode_handoff"]
+__all__ = ["IDLE_S", "MAX_HANDOFF_BYTES", "StandbyPool", "can_serve", "encode_handoff"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,20 @@ def encode_handoff(launch: WorkerLaunch, prefix: tuple[str, ...]) -> bytes:
     if len(data) > MAX_HANDOFF_BYTES:
         raise ValueError(f"the hand-off is {len(data)} bytes, over {MAX_HANDOFF_BYTES}")
     return data
+
+
+def can_serve(a: RoundAssignment) -> bool:
+    """Whether standbys warmed during round `a` can serve a later round on this node.
+
+    A restart after a failure comes only while the job's budget lasts (`attempt <
+    max_restarts`); the loss of another node re-forms the job, fixed-size ones too, on the
+    survivors without spending it, so a round of several nodes always may; a job with a
+    `standby_linger` hands them to the next job of its spec. A round of this node alone at its
+    last attempt has none of these: only a node joining would re-form it, and that round starts
+    cold rather than every such job paying for interpreters that almost never serve.
+    """
+    spec = a.spec
+    return a.attempt < spec.max_restarts or a.group_world_size > 1 or spec.standby_linger > 0
 
 
 def _key(launch: StandbyLaunch) -> tuple[object, ...]:

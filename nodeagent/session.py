@@ -55,7 +55,7 @@ from nodeagent._launch import attempt_dirs, role_spec
 from nodeagent._metrics import AgentMetrics
 from nodeagent._process import Sentinel
 from nodeagent._reaper import PidRegistry, reap_previous
-from nodeagent._standby import StandbyPool
+from nodeagent._standby import StandbyPool, can_serve
 from nodeagent._workers import WorkerExit, WorkerGroup
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -903,10 +903,14 @@ class NodeAgent:
         )
 
     def _fill_standbys(self, held: _Held) -> None:
-        """Warm standbys for the job's next round on this node (only a spec with `preload`)."""
+        """Warm standbys for the job's next round on this node (only a spec with `preload`), as
+        long as a next round can come to them (`can_serve`); else the job's spare ones go."""
         a = held.assignment
         launch = held.group.standby_launch() if held.group is not None else None
         if launch is None or self._closing:
+            return
+        if not can_serve(a):
+            self._standbys.discard(a.job_id)
             return
         self._standbys.fill(a.job_id, launch, a.spec.nproc_per_node)
         store = held.group.store_launch if held.group is not None else None

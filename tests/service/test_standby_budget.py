@@ -1,0 +1,144 @@
+"""An agent warms standbys for a job only while a later round can come to them.
+
+A real in-process coordinator and agent, real worker and standby processes: the standbys the
+agent starts are counted at its pool's spawner. A round of one node at the job's last attempt
+warms none (only a failure restart could use them, and the budget is spent); a round with
+restarts left still gets one per worker. `can_serve` is the rule, checked case by case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client.assignment import RoundAssignment, WorkerRanks
+from client.model import JobSpec, JobState
+from coordinator.server import Coordinator, CoordinatorConfig
+from nodeagent._launch import StandbyLaunch
+from nodeagent._process import RealProcess
+from nodeagent._standby import can_serve
+from nodeagent.session import AgentConfig, NodeAgent
+from tests.service.test_workers import poll_until, wait_gone
+
+PY = sys.executable
+DEADLINE = 60.0
+# Attempt 0 fails once told to; attempt 1 runs until told to finish. Every wait is bounded.
+WORKER = """
+import os, pathlib, sys, time
+out = pathlib.Path(os.environ["OUT_DIR"])
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+(out / f"started-{attempt}-{os.environ['RANK']}").touch()
+deadline = time.monotonic() + 60
+while not (out / f"go-{attempt}").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+sys.exit(1 if attempt == "0" else 0)
+"""
+
+
+@pytest.fixture
+async def agent(tmp_path: Path) -> AsyncIterator[tuple[Coordinator, NodeAgent, list[RealProcess]]]:
+    config = CoordinatorConfig(
+        state_dir=str(tmp_path / "state"), port=0, lease=30.0, heartbeat_interval=0.2
+    )
+    async with Coordinator(config) as c:
+        a = NodeAgent(
+            AgentConfig(
+                coordinator=c.address,
+                name="node-a",
+                slots=2,
+                addr="127.0.0.1",
+                log_dir=str(tmp_path / "logs"),
+            )
+        )
+        started: list[RealProcess] = []
+        real = a._standbys._spawner
+
+        def recording(launch: StandbyLaunch, **kw: Any) -> RealProcess:
+            handle = real(launch, **kw)
+            started.append(handle)
+            return handle
+
+        a._standbys._spawner = recording
+        async with a:
+            await asyncio.wait_for(a.connected.wait(), DEADLINE)
+            yield c, a, started
+        await wait_gone([p.pid for p in started])
+
+
+@pytest.mark.parametrize(("max_restarts", "warmed"), [(1, 2), (2, 4)])
+async def test_standbys_are_warmed_only_while_a_restart_can_use_them(
+    tmp_path: Path,
+    agent: tuple[Coordinator, NodeAgent, list[RealProcess]],
+    max_restarts: int,
+    warmed: int,
+) -> None:
+    c, a, started = agent
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = JobSpec(
+        entrypoint=[PY, str(script)],
+        nproc_per_node=2,
+        max_restarts=max_restarts,
+        stop_grace=2.0,
+        preload=("json",),
+        env={"OUT_DIR": str(out)},
+    )
+    job_id = await c.service.submit(spec)
+    cl = c.service.cluster
+
+    def started_round(attempt: int) -> bool:
+        # WorkersStarted is sent after the agent warmed (or did not warm) the pool.
+        return any(
+            e.kind == "workers_started" and e.attempt == attempt for e in cl.job_events(job_id)
+        )
+
+    # Attempt 0 has a restart left: one standby per worker.
+    assert await poll_until(lambda: started_round(0), DEADLINE)
+    assert len(started) == 2
+    assert await poll_until(lambda: a._standbys.count(job_id) == 2, DEADLINE)
+    (out / "go-0").touch()
+    # Attempt 1 runs on them; it warms new ones only if a restart is still left.
+    assert await poll_until(lambda: started_round(1), DEADLINE), cl.job_events(job_id)
+    assert len(started) == warmed, [p.pid for p in started]
+    assert a._standbys.count(job_id) == warmed - 2
+    (out / "go-1").touch()
+    assert await poll_until(lambda: cl.job_state(job_id).is_terminal(), DEADLINE)
+    assert cl.job_state(job_id) == JobState.SUCCEEDED
+    assert len(started) == warmed
+    # The agent lets the spare ones go with the job (its release follows the coordinator's end).
+    assert await poll_until(lambda: a._standbys.count(job_id) == 0, DEADLINE)
+
+
+def _round(spec: JobSpec, *, attempt: int, nodes: int) -> RoundAssignment:
+    return RoundAssignment(
+        job_id="job-1",
+        round=1,
+        attempt=attempt,
+        spec=spec,
+        group_rank=0,
+        group_world_size=nodes,
+        master_addr="127.0.0.1",
+        master_port=29500,
+        workers=(WorkerRanks(0, 0, 0, nodes, nodes),),
+        run_id="run-1",
+    )
+
+
+def test_the_rule_for_standbys_that_can_serve() -> None:
+    spec = JobSpec(entrypoint=[PY, "x.py"], preload=("torch",), max_restarts=1, max_nodes=2)
+    assert can_serve(_round(spec, attempt=0, nodes=1))  # a failure restarts the job
+    assert not can_serve(_round(spec, attempt=1, nodes=1))  # budget spent, no peer to lose
+    assert can_serve(_round(spec, attempt=1, nodes=2))  # a lost peer re-forms it here
+    fixed = dataclasses.replace(spec, min_nodes=2)
+    assert can_serve(_round(fixed, attempt=1, nodes=2))  # a fixed-size job re-forms too
+    assert not can_serve(_round(dataclasses.replace(spec, max_restarts=0), attempt=0, nodes=1))
+    sweep = dataclasses.replace(spec, standby_linger=30.0)
+    assert can_serve(_round(sweep, attempt=1, nodes=1))  # the next job of its spec
