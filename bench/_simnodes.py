@@ -51,7 +51,12 @@ import grpc
 import psutil
 
 from client import Client, GelasticError, JobSpec
-from client.coordinators import leader_hint, next_coordinator, parse_coordinators
+from client.coordinators import (
+    leader_hint,
+    next_coordinator,
+    parse_coordinators,
+    reconnect_pause,
+)
 from client.security import Security
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -79,7 +84,10 @@ RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 5.0
 """Pauses between session attempts: random in [0, d] (full jitter), d doubling from
 RECONNECT_MIN_S up to RECONNECT_MAX_S and back to RECONNECT_MIN_S after a session that lasted
-over RECONNECT_RESET_S: the same schedule as the node agent's (`nodeagent/session.py`)."""
+over RECONNECT_RESET_S; while hunting for the leader over a list of replicas (UNAVAILABLE: a
+standby that knows none, or no answer), a short pause instead, for a bounded number of passes
+(`client.coordinators.reconnect_pause`): the same schedule as the node agent's
+(`nodeagent/session.py`)."""
 RECONNECT_RESET_S = 10.0
 
 
@@ -480,6 +488,8 @@ class _SimNode:
         """The newest leader epoch seen; a message with an older one ends the session."""
         self.hint = ""
         """The listed leader the last session's standby named ("" when none)."""
+        self.unavailable = False
+        """The last session attempt ended UNAVAILABLE (no leader there, or no answer)."""
 
     async def run(self) -> None:
         """Keep a session open, reconnecting with backoff and full jitter like the real agent."""
@@ -487,10 +497,12 @@ class _SimNode:
         incarnation = uuid.uuid4().hex
         listed = self.fleet.addresses
         hops = 0
+        hunting = 0  # attempts since the last welcome that found no leader
         while True:
             started = time.monotonic()
             target = self.target
             self.hint = ""
+            self.unavailable = False
             if self.stub is not None:
                 welcomed = await self._session(self.stub, incarnation)
             else:
@@ -503,6 +515,8 @@ class _SimNode:
                 # calls away (too many pending calls), a standby points at the leader, or none
                 # listens; the agent tries again.
                 self.fleet.refused += 1
+            else:
+                hunting = 0
             self.target = next_coordinator(listed, target, {target}) or target
             if self.hint and self.hint != target and hops < len(listed):
                 self.target = self.hint  # straight to the leader the standby named
@@ -511,8 +525,12 @@ class _SimNode:
             hops = 0
             if time.monotonic() - started > RECONNECT_RESET_S:
                 delay = RECONNECT_MIN_S
-            await asyncio.sleep(random.uniform(0, delay))
-            delay = min(delay * 2, RECONNECT_MAX_S)
+            hunted = self.unavailable
+            hunting = hunting + 1 if hunted else hunting
+            low, high = reconnect_pause(delay, hunting if hunted else 0, len(listed))
+            await asyncio.sleep(random.uniform(low, high))
+            if low == 0:
+                delay = min(delay * 2, RECONNECT_MAX_S)
 
     def _running(self) -> list[pb.RunningGroup]:
         """What this node holds, as the real agent reports it in the Hello after a reconnect."""
@@ -574,6 +592,7 @@ class _SimNode:
                 welcomed = welcomed or self.welcomed
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self.unavailable = True
                 self.hint = leader_hint(exc.trailing_metadata(), self.fleet.addresses)
             if welcomed and not self.fleet.replicas:
                 self.fleet.error(f"{self.name}: session ended: {exc.code().name}: {exc.details()}")

@@ -33,6 +33,10 @@ MAX_LIST_CHARS = MAX_COORDINATORS * 262
 """A longer list is refused before it is split (16 names of 253 characters and their ports)."""
 MAX_TARGET_CHARS = 1024
 """Longest single gRPC target with a scheme (unix:, dns:, ipv4:, ipv6:)."""
+HUNT_PAUSE_S = (0.2, 0.5)
+"""Pause (random in this range) between session attempts while hunting for the leader."""
+HUNT_PASSES_MAX = 20
+"""Passes over the list at the hunting pause; past them the doubling backoff applies again."""
 STANDBY_PREFIXES = ("not the leader", "no leader elected yet")
 """How a standby's UNAVAILABLE details start: the call was not acted on."""
 
@@ -137,3 +141,16 @@ def next_coordinator(
         if addr not in tried:
             return addr
     return None
+
+
+def reconnect_pause(delay: float, hunting: int, listed: int) -> tuple[float, float]:
+    """The range the pause before the next session attempt is drawn from (uniformly).
+    `hunting` counts the attempts since the last session that worked that found no leader (a
+    standby said it knows none, or a replica did not answer); `listed` is the length of the
+    coordinator list. With more than one listed replica, while `hunting` is at most
+    HUNT_PASSES_MAX passes over the list: HUNT_PAUSE_S, so a fleet finds a new leader within a
+    fraction of a second of its election. Otherwise (one coordinator, or a hunt that lasted too
+    long): [0, delay] (full jitter; the caller doubles `delay` up to its cap)."""
+    if listed > 1 and 0 < hunting <= HUNT_PASSES_MAX * listed:
+        return HUNT_PAUSE_S
+    return (0.0, max(0.0, delay))

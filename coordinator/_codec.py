@@ -19,6 +19,10 @@ __all__ = ["decode", "encode"]
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_FIELD_TYPES: dict[type, tuple[tuple[str, Any], ...]] = {}
+"""(name, type hint) of each field, per dataclass: `typing.get_type_hints` evaluates every
+annotation string again on each call, which dominated loading a large state. Bounded by the
+program's dataclasses."""
 
 
 def encode(obj: Any) -> Any:
@@ -41,8 +45,12 @@ def encode(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__}")
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _hints(cls: type) -> tuple[tuple[str, Any], ...]:
+    got = _FIELD_TYPES.get(cls)
+    if got is None:
+        hints = typing.get_type_hints(cls)
+        got = _FIELD_TYPES[cls] = tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+    return got
 
 
 def decode(tp: Any, data: Any) -> Any:
@@ -72,11 +80,10 @@ def decode(tp: Any, data: Any) -> Any:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, dict):
             raise TypeError(f"expected an object for {tp.__name__}")
-        hints = _hints(tp)
         kwargs = {}
-        for f in dataclasses.fields(tp):
-            if f.name in data:
-                kwargs[f.name] = decode(hints[f.name], data[f.name])
+        for name, hint in _hints(tp):
+            if name in data:
+                kwargs[name] = decode(hint, data[name])
         return tp(**kwargs)
     if origin in (dict, Mapping, typing.Mapping) or tp is dict:
         kt, vt = args if args else (Any, Any)

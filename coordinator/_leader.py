@@ -1,11 +1,11 @@
 """Coordinator replicas on etcd: the election, the leader's own step-down timer, and the gate
 that keeps a standby (or a replica that just stepped down) from serving.
 
-Every replica runs `Leadership.run`. A standby polls the leader key `PREFIX/leader`; when there
-is none it grants itself a lease of `ttl` seconds and campaigns: a txn that puts the key, on
-that lease, only if the key does not exist. The winner's epoch is the key's creation revision
-(it only grows); the service then fences every state write on it (see `Fence`), so a deposed
-leader's write fails at etcd (`StoreFenced`).
+Every replica runs `Leadership.run`. A standby polls the leader key `PREFIX/leader` every
+`POLL_S`; when there is none it grants itself a lease of `ttl` seconds and campaigns: a txn
+that puts the key, on that lease, only if the key does not exist. The winner's epoch is the
+key's creation revision (it only grows); the service then fences every state write on it
+(see `Fence`), so a deposed leader's write fails at etcd (`StoreFenced`).
 
 The leader refreshes its lease every `ttl / 4` and trusts it for `ttl - margin` from the send
 time of the last keepalive etcd confirmed, on the monotonic clock: etcd counts the TTL from when
@@ -56,6 +56,11 @@ MAX_TTL_S = 60.0
 LEADER_METADATA = "gelastic-leader"
 MAX_LEADER_VALUE_BYTES = 4096
 REVOKE_TIMEOUT_S = 1.0
+POLL_S = 0.25
+"""How often a standby reads the leader key (at most; a third of the TTL when that is less): a
+lease that expired is taken over within this much. One small etcd read per standby each time."""
+ELECTION_RPC_TIMEOUT_S = 1.0
+"""Deadline of one etcd call of a campaign (at most; a third of the TTL when that is less)."""
 _ADDR = re.compile(r"(?:[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}")
 _ID = re.compile(r"[0-9a-f]{1,64}")
 _GELASTIC = ("/gelastic.v1.Coordinator/", "/gelastic.v1.NodeSession/")
@@ -153,7 +158,11 @@ class Leadership:
 
     @property
     def poll_interval(self) -> float:
-        return min(1.0, self.ttl / 3)
+        return min(POLL_S, self.ttl / 3)
+
+    @property
+    def rpc_timeout(self) -> float:
+        return min(ELECTION_RPC_TIMEOUT_S, self.ttl / 3)
 
     @property
     def keepalive_interval(self) -> float:
@@ -255,7 +264,7 @@ class Leadership:
             await asyncio.sleep(self.poll_interval)
 
     async def _try_once(self) -> int:
-        t = self.poll_interval
+        t = self.rpc_timeout
         kv = await self._in_thread(self._store.read_key, self._key, t)
         fresh, self._fresh = self._fresh, False
         if kv is not None:

@@ -30,7 +30,12 @@ from typing import Any
 import grpc
 
 from client.assignment import RoundAssignment, WorkerRanks
-from client.coordinators import leader_hint, next_coordinator, parse_coordinators
+from client.coordinators import (
+    leader_hint,
+    next_coordinator,
+    parse_coordinators,
+    reconnect_pause,
+)
 from client.model import (
     MAX_STANDBY_LINGER_S,
     FailureCategory,
@@ -337,9 +342,11 @@ class NodeAgent:
         last_log: tuple[str, float, float] = ("", 0.0, 0.0)  # (reason, pause, when)
         probed: dict[str, str] = {}
         hops = 0  # hints followed since the last pause
+        hunting = 0  # attempts since the last session that worked that found no leader
         while not self._closing:
             started = time.monotonic()
             reason = ""
+            hunted = False
             target = self.target
             # Unless told otherwise below, the next session tries the next listed replica.
             after = next_coordinator(self.coordinators, target, {target}) or target
@@ -381,6 +388,8 @@ class NodeAgent:
                 else:
                     reason = f"session with {target} ended: {code.name}: {details}"
                     hint = leader_hint(exc.trailing_metadata(), self.coordinators)
+                    # A standby that knows no leader yet, or a replica that does not answer.
+                    hunted = code == grpc.StatusCode.UNAVAILABLE
                     if code == grpc.StatusCode.UNAVAILABLE and hint and hint != target:
                         # A standby named the leader: straight there, a bounded number of times.
                         after, follow = hint, hops < len(self.coordinators)
@@ -402,6 +411,7 @@ class NodeAgent:
                 if self.connected.is_set():
                     refused_since = None
                     probed.clear()
+                    hunting = 0
                 self.connected.clear()
                 self._outbox = self._log_outbox = None
                 # Their request ids belong to the session that ended.
@@ -418,16 +428,20 @@ class NodeAgent:
             hops = 0
             if time.monotonic() - started > 10:
                 delay = 0.05
+            hunting = hunting + 1 if hunted else hunting
+            low, high = reconnect_pause(delay, hunting if hunted else 0, len(self.coordinators))
             if reason:
                 now = time.monotonic()
-                said, pause, when = last_log
-                if reason != said or delay != pause or now - when > RETRY_LOG_EVERY_S:
+                said, was, when = last_log
+                if reason != said or high != was or now - when > RETRY_LOG_EVERY_S:
                     where = f" at {after}" if len(self.coordinators) > 1 else ""
-                    logger.warning("%s; retrying%s within %.2g s", reason, where, delay)
-                    last_log = (reason, delay, now)
-            # Full jitter keeps a fleet of agents from reconnecting in lockstep.
-            await asyncio.sleep(random.uniform(0, delay))
-            delay = min(delay * 2, self.config.reconnect_max)
+                    logger.warning("%s; retrying%s within %.2g s", reason, where, high)
+                    last_log = (reason, high, now)
+            # Jitter keeps a fleet of agents from reconnecting in lockstep; while hunting for
+            # the leader over a list the pause stays short (bounded passes), else it doubles.
+            await asyncio.sleep(random.uniform(low, high))
+            if low == 0:
+                delay = min(delay * 2, self.config.reconnect_max)
 
     def _refuse_for_good(self, reason: str) -> None:
         logger.error("%s", reason)

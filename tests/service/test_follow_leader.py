@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import socket
 import sys
 import time
@@ -54,6 +55,7 @@ class Standby(grpc.GenericRpcHandler):
     def __init__(self, leader: str = "") -> None:
         self.leader = leader
         self.calls: list[str] = []
+        self.times: list[float] = []  # monotonic arrival of each call
         self.server = grpc.aio.server()
         self.server.add_generic_rpc_handlers((self,))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
@@ -73,6 +75,7 @@ class Standby(grpc.GenericRpcHandler):
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = str(details.method)
         self.calls.append(method)
+        self.times.append(time.monotonic())
         kind = _STREAMING.get(method, "unary_unary")
 
         async def refuse_stream(
@@ -242,6 +245,33 @@ async def test_an_agent_does_not_follow_a_hint_to_an_address_that_is_not_listed(
             await asyncio.wait_for(agent.connected.wait(), WAIT_S)
             assert agent.target == leader.address
         assert liar.calls and trap.calls == []
+
+
+async def test_an_agent_hunting_for_a_leader_over_a_list_retries_at_a_short_pause(
+    tmp_path: Path,
+) -> None:
+    """No replica knows a leader (an election under way): the agent keeps trying the list every
+    0.2-0.5 s, not at a pause doubling up to its 5 s cap, so it finds the leader soon after one
+    is elected. Only its first tries count here, within its bounded number of passes."""
+    async with Standby() as first, Standby() as second:
+        agent = NodeAgent(
+            AgentConfig(
+                coordinator=f"{first.address},{second.address},{_closed_port()}",
+                name="node-a",
+                addr="127.0.0.1",
+                slots=1,
+                log_dir=str(tmp_path / "logs"),
+                reconnect_max=5.0,
+            )
+        )
+        async with agent:
+            await poll_until(lambda: len(first.times) + len(second.times) >= 12)
+        times = sorted(first.times + second.times)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    # Between two standbys' tries the third (down) replica's is a fast failure, so a gap may
+    # hold two pauses; with the doubling schedule the later gaps would be up to 5 s.
+    assert max(gaps[-6:]) < 2 * 0.5 + 0.5, gaps
+    assert min(gaps) >= 0.15, gaps
 
 
 class EpochCoordinator(pb_grpc.NodeSessionServicer):  # type: ignore[misc]

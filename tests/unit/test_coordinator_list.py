@@ -6,12 +6,15 @@ from __future__ import annotations
 import pytest
 
 from client.coordinators import (
+    HUNT_PASSES_MAX,
+    HUNT_PAUSE_S,
     LEADER_HEADER,
     MAX_COORDINATORS,
     is_standby_answer,
     leader_hint,
     next_coordinator,
     parse_coordinators,
+    reconnect_pause,
 )
 from nodeagent.session import AgentConfig
 
@@ -119,3 +122,15 @@ def test_the_next_address_is_the_named_leader_else_the_next_untried_one() -> Non
     assert next_coordinator(LISTED, "c:3", {"a:1", "b:2", "c:3"}, "a:1") is None
     assert next_coordinator(LISTED, "a:1", {"a:1"}, "evil:9") == "b:2"
     assert next_coordinator(("a:1",), "a:1", {"a:1"}) is None
+
+
+def test_reconnect_pause_is_short_while_hunting_over_a_list_and_doubles_otherwise() -> None:
+    # Hunting over a list: the short pause, whatever the doubling delay has grown to.
+    assert reconnect_pause(5.0, 1, 3) == HUNT_PAUSE_S
+    assert reconnect_pause(0.05, HUNT_PASSES_MAX * 3, 3) == HUNT_PAUSE_S
+    # Bounded: after that many passes over the list, the doubling backoff again.
+    assert reconnect_pause(5.0, HUNT_PASSES_MAX * 3 + 1, 3) == (0.0, 5.0)
+    # A single coordinator, or a failure that is not a leaderless answer: full jitter.
+    assert reconnect_pause(5.0, 1, 1) == (0.0, 5.0)
+    assert reconnect_pause(0.4, 0, 3) == (0.0, 0.4)
+    assert HUNT_PAUSE_S[0] > 0 and HUNT_PAUSE_S[1] <= 0.5
