@@ -23,6 +23,7 @@ __all__ = [
     "leader_hint",
     "next_coordinator",
     "parse_coordinators",
+    "reconnect_pause",
 ]
 
 LEADER_HEADER = "gelastic-leader"

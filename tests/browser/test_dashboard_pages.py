@@ -164,7 +164,8 @@ def test_a_job_that_crashes_once(
     poll_until(lambda: job.status().attempt == 1, 60, what="the restart")
     (gate / "go1").touch()
     assert job.wait(60).state.name == "SUCCEEDED"
-    page.wait_for_selector(".badge.s-succeeded", timeout=WAIT_MS)
+    # The job's own badge: a rank of attempt 0 that exited 0 has a SUCCEEDED badge of its own.
+    page.wait_for_selector("h1 .badge.s-succeeded", timeout=WAIT_MS)
     for attempt in (0, 1):
         bars = page.locator(f'g.attempt[data-attempt="{attempt}"]')
         assert bars.count() == 2, f"attempt {attempt}: one bar per node"
