@@ -40,6 +40,9 @@ __all__ = [
     "event_to_pb",
     "failure_from_pb",
     "failure_to_pb",
+    "gpu_device_to_pb",
+    "gpu_health_from_pb",
+    "gpu_health_to_pb",
     "group_state_from_pb",
     "group_state_to_pb",
     "job_status_from_pb",
@@ -480,22 +483,35 @@ def node_to_pb(n: NodeInfo) -> pb.Node:
         # No incarnation: it is what an agent's session is known by, never shown to clients.
         quarantine_reason=n.quarantine_reason,
         quarantined_until=n.quarantined_until,
-        gpus=[
-            pb.GpuDevice(index=g.index, uuid=g.uuid, name=g.name, memory_total=g.memory_total)
-            for g in n.gpus
-        ],
-        gpu_health=[
-            pb.GpuHealth(
-                index=h.index,
-                utilization_percent=h.utilization_percent,
-                memory_used=h.memory_used,
-                temperature_c=h.temperature_c,
-                uncorrectable_ecc=h.uncorrectable_ecc,
-                lost=h.lost,
-            )
-            for h in n.gpu_health
-        ],
+        gpus=[gpu_device_to_pb(g) for g in n.gpus],
+        gpu_health=[gpu_health_to_pb(h) for h in n.gpu_health],
         gpus_used=list(n.gpus_used),
+    )
+
+
+def gpu_device_to_pb(g: GpuDevice) -> pb.GpuDevice:
+    return pb.GpuDevice(index=g.index, uuid=g.uuid, name=g.name, memory_total=g.memory_total)
+
+
+def gpu_health_to_pb(h: GpuHealth) -> pb.GpuHealth:
+    return pb.GpuHealth(
+        index=h.index,
+        utilization_percent=h.utilization_percent,
+        memory_used=h.memory_used,
+        temperature_c=h.temperature_c,
+        uncorrectable_ecc=h.uncorrectable_ecc,
+        lost=h.lost,
+    )
+
+
+def gpu_health_from_pb(m: pb.GpuHealth) -> GpuHealth:
+    return GpuHealth(
+        index=m.index,
+        utilization_percent=m.utilization_percent,
+        memory_used=m.memory_used,
+        temperature_c=m.temperature_c,
+        uncorrectable_ecc=m.uncorrectable_ecc,
+        lost=m.lost,
     )
 
 
@@ -510,17 +526,7 @@ def node_from_pb(m: pb.Node) -> NodeInfo:
         jobs=tuple(m.jobs),
         incarnation=m.incarnation,
         gpus=tuple(GpuDevice(g.index, g.uuid, g.name, g.memory_total) for g in m.gpus),
-        gpu_health=tuple(
-            GpuHealth(
-                index=h.index,
-                utilization_percent=h.utilization_percent,
-                memory_used=h.memory_used,
-                temperature_c=h.temperature_c,
-                uncorrectable_ecc=h.uncorrectable_ecc,
-                lost=h.lost,
-            )
-            for h in m.gpu_health
-        ),
+        gpu_health=tuple(gpu_health_from_pb(h) for h in m.gpu_health),
         gpus_used=tuple(m.gpus_used),
         quarantine_reason=m.quarantine_reason,
         quarantined_until=m.quarantined_until,

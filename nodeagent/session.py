@@ -45,7 +45,13 @@ from client.model import (
     is_name,
 )
 from client.security import Security
-from client.wire import failure_to_pb, group_state_to_pb, spec_from_pb
+from client.wire import (
+    failure_to_pb,
+    gpu_device_to_pb,
+    gpu_health_to_pb,
+    group_state_to_pb,
+    spec_from_pb,
+)
 from nodeagent._dirs import default_agent_dir, fresh_agent_dir, private_dir
 from nodeagent._gpus import (
     FAULT_FILE_ENV,
@@ -608,10 +614,7 @@ class NodeAgent:
             incarnation=self.incarnation,
             version=VERSION,
             running=running,
-            gpus=[
-                pb.GpuDevice(index=d.index, uuid=d.uuid, name=d.name, memory_total=d.memory_total)
-                for d in self.gpus
-            ],
+            gpus=[gpu_device_to_pb(d) for d in self.gpus],
         )
 
     def _replay(self) -> list[pb.NodeMessage]:
@@ -666,17 +669,7 @@ class NodeAgent:
                         reason=h.group.state_reason,
                     )
                 )
-            gpus = [
-                pb.GpuHealth(
-                    index=g.index,
-                    utilization_percent=g.utilization_percent,
-                    memory_used=g.memory_used,
-                    temperature_c=g.temperature_c,
-                    uncorrectable_ecc=g.uncorrectable_ecc,
-                    lost=g.lost,
-                )
-                for g in self._gpu_health
-            ]
+            gpus = [gpu_health_to_pb(g) for g in self._gpu_health]
             self._put(
                 outbox,
                 pb.NodeMessage(heartbeat=pb.Heartbeat(seq=seq, groups=groups, gpus=gpus)),
