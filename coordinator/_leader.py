@@ -7,7 +7,8 @@ that puts the key, on that lease, only if the key does not exist. The winner's e
 key's creation revision (it only grows); the service then fences every state write on it
 (see `Fence`), so a deposed leader's write fails at etcd (`StoreFenced`).
 
-The leader refreshes its lease every `ttl / 4` and trusts it for `ttl - margin` from the send
+The leader refreshes its lease every `ttl / 4`, on a thread of its own (so that a busy event
+loop cannot delay a keepalive or its answer), and trusts it for `ttl - margin` from the send
 time of the last keepalive etcd confirmed, on the monotonic clock: etcd counts the TTL from when
 it handled that keepalive, which is later, so the leader stops before etcd could have expired
 the lease, even when etcd (or the way to it) stops answering. `leading()` is that check, cheap
@@ -28,6 +29,7 @@ import json
 import logging
 import math
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -315,57 +317,71 @@ class Leadership:
     # ---- leader --------------------------------------------------------------------------
 
     async def _keep_leading(self) -> str:
-        """Refresh the lease until it can no longer be trusted; return why this term ends."""
+        """Refresh the lease until it can no longer be trusted; return why this term ends.
+
+        The refreshing runs on a thread of its own, which also records each confirmation: a
+        leader whose event loop is busy (a thousand agents reconnecting at once) must not lose
+        its lease because the answer to a keepalive waited behind them. `leading()` reads that
+        record, so it turns false on time however late the loop comes to this coroutine."""
         loop = asyncio.get_running_loop()
+        ended: asyncio.Future[str] = loop.create_future()
+
+        def end(reason: str) -> None:
+            if not ended.done():
+                ended.set_result(reason)
+
+        stop = threading.Event()
+        lease = threading.Thread(
+            target=self._lease_thread,
+            args=(stop, lambda reason: loop.call_soon_threadsafe(end, reason)),
+            name="leader-lease",
+            daemon=True,
+        )
         depose = loop.create_task(self._depose.wait())
-        last_sent = self._confirmed
+        lease.start()
         try:
-            while True:
+            await asyncio.wait((ended, depose), return_when=asyncio.FIRST_COMPLETED)
+            if self._depose.is_set():
+                return self._depose_reason
+            return ended.result()
+        finally:
+            stop.set()
+            depose.cancel()
+
+    def _lease_thread(self, stop: threading.Event, end: Callable[[str], None]) -> None:
+        """Keep the lease alive every `keepalive_interval` until `stop`, or until it can no
+        longer be trusted (then `end(why)`). A keepalive that etcd does not answer ends by its
+        own deadline, never later than the trust it could still extend."""
+        last_sent, lease_id = self._confirmed, self._lease
+        try:
+            while not stop.is_set():
                 now = self._clock()
                 deadline = self._confirmed + self._trust
-                if self._depose.is_set():
-                    return self._depose_reason
                 if now >= deadline:
-                    return (
+                    end(
                         f"no keepalive of the leader lease was confirmed for "
                         f"{now - self._confirmed:.1f} s (stepping down before its TTL of "
                         f"{self.ttl:g} s)"
                     )
+                    return
                 next_at = last_sent + self.keepalive_interval
                 if now < next_at:
-                    await asyncio.wait((depose,), timeout=min(next_at, deadline) - now)
+                    stop.wait(min(next_at, deadline) - now)
                     continue
                 sent = last_sent = self._clock()
-                refresh = asyncio.ensure_future(
-                    self._in_thread(self._store.keep_alive, self._lease, max(0.05, deadline - sent))
-                )
-                await asyncio.wait(
-                    (refresh, depose),
-                    timeout=max(0.0, deadline - self._clock()),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if not refresh.done():
-                    # Its thread ends by its own deadline; nobody needs its answer now.
-                    refresh.add_done_callback(_ignore_outcome)
-                    continue
                 try:
-                    ttl_left = refresh.result()
+                    ttl_left = self._store.keep_alive(lease_id, max(0.05, deadline - sent))
                 except StoreUnavailable as exc:
                     logger.warning("keepalive of the leader lease failed: %s", exc)
                     continue
-                except Exception:
-                    logger.exception("keepalive of the leader lease failed")
-                    continue
                 if ttl_left <= 0:
-                    return "the leader lease is gone (expired or revoked in etcd)"
-                self._confirmed = max(self._confirmed, sent)
-        finally:
-            depose.cancel()
-
-
-def _ignore_outcome(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
+                    end("the leader lease is gone (expired or revoked in etcd)")
+                    return
+                if not stop.is_set():
+                    self._confirmed = max(self._confirmed, sent)
+        except Exception as exc:  # a bug: never lead on without the lease checked
+            logger.exception("the leader lease check failed")
+            end(f"the leader lease check failed: {exc}")
 
 
 class LeaderGate(grpc.aio.ServerInterceptor):

@@ -291,6 +291,29 @@ async def test_the_leader_steps_down_on_its_own_timer_before_the_ttl(
         etcd.stop()
 
 
+async def test_a_leader_whose_event_loop_is_stalled_past_the_ttl_keeps_its_lease(
+    tmp_path: Path,
+) -> None:
+    """The lease is kept on a thread of its own: a loop busy for longer than the TTL (a
+    thousand agents reconnecting at once) does not make the leader step down, nor let etcd
+    expire its lease and elect another."""
+    etcd = EtcdServer(tmp_path / "etcd")
+    etcd.start()
+    try:
+        async with Coordinator(_config(etcd.url("g"), tmp_path)) as c:
+            assert c.leading and c.leadership is not None
+            epoch, terms = c.leadership.epoch, c.leadership.terms
+            time.sleep(TTL + 1.0)  # the event loop runs nothing meanwhile
+            assert c.leading, "the lease was not kept while the loop was stalled"
+            # Let the loop see whatever the stall caused: a step-down would end this term.
+            for _ in range(10):
+                await asyncio.sleep(0.1)
+            assert c.leading
+            assert (c.leadership.epoch, c.leadership.terms) == (epoch, terms)
+    finally:
+        etcd.stop()
+
+
 async def test_a_coordinator_restarted_at_the_leaders_address_takes_over_at_once(
     etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
 ) -> None:
