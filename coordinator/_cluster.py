@@ -807,7 +807,6 @@ class Cluster:
         running: Sequence[RunningGroupReport] = (),
         gpus: Sequence[GpuDevice] = (),
     ) -> list[Effect]:
-        self._reschedule = True
         node = self._nodes.get(name)
         if node is not None and node.live and node.incarnation != incarnation:
             if node.attached:
@@ -820,12 +819,20 @@ class Cluster:
                 "restarted, until it reconnects or its reconnect grace ends"
             )
         if node is None:
+            self._reschedule = True
             node = _Node(name, addr, slots, incarnation, True, now, gpus=list(gpus))
             self._n_live += 1
             self._nodes[name] = node
             logger.info("node %s joined (%s, %d slots, %d GPUs)", name, addr, slots, len(gpus))
         else:
             resumed = node.incarnation == incarnation
+            if (
+                not resumed
+                or not node.live
+                or (node.addr, node.slots) != (addr, slots)
+                or node.gpus != list(gpus)
+            ):
+                self._reschedule = True
             node.addr, node.slots, node.incarnation = addr, slots, incarnation
             if not node.live:
                 self._n_live += 1
@@ -885,6 +892,11 @@ class Cluster:
                 f"node {name} reconnected without round {job.round}; re-forming",
                 now,
             )
+        # A node back with every slot still held changes no placement (a round it adopted that
+        # ended freed its slots, and asked for one): with a thousand agents reconnecting to a
+        # new coordinator, each would otherwise run an O(nodes) placement. The tick places anyway.
+        if node.free_slots() > 0:
+            self._reschedule = True
         return self._finish(now)
 
     def node_disconnected(self, name: str, incarnation: str, now: float) -> list[Effect]:

@@ -66,6 +66,9 @@ ELECTION_RPC_TIMEOUT_S = 1.0
 _ADDR = re.compile(r"(?:[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}")
 _ID = re.compile(r"[0-9a-f]{1,64}")
 _GELASTIC = ("/gelastic.v1.Coordinator/", "/gelastic.v1.NodeSession/")
+_SESSION = "/gelastic.v1.NodeSession/Session"
+MAX_HELD = 10_000
+"""Most agent sessions a replica holds while no leader is known (see `LeaderGate`)."""
 
 T = TypeVar("T")
 
@@ -140,8 +143,9 @@ class Leadership:
         self._depose = asyncio.Event()
         self._depose_reason = ""
         self.epoch = 0
-        self.leader_addr = ""
-        """Address of the replica known to lead ("" = none known); this one's while it leads."""
+        self._leader_addr = ""
+        self.on_change: Callable[[], None] | None = None
+        """Called (on the event loop) whenever `leader_addr` changes."""
         self.first_round = asyncio.Event()
         """Set once the first campaign had its answer (won, lost, or etcd did not answer)."""
         self.terms = 0
@@ -151,6 +155,17 @@ class Leadership:
         # Threads of its own: a store write stuck on an etcd that does not answer (the service's
         # writes use the default executor) must never delay a keepalive.
         self._threads = ThreadPoolExecutor(2, thread_name_prefix="leader")
+
+    @property
+    def leader_addr(self) -> str:
+        """Address of the replica known to lead ("" = none known); this one's while it leads."""
+        return self._leader_addr
+
+    @leader_addr.setter
+    def leader_addr(self, addr: str) -> None:
+        changed, self._leader_addr = addr != self._leader_addr, addr
+        if changed and self.on_change is not None:
+            self.on_change()
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
@@ -385,12 +400,45 @@ class Leadership:
 
 
 class LeaderGate(grpc.aio.ServerInterceptor):
-    """Answers every gelastic call UNAVAILABLE unless this replica leads (module docstring)."""
+    """Answers every gelastic call UNAVAILABLE unless this replica leads (module docstring).
+
+    While no leader is known at all (the old one's lease is running out, a campaign is under
+    way), an agent's session is held for up to `hold_s` rather than refused: it goes on into
+    this replica's service the moment this replica leads, or is answered with the leader's
+    address the moment another is known. A fleet of agents then neither polls the standbys
+    while the lease runs out nor waits out its pause once a leader serves. At most `MAX_HELD`
+    sessions are held; past that, and for every other call, the answer is at once.
+    """
 
     def __init__(self, leader_addr: Callable[[], str]) -> None:
         self._leader_addr = leader_addr
-        self.term: Term | None = None
+        self._own_addr = ""
+        self.hold_s = 0.0
+        """How long an agent's session is held while no leader is known (0: not at all)."""
+        self.held = 0
+        """Sessions held now."""
+        self._term: Term | None = None
+        self._changed = asyncio.Event()
+
+    def configure_hold(self, own_addr: str, hold_s: float) -> None:
+        """Hold agents' sessions up to `hold_s` while no leader is known; `own_addr` is the
+        address this replica advertises (known to lead, it is not yet serving)."""
+        self._own_addr, self.hold_s = own_addr, max(0.0, hold_s)
+
+    @property
+    def term(self) -> Term | None:
         """The current term (None: this replica does not lead)."""
+        return self._term
+
+    @term.setter
+    def term(self, term: Term | None) -> None:
+        self._term = term
+        self.changed()
+
+    def changed(self) -> None:
+        """Who leads may have changed: held sessions look again."""
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
 
     def refusal(self) -> tuple[str, tuple[tuple[str, str], ...]]:
         """(details, trailing metadata) of the answer of a replica that does not lead."""
@@ -413,6 +461,12 @@ class LeaderGate(grpc.aio.ServerInterceptor):
             return await continuation(details)
         term = self.term
         if term is None or term.ended.is_set():
+            if method == _SESSION and self._may_hold():
+                handler = await continuation(details)
+                behavior = handler.stream_stream if handler is not None else None
+                if behavior is not None and inspect.iscoroutinefunction(behavior):
+                    session: Any = handler  # a namedtuple; grpc's stubs do not say so
+                    return session._replace(stream_stream=self._held(behavior))
 
             async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> Any:
                 await self._abort(context)
@@ -429,6 +483,43 @@ class LeaderGate(grpc.aio.ServerInterceptor):
                 bound: Any = handler  # a namedtuple; grpc's stubs do not say so
                 return bound._replace(**{kind: self._bound(term, behavior)})
         return handler
+
+    def _may_hold(self) -> bool:
+        return self.hold_s > 0 and not self._leader_addr() and self.held < MAX_HELD
+
+    def _held(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        """`behavior` once this replica leads, or the refusal once another does (or `hold_s`
+        passed first)."""
+        gate = self
+
+        async def held(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            gate.held += 1
+            try:
+                term = await gate._leads_within(gate.hold_s)
+            finally:
+                gate.held -= 1
+            if term is None:
+                await gate._abort(context)
+                return None
+            return await gate._bound(term, behavior)(requests, context)
+
+        return held
+
+    async def _leads_within(self, timeout: float) -> Term | None:
+        """This replica's term if it leads within `timeout`; None once another replica is
+        known to lead, or when the time is up."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            term = self._term
+            if term is not None and not term.ended.is_set():
+                return term
+            addr = self._leader_addr()
+            left = deadline - loop.time()
+            if (addr and addr != self._own_addr) or left <= 0:
+                return None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), left)
 
     def _bound(self, term: Term, behavior: Callable[..., Any]) -> Callable[..., Any]:
         """`behavior`, ended with the refusal once `term` ends."""

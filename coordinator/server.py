@@ -449,6 +449,10 @@ class Coordinator:
             self.store, self.replica_id, self.advertised(), self.config.leader_ttl
         )
         self.leadership = leadership
+        assert self._gate is not None
+        gate = self._gate
+        gate.configure_hold(leadership.advertise, self.config.leader_ttl)
+        leadership.on_change = gate.changed
         self._leader_task = asyncio.get_running_loop().create_task(
             leadership.run(self._elected, self._deposed), name="election"
         )

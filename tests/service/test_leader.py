@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import JobSpec
 from client.wire import spec_to_pb
-from coordinator._leader import LEADER_METADATA
+from coordinator._leader import LEADER_METADATA, MAX_HELD, LeaderGate
 from coordinator._store_etcd import parse_etcd_url
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.etcd import rpc_pb2 as epb
@@ -312,6 +312,66 @@ async def test_a_leader_whose_event_loop_is_stalled_past_the_ttl_keeps_its_lease
             assert (c.leadership.epoch, c.leadership.terms) == (epoch, terms)
     finally:
         etcd.stop()
+
+
+async def test_an_agent_that_comes_while_no_leader_is_known_is_held_then_served(
+    tmp_path: Path,
+) -> None:
+    """While no replica is known to lead (here: etcd stopped answering, so the only replica
+    stepped down), an agent's session is held rather than refused, and goes on into the
+    replica's service the moment it leads again: no refusal, no new attempt, no pause."""
+    etcd = EtcdServer(tmp_path / "etcd")
+    etcd.start()
+    try:
+        async with Coordinator(_config(etcd.url("g"), tmp_path)) as c:
+            assert c.leading and c.leadership is not None and c._gate is not None
+            epoch = c.leadership.epoch
+            assert etcd.proc is not None
+            etcd.proc.send_signal(signal.SIGSTOP)
+            try:
+                await _until("the leader steps down", lambda: not c.leading, timeout=3 * TTL)
+                assert c.leadership.leader_addr == ""
+                # Long enough that the test does not race the take-over on a slow host.
+                c._gate.hold_s = WAIT_S
+                node = FakeNode(c.address, "node-h", "127.0.0.1", slots=1)
+                welcome = asyncio.ensure_future(node.connect())
+                await _until("the session is held", lambda: c._gate is not None and c._gate.held)
+                assert not welcome.done()
+            finally:
+                etcd.proc.send_signal(signal.SIGCONT)
+            msg = await asyncio.wait_for(welcome, WAIT_S)
+            assert msg.epoch > epoch and c.leading and c.leadership.epoch == msg.epoch
+            assert c.service.cluster.node_is_live("node-h", node.incarnation)
+            assert c._gate.held == 0
+            await node.close()
+    finally:
+        etcd.stop()
+
+
+async def test_a_held_session_is_sent_to_the_leader_once_one_is_known() -> None:
+    """Another replica is known to lead: the held session is answered with its address at
+    once; with no leader known by the end of the hold, as before; past MAX_HELD, nothing is
+    held."""
+    addr = ""
+    gate = LeaderGate(lambda: addr)
+    gate.configure_hold("10.0.0.1:29400", 30.0)
+    assert gate._may_hold()
+    waiting = asyncio.ensure_future(gate._leads_within(30.0))
+    await asyncio.sleep(0)
+    addr = "10.0.0.1:29400"  # this replica won; it serves once its state is loaded
+    gate.changed()
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    addr = "10.0.0.2:29400"  # another one leads after all
+    gate.changed()
+    assert await asyncio.wait_for(waiting, 5.0) is None
+    assert not gate._may_hold()
+    addr = ""
+    started = time.monotonic()
+    assert await gate._leads_within(0.2) is None
+    assert time.monotonic() - started >= 0.2
+    gate.held = MAX_HELD
+    assert not gate._may_hold()
 
 
 async def test_a_coordinator_restarted_at_the_leaders_address_takes_over_at_once(

@@ -1419,3 +1419,44 @@ def test_a_node_that_comes_back_without_its_round_leaves_infra_failures() -> Non
     f = c.failure("j", 1, 1)
     assert f is not None and f.category == FailureCategory.INFRA, f
     assert "reconnected without round 1" in f.message
+
+
+def test_nodes_back_with_every_slot_held_run_no_placement_each() -> None:
+    """A new coordinator adopting many agents: one that comes back with all its slots held by
+    its round cannot change where anything goes, so it does not run an O(nodes) placement (a
+    thousand of them made adoption quadratic). A node with a free slot still does."""
+    import json
+
+    from coordinator._cluster import Cluster
+    from coordinator._codec import encode
+
+    n = 60
+    d = running_job(nodes=n, nproc=1, job="a")
+    d.submit("b", nproc_per_node=1, min_nodes=n, max_nodes=n, last_call_timeout=0.0)
+    d.settle()
+    assert d.state("b") == JobState.QUEUED
+    jobs = [json.loads(json.dumps(d.cluster.dump_job(j))) for j in ("a", "b")]
+    nodes = [json.loads(json.dumps(x)) for x in d.cluster.dump_nodes()]
+    events = [encode(e) for j in ("a", "b") for e in d.cluster.job_events(j)]
+    c = Cluster(d.cluster.config)
+    c.restore(jobs, events, nodes, d.now + 1, reconnect_grace=15.0)
+    placements = 0
+    schedule = c._schedule
+
+    def counted(now: float, *, tick: bool = False) -> None:
+        nonlocal placements
+        placements += 1
+        schedule(now, tick=tick)
+
+    c._schedule = counted  # type: ignore[method-assign]
+    for i in range(n):
+        name = f"n{i}"
+        pids = tuple(d.nodes[name].running[("a", 1)].items())
+        report = RunningGroupReport(job_id="a", round=1, attempt=0, pids=pids)
+        c.node_connected(name, f"10.0.0.{i + 1}", 1, d.nodes[name].incarnation, d.now + 2, [report])
+    assert placements <= 1, placements
+    assert c.job_state("a") == JobState.RUNNING and c.job_state("b") == JobState.QUEUED
+    # A node with room still places at once.
+    before = placements
+    c.node_connected("spare", "10.0.1.1", 1, "spare-inc", d.now + 2)
+    assert placements == before + 1
