@@ -17,7 +17,9 @@ Given a list of coordinator replicas (`--address a,b,c`, with `resume`), it foll
 as the agent does (`nodeagent/session.py`): after a session ends it tries the next listed
 address, or goes straight (no pause, at most once per listed address in a row) to the leader a
 standby names in its `gelastic-leader` metadata when that address is listed; it keeps the
-newest leader epoch seen and hangs up on a coordinator whose message carries an older one.
+newest leader epoch seen and hangs up on a coordinator whose message carries an older one; and
+it names the replica its last session could not reach in its next session's metadata, as the
+agent does.
 
 `CoordinatorProcess` runs `coordinator serve` as a process of its own, so its CPU time and
 peak RSS are measured apart from everything else; `kill()` and `start()` again restart it on
@@ -52,6 +54,8 @@ import psutil
 
 from client import Client, GelasticError, JobSpec
 from client.coordinators import (
+    UNREACHABLE_HEADER,
+    is_standby_answer,
     leader_hint,
     next_coordinator,
     parse_coordinators,
@@ -490,6 +494,9 @@ class _SimNode:
         """The listed leader the last session's standby named ("" when none)."""
         self.unavailable = False
         """The last session attempt ended UNAVAILABLE (no leader there, or no answer)."""
+        self.gone = ""
+        """The listed replica a session could not reach, until one is welcomed (as the agent
+        tells the others in `UNREACHABLE_HEADER`)."""
 
     async def run(self) -> None:
         """Keep a session open, reconnecting with backoff and full jitter like the real agent."""
@@ -579,7 +586,10 @@ class _SimNode:
                 )
             )
         )
-        call = stub.Session(metadata=self.fleet.metadata)
+        metadata = self.fleet.metadata
+        if self.gone and self.gone != self.target:
+            metadata += ((UNREACHABLE_HEADER, self.gone),)
+        call = stub.Session(metadata=metadata)
         writer = asyncio.get_running_loop().create_task(self._write(call))
         welcomed = False
         try:
@@ -594,6 +604,9 @@ class _SimNode:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 self.unavailable = True
                 self.hint = leader_hint(exc.trailing_metadata(), self.fleet.addresses)
+                standby = is_standby_answer(exc.details() or "", bool(self.hint))
+                if self.fleet.replicas and not standby:
+                    self.gone = self.target
             if welcomed and not self.fleet.replicas:
                 self.fleet.error(f"{self.name}: session ended: {exc.code().name}: {exc.details()}")
         finally:
@@ -646,6 +659,7 @@ class _SimNode:
         kind = msg.WhichOneof("kind")
         if kind == "welcome":
             self.welcomed = True
+            self.gone = ""
             self.welcomes += 1
             self.welcome_at = time.time()
             self.fleet.heartbeat_interval = max(0.05, msg.welcome.heartbeat_interval_ms / 1000)

@@ -6,7 +6,7 @@ three addresses (`--coordinator a,b,c`). Job A runs on every node (1 worker per 
 slot taken); job B, of the same size, waits in the queue behind it. 1 s after A runs (the
 leader's batched writes are done) the benchmark writes down the time, SIGKILLs the leader, and
 lets A's workers finish (they exit 0 while no coordinator leads; the agents report the exits
-when they are adopted). It then polls the two survivors (a GetJob of A on each, every 20 ms)
+when they are adopted). It then polls the two survivors (a GetJob on each, every 20 ms)
 and, once one answers, that leader's events.
 
 - `N agents: kill -> new leader serving`: the kill -> the first successful client call.
@@ -101,16 +101,22 @@ class _Replicas:
         return [c.address for c in self.coords]
 
     def leader(self, timeout: float, among: list[int] | None = None) -> int | None:
-        """Index of the first coordinator (of `among`) that answers a client call."""
+        """Index of the first coordinator (of `among`) that answers a client call: a GetJob of
+        a job that does not exist, which only the leader answers (NOT_FOUND) and which costs
+        it nothing, whatever the size of the cluster."""
         deadline = time.monotonic() + timeout
         candidates = among if among is not None else list(range(len(self.coords)))
         channels = {i: grpc.insecure_channel(self.coords[i].address) for i in candidates}
+        probe = pb.GetJobRequest(job_id="bench-no-such-job")
         try:
             while True:
                 for i, ch in channels.items():
-                    with contextlib.suppress(grpc.RpcError):
-                        pb_grpc.CoordinatorStub(ch).ListNodes(pb.ListNodesRequest(), timeout=1.0)
+                    try:
+                        pb_grpc.CoordinatorStub(ch).GetJob(probe, timeout=1.0)
                         return i
+                    except grpc.RpcError as exc:
+                        if isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.NOT_FOUND:
+                            return i
                 if time.monotonic() > deadline:
                     return None
                 time.sleep(POLL_S)

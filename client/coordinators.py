@@ -19,6 +19,7 @@ __all__ = [
     "LEADER_HEADER",
     "MAX_COORDINATORS",
     "STANDBY_PREFIXES",
+    "UNREACHABLE_HEADER",
     "is_standby_answer",
     "leader_hint",
     "next_coordinator",
@@ -28,6 +29,10 @@ __all__ = [
 
 LEADER_HEADER = "gelastic-leader"
 """Trailing metadata of a standby's UNAVAILABLE: HOST:PORT of the leader it knows of."""
+UNREACHABLE_HEADER = "gelastic-unreachable"
+"""Metadata of an agent's session call: the listed replica its last session could not reach (a
+leader that died). A standby that still names that replica as the leader (its lease has not run
+out yet) holds the session until another leads, rather than sending the agent back to it."""
 MAX_COORDINATORS = 16
 """Most addresses in one coordinator list."""
 MAX_LIST_CHARS = MAX_COORDINATORS * 262

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from client.coordinators import UNREACHABLE_HEADER
 from coordinator._store import StoreUnavailable
 from coordinator._store_etcd import EtcdStore
 
@@ -83,6 +84,15 @@ def parse_advertise(addr: str) -> str:
 def margin_for(ttl: float) -> float:
     """How long before the TTL a leader stops trusting its lease."""
     return max(0.3, ttl / 4)
+
+
+def _unreachable(metadata: Any) -> str:
+    """The replica an agent says its last session could not reach ("" when none, or not a
+    HOST:PORT)."""
+    for key, value in metadata or ():
+        if key == UNREACHABLE_HEADER and isinstance(value, str) and _ADDR.fullmatch(value):
+            return value
+    return ""
 
 
 def _decode_leader(raw: bytes) -> tuple[str, str]:
@@ -461,12 +471,13 @@ class LeaderGate(grpc.aio.ServerInterceptor):
             return await continuation(details)
         term = self.term
         if term is None or term.ended.is_set():
-            if method == _SESSION and self._may_hold():
+            gone = _unreachable(details.invocation_metadata) if method == _SESSION else ""
+            if method == _SESSION and self._may_hold(gone):
                 handler = await continuation(details)
                 behavior = handler.stream_stream if handler is not None else None
                 if behavior is not None and inspect.iscoroutinefunction(behavior):
                     session: Any = handler  # a namedtuple; grpc's stubs do not say so
-                    return session._replace(stream_stream=self._held(behavior))
+                    return session._replace(stream_stream=self._held(behavior, gone))
 
             async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> Any:
                 await self._abort(context)
@@ -484,10 +495,14 @@ class LeaderGate(grpc.aio.ServerInterceptor):
                 return bound._replace(**{kind: self._bound(term, behavior)})
         return handler
 
-    def _may_hold(self) -> bool:
-        return self.hold_s > 0 and not self._leader_addr() and self.held < MAX_HELD
+    def _may_hold(self, gone: str = "") -> bool:
+        """Whether to hold a session whose agent could not reach `gone` ("": none named)."""
+        addr = self._leader_addr()
+        # Its own address: this replica won and is loading the state; it serves in a moment.
+        waiting = not addr or addr in (gone, self._own_addr)
+        return self.hold_s > 0 and self.held < MAX_HELD and waiting
 
-    def _held(self, behavior: Callable[..., Any]) -> Callable[..., Any]:
+    def _held(self, behavior: Callable[..., Any], gone: str = "") -> Callable[..., Any]:
         """`behavior` once this replica leads, or the refusal once another does (or `hold_s`
         passed first)."""
         gate = self
@@ -495,7 +510,7 @@ class LeaderGate(grpc.aio.ServerInterceptor):
         async def held(requests: Any, context: grpc.aio.ServicerContext) -> Any:
             gate.held += 1
             try:
-                term = await gate._leads_within(gate.hold_s)
+                term = await gate._leads_within(gate.hold_s, gone)
             finally:
                 gate.held -= 1
             if term is None:
@@ -505,9 +520,9 @@ class LeaderGate(grpc.aio.ServerInterceptor):
 
         return held
 
-    async def _leads_within(self, timeout: float) -> Term | None:
-        """This replica's term if it leads within `timeout`; None once another replica is
-        known to lead, or when the time is up."""
+    async def _leads_within(self, timeout: float, gone: str = "") -> Term | None:
+        """This replica's term if it leads within `timeout`; None once another replica than
+        `gone` is known to lead, or when the time is up."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -516,7 +531,7 @@ class LeaderGate(grpc.aio.ServerInterceptor):
                 return term
             addr = self._leader_addr()
             left = deadline - loop.time()
-            if (addr and addr != self._own_addr) or left <= 0:
+            if (addr and addr not in (self._own_addr, gone)) or left <= 0:
                 return None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)

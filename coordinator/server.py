@@ -9,6 +9,7 @@ import fcntl
 import logging
 import os
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -451,7 +452,9 @@ class Coordinator:
         self.leadership = leadership
         assert self._gate is not None
         gate = self._gate
-        gate.configure_hold(leadership.advertise, self.config.leader_ttl)
+        # Long enough for the lease of a leader that died to run out (etcd checks for expired
+        # leases twice a second) and a standby to take over.
+        gate.configure_hold(leadership.advertise, self.config.leader_ttl + 1.0)
         leadership.on_change = gate.changed
         self._leader_task = asyncio.get_running_loop().create_task(
             leadership.run(self._elected, self._deposed), name="election"
@@ -480,7 +483,9 @@ class Coordinator:
             store.set_fence(Fence(store.leader_key(), epoch))
             return self._new_service(store)
 
+        started = time.monotonic()
         service = await asyncio.to_thread(load)
+        logger.info("epoch %d: the state is loaded (%.2f s)", epoch, time.monotonic() - started)
         service.epoch = epoch
         service.may_send = self.leadership.leading
         service.on_fenced = self.leadership.depose

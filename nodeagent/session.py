@@ -31,6 +31,8 @@ import grpc
 
 from client.assignment import RoundAssignment, WorkerRanks
 from client.coordinators import (
+    UNREACHABLE_HEADER,
+    is_standby_answer,
     leader_hint,
     next_coordinator,
     parse_coordinators,
@@ -226,6 +228,9 @@ class NodeAgent:
         """Every listed replica, in the given order."""
         self.target = self.coordinators[0]
         """The replica the current (or next) session dials."""
+        self._unreachable = ""
+        """The listed replica the last session could not reach, until a session is welcomed:
+        told to the others, so that a standby still naming it as the leader holds the session."""
         self.epoch = 0
         """The newest leader epoch any coordinator message carried, for the life of the agent;
         a message with an older one is refused."""
@@ -396,6 +401,9 @@ class NodeAgent:
                     hint = leader_hint(exc.trailing_metadata(), self.coordinators)
                     # A standby that knows no leader yet, or a replica that does not answer.
                     hunted = code == grpc.StatusCode.UNAVAILABLE
+                    listed = len(self.coordinators) > 1
+                    if hunted and listed and not is_standby_answer(details, bool(hint)):
+                        self._unreachable = target  # e.g. a leader that died
                     if code == grpc.StatusCode.UNAVAILABLE and hint and hint != target:
                         # A standby named the leader: straight there, a bounded number of times.
                         after, follow = hint, hops < len(self.coordinators)
@@ -468,7 +476,10 @@ class NodeAgent:
             ],
         ) as channel:
             stub = pb_grpc.NodeSessionStub(channel)
-            call = stub.Session(metadata=self.security.metadata)
+            metadata = self.security.metadata
+            if self._unreachable and self._unreachable != self.target:
+                metadata += ((UNREACHABLE_HEADER, self._unreachable),)
+            call = stub.Session(metadata=metadata)
 
             async def outgoing() -> None:
                 # Our own task writing to the call (not a request iterator grpc would consume
@@ -494,6 +505,7 @@ class NodeAgent:
                     self._check_epoch(msg)
                     kind = msg.WhichOneof("kind")
                     if kind == "welcome":
+                        self._unreachable = ""
                         self._heartbeat_interval = max(
                             0.05, msg.welcome.heartbeat_interval_ms / 1000
                         )

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from client import Client, GelasticError, JobSpec, cli
-from client.coordinators import LEADER_HEADER
+from client.coordinators import LEADER_HEADER, UNREACHABLE_HEADER
 from client.wire import spec_to_pb
 from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent.session import AgentConfig, NodeAgent
@@ -56,6 +56,7 @@ class Standby(grpc.GenericRpcHandler):
         self.leader = leader
         self.calls: list[str] = []
         self.times: list[float] = []  # monotonic arrival of each call
+        self.metadata: list[dict[str, str]] = []  # the invocation metadata of each call
         self.server = grpc.aio.server()
         self.server.add_generic_rpc_handlers((self,))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
@@ -76,6 +77,9 @@ class Standby(grpc.GenericRpcHandler):
         method = str(details.method)
         self.calls.append(method)
         self.times.append(time.monotonic())
+        self.metadata.append(
+            {k: v for k, v in details.invocation_metadata or () if isinstance(v, str)}
+        )
         kind = _STREAMING.get(method, "unary_unary")
 
         async def refuse_stream(
@@ -245,6 +249,27 @@ async def test_an_agent_does_not_follow_a_hint_to_an_address_that_is_not_listed(
             await asyncio.wait_for(agent.connected.wait(), WAIT_S)
             assert agent.target == leader.address
         assert liar.calls and trap.calls == []
+
+
+async def test_an_agent_names_the_replica_it_could_not_reach_to_the_others(
+    leader: Coordinator, tmp_path: Path
+) -> None:
+    """A replica that does not answer (a leader that died) is named in the agent's next
+    sessions (`gelastic-unreachable`), so that a standby still naming it as the leader holds
+    the agent instead of sending it back; a standby's own refusal does not make it
+    unreachable, and the leader's welcome ends it."""
+    gone = _closed_port()
+    async with Standby() as standby:
+        agent = _agent(f"{gone},{standby.address}", tmp_path)
+        async with agent:
+            await poll_until(lambda: len(standby.metadata) >= 3)
+        assert [md.get(UNREACHABLE_HEADER) for md in standby.metadata[:3]] == [gone] * 3
+    async with Standby(leader.address) as first:
+        agent = _agent(f"{gone},{first.address},{leader.address}", tmp_path)
+        async with agent:
+            await asyncio.wait_for(agent.connected.wait(), WAIT_S)
+            assert first.metadata[0].get(UNREACHABLE_HEADER) == gone
+            assert agent._unreachable == ""
 
 
 async def test_an_agent_hunting_for_a_leader_over_a_list_retries_at_a_short_pause(

@@ -350,8 +350,8 @@ async def test_an_agent_that_comes_while_no_leader_is_known_is_held_then_served(
 
 async def test_a_held_session_is_sent_to_the_leader_once_one_is_known() -> None:
     """Another replica is known to lead: the held session is answered with its address at
-    once; with no leader known by the end of the hold, as before; past MAX_HELD, nothing is
-    held."""
+    once; with no leader known by the end of the hold, as before; a leader the agent could not
+    reach counts as none; past MAX_HELD, nothing is held."""
     addr = ""
     gate = LeaderGate(lambda: addr)
     gate.configure_hold("10.0.0.1:29400", 30.0)
@@ -370,7 +370,19 @@ async def test_a_held_session_is_sent_to_the_leader_once_one_is_known() -> None:
     started = time.monotonic()
     assert await gate._leads_within(0.2) is None
     assert time.monotonic() - started >= 0.2
+    # The agent could not reach the replica the key still names (its lease has not run out):
+    # held until another replica leads, not sent back there.
+    addr = "10.0.0.3:29400"
+    assert gate._may_hold("10.0.0.3:29400") and not gate._may_hold("10.0.0.4:29400")
+    waiting = asyncio.ensure_future(gate._leads_within(30.0, "10.0.0.3:29400"))
+    gate.changed()
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    addr = "10.0.0.2:29400"
+    gate.changed()
+    assert await asyncio.wait_for(waiting, 5.0) is None
     gate.held = MAX_HELD
+    addr = ""
     assert not gate._may_hold()
 
 
