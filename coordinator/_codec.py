@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["decode", "encode"]
@@ -55,66 +55,111 @@ def _hints(cls: type) -> tuple[tuple[str, Any], ...]:
 
 def decode(tp: Any, data: Any) -> Any:
     """The value of type `tp` that `encode` turned into `data`."""
+    fn = _DECODERS.get(tp)
+    if fn is None:
+        fn = _DECODERS[tp] = _decoder(tp)
+    return fn(data)
+
+
+_DECODERS: dict[Any, Callable[[Any], Any]] = {}
+"""The decoder of each type hint, built once: working out what a hint means (its origin, its
+arguments, whether it is a dataclass) for every value dominated loading a large state. Bounded
+by the program's type hints."""
+
+
+def _decoder(tp: Any) -> Callable[[Any], Any]:
+    """A function turning what `encode` made of a `tp` back into one."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any or tp is object:
-        return _plain(data)
+        return _plain
     if origin in (typing.Union, types.UnionType):
-        if data is None and type(None) in args:
-            return None
-        errors = []
-        for alt in args:
-            if alt is type(None):
-                continue
-            try:
-                return decode(alt, data)
-            except (TypeError, ValueError, KeyError) as exc:
-                errors.append(exc)
-        raise ValueError(f"no alternative of {tp} fits {data!r:.80}: {errors}")
+        alts = [alt for alt in args if alt is not type(None)]
+        optional = type(None) in args
+
+        def union(data: Any) -> Any:
+            if data is None and optional:
+                return None
+            errors = []
+            for alt in alts:
+                try:
+                    return decode(alt, data)
+                except (TypeError, ValueError, KeyError) as exc:
+                    errors.append(exc)
+            raise ValueError(f"no alternative of {tp} fits {data!r:.80}: {errors}")
+
+        return union
     if tp is bytes:
-        if not isinstance(data, dict) or "__b64__" not in data:
-            raise TypeError("expected bytes")
-        return base64.b64decode(data["__b64__"])
+
+        def as_bytes(data: Any) -> bytes:
+            if not isinstance(data, dict) or "__b64__" not in data:
+                raise TypeError("expected bytes")
+            return base64.b64decode(data["__b64__"])
+
+        return as_bytes
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return tp(data)
+        return tp
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if not isinstance(data, dict):
-            raise TypeError(f"expected an object for {tp.__name__}")
-        kwargs = {}
-        for name, hint in _hints(tp):
-            if name in data:
-                kwargs[name] = decode(hint, data[name])
-        return tp(**kwargs)
+        cls: Any = tp
+
+        def record(data: Any) -> Any:
+            if not isinstance(data, dict):
+                raise TypeError(f"expected an object for {cls.__name__}")
+            # Looked up at each call, not captured: a dataclass may name itself in a field.
+            return cls(
+                **{name: decode(hint, data[name]) for name, hint in _hints(cls) if name in data}
+            )
+
+        return record
     if origin in (dict, Mapping, typing.Mapping) or tp is dict:
         kt, vt = args if args else (Any, Any)
-        if not isinstance(data, dict) or "__map__" not in data:
-            raise TypeError("expected a map")
-        return {decode(kt, k): decode(vt, v) for k, v in data["__map__"]}
+
+        def mapping(data: Any) -> dict[Any, Any]:
+            if not isinstance(data, dict) or "__map__" not in data:
+                raise TypeError("expected a map")
+            return {decode(kt, k): decode(vt, v) for k, v in data["__map__"]}
+
+        return mapping
     if origin in (list, Sequence, typing.Sequence) or tp is list:
         (et,) = args or (Any,)
-        return [decode(et, x) for x in _seq(data)]
+        return lambda data: [decode(et, x) for x in _seq(data)]
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(decode(args[0], x) for x in _seq(data))
-        return tuple(decode(t, x) for t, x in zip(args, _seq(data), strict=True))
+            return lambda data: tuple(decode(args[0], x) for x in _seq(data))
+        return lambda data: tuple(decode(t, x) for t, x in zip(args, _seq(data), strict=True))
     if origin in (set, frozenset):
         (et,) = args
-        return origin(decode(et, x) for x in _seq(data))
+        return lambda data: origin(decode(et, x) for x in _seq(data))
     if origin is typing.Callable or (
         origin is not None and getattr(origin, "__name__", "") == "Callable"
     ):
-        raise TypeError("callables are not stored")
+
+        def callable_(data: Any) -> Any:
+            raise TypeError("callables are not stored")
+
+        return callable_
     if tp in (int, float, str, bool):
-        if tp is float and isinstance(data, int) and not isinstance(data, bool):
-            return float(data)
-        if not isinstance(data, tp) or (tp is int and isinstance(data, bool)):
-            raise TypeError(f"expected {tp.__name__}, got {type(data).__name__}")
-        return data
+
+        def scalar(data: Any) -> Any:
+            if tp is float and isinstance(data, int) and not isinstance(data, bool):
+                return float(data)
+            if not isinstance(data, tp) or (tp is int and isinstance(data, bool)):
+                raise TypeError(f"expected {tp.__name__}, got {type(data).__name__}")
+            return data
+
+        return scalar
     if tp is type(None):
-        if data is not None:
-            raise TypeError("expected null")
-        return None
-    raise TypeError(f"cannot decode {tp}")
+
+        def none(data: Any) -> None:
+            if data is not None:
+                raise TypeError("expected null")
+
+        return none
+
+    def unknown(data: Any) -> Any:
+        raise TypeError(f"cannot decode {tp}")
+
+    return unknown
 
 
 def _seq(data: Any) -> list[Any]:
