@@ -878,10 +878,12 @@ class NodeAgent:
         )
         held.group = group
         launch = group.standby_launch()
-        if launch is not None:
-            # The job's first round here: standbys a finished job of the same spec left (a sweep).
-            self._standbys.adopt(a.job_id, launch)
         try:
+            if launch is not None:
+                # The job's first round here: standbys a finished job of the same spec left (a
+                # sweep). Then its zygote: the round's workers are forked once it has imported.
+                self._standbys.adopt(a.job_id, launch)
+                await self._standbys.prepare(a.job_id, launch)
             pids = await group.start()
         finally:
             held.started.set()

@@ -145,6 +145,7 @@ def test_a_standby_runs_the_round_exactly_as_a_cold_worker(tmp_path: Path, kind:
         launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
         assert launch is not None
         pool.fill(JOB, launch, 2)
+        await pool.warm(JOB)  # forked once the zygote has imported
         standby_pids = set(pool.pids(JOB))
         assert len(standby_pids) == 2
         warm_exits, group = await _run_round(tmp_path / "w", s, pool)
@@ -187,6 +188,7 @@ def test_a_failing_standby_worker_records_its_error_file(tmp_path: Path) -> None
         launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
         assert launch is not None
         pool.fill(JOB, launch, 1)
+        await pool.warm(JOB)  # forked once the zygote has imported
         exits, group = await _run_round(tmp_path, s, pool)
         failure = exits[2].failure
         assert failure is not None and "probe rank 2 fails" in failure.message
@@ -204,11 +206,13 @@ def test_discarded_standbys_are_gone_and_an_oversized_handoff_starts_cold(tmp_pa
         launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
         assert launch is not None
         pool.fill(JOB, launch, 2)
+        await pool.warm(JOB)  # forked once the zygote has imported
         handles = [st.handle for st in pool._jobs[JOB].idle]
         pool.discard(JOB)
         codes = await asyncio.wait_for(asyncio.gather(*(h.wait() for h in handles)), 10)
         assert all(c in (0, -9) for c in codes)
         assert pool.count(JOB) == 0
+        await pool.close()  # and the zygote they were forked from
 
     asyncio.run(main())
     plan_env = {"X": "y" * (MAX_HANDOFF_BYTES + 1)}
@@ -297,6 +301,7 @@ def test_a_succeeded_jobs_standbys_linger_only_for_an_equal_spec_and_only_so_lon
     async def main() -> None:
         pool = StandbyPool()
         pool.fill(JOB, launch_of(s), 2)
+        await pool.warm(JOB)  # forked once the zygote has imported
         first = sorted(pool.pids(JOB))
         pool.release(JOB, 30.0)
         assert pool.count(JOB) == 0 and pool.lingering() == 2
@@ -314,6 +319,7 @@ def test_a_succeeded_jobs_standbys_linger_only_for_an_equal_spec_and_only_so_lon
         assert all(c in (0, -9) for c in codes)
         # A linger runs out: killed then, without a job to take them.
         pool.fill("job-10", launch_of(s), 1)
+        await pool.warm("job-10")  # forked once the zygote has imported
         (handle,) = [st.handle for st in pool._jobs["job-10"].idle]
         pool.release("job-10", 0.2)
         assert pool.lingering() == 1
@@ -367,6 +373,7 @@ def test_close_waits_for_standbys_that_were_killed_before_it() -> None:
         launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
         assert launch is not None
         pool.fill(JOB, launch, 2)
+        await pool.warm(JOB)  # forked once the zygote has imported
         handles = [st.handle for st in pool._jobs[JOB].idle]
         pool.discard(JOB)
         await pool.close()
