@@ -521,8 +521,11 @@ def _zygote(argv: list[str]) -> list[str]:
     children: set[int] = set()
     me = os.getpid()
     _zsend(sock, {"op": "ready", "pid": me, "failed": failed})
+    poller = select.poll()  # not select: a preload may have opened many descriptors
+    poller.register(sock.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
     while True:
-        ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        ready = {fd for fd, _ in poller.poll()}
         if wake_r in ready:
             with contextlib.suppress(OSError):
                 while os.read(wake_r, 4096):

@@ -194,7 +194,7 @@ class StandbyPool:
         if zygote is None:
             return
         zygote.retire()  # killed once its last fork (a live worker, maybe) has exited
-        self._retiring = [z for z in self._retiring if z.alive()]
+        self._retiring = [z for z in self._retiring if z.handle.is_alive()]
         self._retiring.append(zygote)
         self._dying_add(zygote.handle)
 

@@ -205,6 +205,7 @@ class Zygote:
         self._next_id = 0
         self._closed = False
         self._retired = False
+        self._unusable = False
         self._log_fds: list[int] = []
         sock.setblocking(False)
         self._loop.add_reader(sock.fileno(), self._on_readable)
@@ -246,7 +247,8 @@ class Zygote:
         return self.handle.pid
 
     def alive(self) -> bool:
-        return not self._closed and self.handle.is_alive()
+        """Running and usable: it can fork (once ready)."""
+        return not self._closed and not self._unusable and self.handle.is_alive()
 
     def is_ready(self) -> bool:
         return self.alive() and self.ready.done() and not self.ready.cancelled()
@@ -310,10 +312,15 @@ class Zygote:
                 raise OSError(f"zygote pid {self.pid} is gone")
             left = deadline - time.monotonic()
             if left <= 0:
-                self.kill()
+                # Broken: no more forks from it, but the workers it forked run on (it is killed
+                # once they have exited).
+                self._unusable = True
+                self.retire()
                 raise OSError(f"zygote pid {self.pid} did not answer in {FORK_REPLY_S:g} s")
-            readable, _, _ = select.select([self._sock], [], [], left)
-            if readable:
+            # poll, not select: the agent may hold more than FD_SETSIZE descriptors.
+            poller = select.poll()
+            poller.register(self._sock.fileno(), select.POLLIN)
+            if poller.poll(max(1, int(left * 1000))):
                 self._on_readable()
         return self._replies.pop(rid)
 
