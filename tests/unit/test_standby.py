@@ -380,3 +380,35 @@ def test_close_waits_for_standbys_that_were_killed_before_it() -> None:
         assert not any(h.is_alive() for h in handles)
 
     asyncio.run(main())
+
+
+def test_a_preload_that_fails_in_the_zygote_leaves_the_first_round_cold(tmp_path: Path) -> None:
+    # As a standby of its own did: the failure is on the stderr of the standby that takes over
+    # a rank; the first round does not wait on a zygote that could not import what it was asked.
+    out = tmp_path / "out"
+    out.mkdir()
+    s = JobSpec(
+        entrypoint=[sys.executable, str(PROBE)],
+        nproc_per_node=1,
+        env={"OUT_DIR": str(out)},
+        preload=("no_such_module_for_gelastic_tests",),
+    )
+    said = "gelastic standby: cannot preload no_such_module_for_gelastic_tests"
+
+    async def main() -> None:
+        pool = StandbyPool()
+        launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
+        assert launch is not None
+        assert not await pool.prepare(JOB, launch)
+        exits, group = await _run_round(tmp_path / "r1", s, pool)
+        assert exits[2].succeeded, exits[2].failure
+        assert said not in group.plan[0].stderr_path.read_text()  # cold: nothing preloaded
+        pool.fill(JOB, launch, 1)
+        assert await pool.warm(JOB) == 1
+        (standby,) = pool.pids(JOB)
+        exits, group = await _run_round(tmp_path / "r2", s, pool)
+        assert exits[2].pid == standby and exits[2].succeeded, exits[2].failure
+        assert said in group.plan[0].stderr_path.read_text()
+        await pool.close()
+
+    asyncio.run(main())
