@@ -119,6 +119,8 @@ class _JobPool:
     could not be (then standbys are spawned, each importing for itself)."""
     refill: bool = False
     """A fill waits for the zygote's imports: it forks the standbys once they are done."""
+    waited_out: bool = False
+    """A round's start waited `READY_WAIT_S` for this zygote in vain: later ones do not wait."""
 
 
 class StandbyPool:
@@ -187,6 +189,7 @@ class StandbyPool:
             logger.exception("cannot start a zygote; standbys and workers start on their own")
             return None
         pool.refill = False
+        pool.waited_out = False
         return pool.zygote
 
     def _retire(self, pool: _JobPool) -> None:
@@ -227,7 +230,16 @@ class StandbyPool:
             pool = self._jobs[job_id] = _JobPool(launch, 0)
         self._cancel_timer(pool)
         zygote = self._zygote(pool)
-        if zygote is None or not await zygote.wait_ready(READY_WAIT_S):
+        if zygote is None or (pool.waited_out and not zygote.is_ready()):
+            return False
+        if not await zygote.wait_ready(READY_WAIT_S):
+            # An import that hangs must not hold every round: the next ones start cold at once.
+            logger.warning(
+                "zygote pid %d is not ready after %g s; workers start cold",
+                zygote.pid,
+                READY_WAIT_S,
+            )
+            pool.waited_out = True
             return False
         return not zygote.ready.result()  # a preload that failed to import: cold, as without
 

@@ -412,3 +412,30 @@ def test_a_preload_that_fails_in_the_zygote_leaves_the_first_round_cold(tmp_path
         await pool.close()
 
     asyncio.run(main())
+
+
+def test_a_zygote_whose_import_hangs_holds_one_round_start_and_not_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nodeagent._standby as standby
+
+    monkeypatch.setattr(standby, "READY_WAIT_S", 1.0)
+    s = JobSpec(
+        entrypoint=[sys.executable, str(PROBE)],
+        nproc_per_node=1,
+        env={"PYTHONPATH": str(ROOT), "HANG_UNTIL": str(tmp_path / "never")},
+        preload=("tests.workloads.preload_hangs",),
+    )
+
+    async def main() -> None:
+        pool = StandbyPool()
+        launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
+        assert launch is not None
+        assert not await asyncio.wait_for(pool.prepare(JOB, launch), 30)  # waited 1 s: cold
+        zygote = pool._jobs[JOB].zygote
+        assert zygote is not None and zygote.alive() and not zygote.is_ready()
+        # The same zygote, still importing: the next round does not wait for it again.
+        assert not await asyncio.wait_for(pool.prepare(JOB, launch), 0.5)
+        await pool.close()
+
+    asyncio.run(main())
