@@ -520,7 +520,10 @@ def _zygote(argv: list[str]) -> list[str]:
     signal.set_wakeup_fd(wake_w)
     children: set[int] = set()
     me = os.getpid()
-    _zsend(sock, {"op": "ready", "pid": me, "failed": failed})
+    # A fork has only the thread that forked: a preload that started threads is said (and
+    # its forks may hang on a lock one of them held).
+    threads = len(os.listdir("/proc/self/task"))
+    _zsend(sock, {"op": "ready", "pid": me, "failed": failed, "threads": threads})
     poller = select.poll()  # not select: a preload may have opened many descriptors
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)

@@ -363,9 +363,17 @@ class Zygote:
             failed = msg.get("failed")
             if not isinstance(failed, list) or not all(isinstance(f, str) for f in failed):
                 raise ValueError("a bad ready message")
+            threads = msg.get("threads", 1)
             if not self.ready.done():
                 for line in failed:
                     logger.warning("zygote pid %d: %s", self.pid, line.strip())
+                if isinstance(threads, int) and threads > 1:
+                    logger.warning(
+                        "zygote pid %d runs %d threads after its imports; its forks have only"
+                        " one (a preload that starts threads may make them hang)",
+                        self.pid,
+                        threads,
+                    )
                 self.ready.set_result(failed)
         elif op in ("forked", "refused"):
             rid = msg.get("id")
