@@ -438,7 +438,12 @@ MAX_ZYGOTE_MESSAGE = 16384
 """Largest message either end of a zygote's socket sends; kept in step with nodeagent._zygote."""
 MAX_ZYGOTE_FORKS = 1024
 """Most live forks one zygote keeps; a fork request beyond is refused."""
-_ZYGOTE_FDS = 3  # a fork request brings stdout, stderr (write ends) and the hand-off (read end)
+# What a fork request brings (SCM_RIGHTS), by kind: a standby's stdout and stderr (write ends)
+# and hand-off (read end); a warm c10d store host's stdin (read end), status pipe (its stdout),
+# log (its stderr) and hand-off channel. They become descriptors 1, 2, 3 (stdin /dev/null) or
+# 0, 1, 2, 3 of the fork.
+_ZYGOTE_FDS = {"standby": 3, "store": 4}
+_MAX_ZYGOTE_FDS = 4
 _MARK_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ._-")
 _MAX_FAILURE_CHARS = 300
 
@@ -456,8 +461,8 @@ class _Refused(ValueError):
         self.rid = rid
 
 
-def _fork_request(data: bytes, fds: list[int]) -> tuple[int, str]:
-    """(request id, worker mark) of a well-formed fork request; `_Refused` otherwise."""
+def _fork_request(data: bytes, fds: list[int]) -> tuple[int, str, str]:
+    """(request id, worker mark, kind) of a well-formed fork request; `_Refused` otherwise."""
     try:
         msg = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
@@ -472,9 +477,12 @@ def _fork_request(data: bytes, fds: list[int]) -> tuple[int, str]:
         raise _Refused(rid, "not a fork request")
     if not isinstance(mark, str) or len(mark) > 128 or not set(mark) <= _MARK_CHARS:
         raise _Refused(rid, "the worker mark is not a short token")
-    if len(fds) != _ZYGOTE_FDS:
-        raise _Refused(rid, f"a fork request brings {_ZYGOTE_FDS} descriptors, not {len(fds)}")
-    return rid, mark
+    kind = msg.get("kind", "standby")
+    if not isinstance(kind, str) or kind not in _ZYGOTE_FDS:
+        raise _Refused(rid, "not a kind of fork")
+    if len(fds) != _ZYGOTE_FDS[kind]:
+        raise _Refused(rid, f"a {kind} fork brings {_ZYGOTE_FDS[kind]} descriptors, not {len(fds)}")
+    return rid, mark, kind
 
 
 def _received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
@@ -537,7 +545,7 @@ def _zygote(argv: list[str]) -> list[str]:
         if sock.fileno() not in ready:
             continue
         data, ancillary, flags, _ = sock.recvmsg(
-            MAX_ZYGOTE_MESSAGE + 1, socket.CMSG_SPACE(_ZYGOTE_FDS * 4)
+            MAX_ZYGOTE_MESSAGE + 1, socket.CMSG_SPACE(_MAX_ZYGOTE_FDS * 4)
         )
         fds = _received_fds(ancillary)
         if not data and not fds:
@@ -548,7 +556,7 @@ def _zygote(argv: list[str]) -> list[str]:
         try:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise _Refused(-1, "the request is too long")
-            rid, mark = _fork_request(data, fds)
+            rid, mark, kind = _fork_request(data, fds)
             if len(children) >= MAX_ZYGOTE_FORKS:
                 raise _Refused(rid, f"{MAX_ZYGOTE_FORKS} forks are alive already")
         except _Refused as e:
@@ -560,7 +568,14 @@ def _zygote(argv: list[str]) -> list[str]:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _become_standby(sock, (wake_r, wake_w), fds, mark, me, pdeathsig)
+            if kind == "store":
+                _become_fork(sock, (wake_r, wake_w), fds, mark, me, pdeathsig)
+                # The c10d store host, warm: it dies with this zygote (its parent), and takes
+                # its round over the channel, as a spawned one does.
+                store = os.path.join(_HERE, "_c10d_store.py")
+                return ["--error-file", "", "--script", store, "--", str(me), "--standby", "3"]
+            null = os.open(os.devnull, os.O_RDONLY)
+            _become_fork(sock, (wake_r, wake_w), [null, *fds], mark, me, pdeathsig)
             for line in failed:  # in the rank's log, as a standby of its own says it
                 sys.stderr.write(line)
             return _take_handoff(3)
@@ -589,10 +604,12 @@ def _reap_forks(sock: Any, children: set[int]) -> None:
         _zsend(sock, {"op": "exit", "pid": pid, "code": code})
 
 
-def _become_standby(
+def _become_fork(
     sock: Any, wake: tuple[int, int], fds: list[int], mark: str, zygote: int, pdeathsig: Any
 ) -> None:
-    """In a fresh fork: what a spawned standby has, and nothing of the zygote's."""
+    """In a fresh fork: `fds` become descriptors 0, 1, ... and nothing of the zygote's stays."""
+    import fcntl
+
     os.setsid()
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -602,15 +619,13 @@ def _become_standby(
     sock.close()
     for end in wake:
         os.close(end)
-    out, err, handoff = fds
-    os.dup2(out, 1)
-    os.dup2(err, 2)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(handoff, 3)
+    # Out of the way first, so that no target number is one of the sources.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in fds]
+    for target, fd in enumerate(high):
+        os.dup2(fd, target)
     for name in os.listdir("/proc/self/fd"):
         n = int(name)
-        if n > 3:
+        if n >= len(fds):
             with contextlib.suppress(OSError):
                 os.close(n)
     if mark:

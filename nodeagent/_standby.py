@@ -261,6 +261,21 @@ class StandbyPool:
         if pool.store is not None:
             self._dying_add(pool.store.process)
             pool.store.discard()
+        zygote = pool.zygote
+        if zygote is not None and zygote.is_ready() and not zygote.ready.result():
+            # Forked from the job's zygote, with its imports (torch): no import of its own.
+            try:
+                pool.store = WarmStoreHost.forked(launch, zygote.fork_store)
+            except OSError as e:
+                pool.store = None
+                logger.warning("zygote pid %d cannot fork a warm store host: %s", zygote.pid, e)
+            else:
+                logger.info(
+                    "forked warm c10d store host pid %d from zygote pid %d",
+                    pool.store.process.pid,
+                    zygote.pid,
+                )
+                return
         try:
             pool.store = WarmStoreHost.start(launch)
         except Exception:

@@ -68,7 +68,7 @@ class ForkedProcess:
     def __init__(
         self,
         pid: int,
-        pipes: tuple[int, int],
+        pipes: tuple[int | None, int | None],
         loop: asyncio.AbstractEventLoop,
         sentinel: Sentinel | None,
         zygote_alive: bool = True,
@@ -267,43 +267,54 @@ class Zygote:
 
         Raises OSError when the zygote is not ready, refuses, or does not answer in time.
         """
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        hand_r, hand_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            handle = self._request("standby", [out_w, err_w, hand_r], (out_r, err_r))
+        except BaseException:
+            for fd in (out_r, err_r, hand_w):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w, hand_r):
+                os.close(fd)
+        return handle, hand_w
+
+    def fork_store(self, fds: list[int]) -> ForkedProcess:
+        """A warm c10d store host whose stdin, stdout, stderr and hand-off channel are `fds`
+        (the caller keeps and closes its copies); OSError as for `fork`."""
+        return self._request("store", fds, (None, None))
+
+    def _request(
+        self, kind: str, fds: list[int], pipes: tuple[int | None, int | None]
+    ) -> ForkedProcess:
         if not self.is_ready():
             raise OSError(f"zygote pid {self.pid} is not ready")
         sentinel = current_sentinel()
         mark = sentinel.next_mark() if sentinel is not None else ""
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        hand_r, hand_w = os.pipe2(os.O_CLOEXEC)
-        ok = False
+        self._next_id += 1
+        rid = self._next_id
+        data = json.dumps({"op": "fork", "id": rid, "mark": mark, "kind": kind}).encode()
+        self._waiting.add(rid)
         try:
-            self._next_id += 1
-            rid = self._next_id
-            data = json.dumps({"op": "fork", "id": rid, "mark": mark}).encode()
-            fds = array.array("i", [out_w, err_w, hand_r])
-            self._waiting.add(rid)
-            try:
-                self._sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
-                reply = self._await_reply(rid)
-            finally:
-                self._waiting.discard(rid)
-            if reply.get("op") != "forked":
-                raise OSError(f"zygote pid {self.pid} refused a fork: {reply.get('error')}")
-            pid = reply.get("pid")
-            if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
-                raise OSError(f"zygote pid {self.pid} answered a bad pid")
-            ok = True
+            self._sock.sendmsg(
+                [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+            )
+            reply = self._await_reply(rid)
         finally:
-            for fd in (out_w, err_w, hand_r):
-                os.close(fd)
-            if not ok:
-                for fd in (out_r, err_r, hand_w):
-                    os.close(fd)
-        handle = ForkedProcess(pid, (out_r, err_r), self._loop, sentinel)
+            self._waiting.discard(rid)
+        if reply.get("op") != "forked":
+            raise OSError(f"zygote pid {self.pid} refused a fork: {reply.get('error')}")
+        pid = reply.get("pid")
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+            raise OSError(f"zygote pid {self.pid} answered a bad pid")
+        handle = ForkedProcess(pid, pipes, self._loop, sentinel)
         self._forks[pid] = handle
         if sentinel is not None:
             # Unreaped until the zygote reports it, unless it died at once: ticks 0 then.
             sentinel.watch(pid, start_ticks(pid) or 0, mark)
-        return handle, hand_w
+        return handle
 
     def _await_reply(self, rid: int) -> dict[str, Any]:
         deadline = time.monotonic() + FORK_REPLY_S

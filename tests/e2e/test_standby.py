@@ -8,6 +8,7 @@ cancel, or their agent's SIGKILL.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,18 @@ def zygotes(tag: str) -> list[psutil.Process]:
 
 def standbys(tag: str) -> list[psutil.Process]:
     """Live forks of the job's zygotes: its standbys and the workers that were forked (a fork
-    shows its zygote's command line and environment)."""
+    shows its zygote's command line and environment), not its warm store hosts (their stdin is
+    the agent's pipe, a worker's is /dev/null)."""
     procs = _zygote_procs(tag)
     pids = {p.pid for p in procs}
-    return [p for p in procs if _ppid(p) in pids]
+    return [p for p in procs if _ppid(p) in pids and _stdin(p) == os.devnull]
+
+
+def _stdin(p: psutil.Process) -> str:
+    try:
+        return os.readlink(f"/proc/{p.pid}/fd/0")
+    except OSError:
+        return ""
 
 
 def _ppid(p: psutil.Process) -> int:

@@ -150,11 +150,11 @@ def test_a_sigkilled_zygote_fails_its_round_and_leaves_nothing(
     os.kill(zygote, signal.SIGKILL)
     result = job.wait(TIMEOUT)
     assert result.is_failed()
-    for rank in (0, 1):  # forked from it: they die with it, reported as SIGKILL
-        f = result.failures.get(rank) or next(
-            x for a in job.attempts() for x in a.failures if x.global_rank == rank
-        )
-        assert f.signal == "SIGKILL", f
+    # Ranks 0 and 1, forked from it, die with it: the round fails with SIGKILL (the first of
+    # them seen fails it; the other may be counted as stopped).
+    failures = [*result.failures.values(), *(x for a in job.attempts() for x in a.failures)]
+    assert failures, result.format_failures()
+    assert all(f.global_rank in (0, 1) and f.signal == "SIGKILL" for f in failures), failures
     poll_until(lambda: _all_gone(family), 30, what="every zygote and fork of the job to go")
 
 
@@ -170,8 +170,9 @@ def test_a_sigkilled_agent_leaves_no_forked_worker_or_zygote(
     theirs = {z for z in zygotes if psutil.Process(z).ppid() == agent}
     assert len(theirs) == 1
     # The standbys of the next attempt are forked too: wait for them, then record them all.
+    # (and a warm c10d store host, on the node that serves the store).
     poll_until(
-        lambda: len(_family(theirs)) == 5, 60, what="2 workers and 2 standbys under the zygote"
+        lambda: len(_family(theirs)) >= 5, 60, what="2 workers and 2 standbys under the zygote"
     )
     doomed = _family(theirs)
     cluster.kill_agent("node-1", signal.SIGKILL)

@@ -208,3 +208,62 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
     except (OSError, IndexError):
         return True
+
+
+def test_a_warm_store_host_forked_from_the_zygote_serves_the_round_it_is_handed(
+    tmp_path: Path,
+) -> None:
+    import socket as socketlib
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from nodeagent._launch import STORE_HOST_PATH, StoreHostLaunch
+    from nodeagent._store_host import StoreHost, WarmStoreHost
+
+    with socketlib.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    zygote_launch = _launch(tmp_path)
+    env = {**zygote_launch.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    launch = StoreHostLaunch(
+        argv=(sys.executable, STORE_HOST_PATH),
+        env=env,
+        cwd=str(tmp_path),
+        log_path=tmp_path / "store.log",
+        addr="127.0.0.1",
+        port=port,
+    )
+
+    async def main() -> None:
+        z = Zygote.start(zygote_launch)
+        try:
+            assert await z.wait_ready(60)
+            warm = WarmStoreHost.forked(launch, z.fork_store)
+            assert Path(f"/proc/{warm.process.pid}/stat").read_text().split()[3] == str(z.pid)
+            host = StoreHost.start(launch, ctx="[t]", warm=warm)
+            assert host.pid == warm.process.pid
+            watch = asyncio.ensure_future(host.watch())
+
+            def use() -> bytes:
+                client = dist.TCPStore(
+                    "127.0.0.1", port, None, False, timeout=timedelta(seconds=30)
+                )
+                client.set("k", "v")
+                return bytes(client.get("k"))
+
+            assert await asyncio.to_thread(use) == b"v"
+            for _ in range(500):  # its "ready" line may still be on its way to the loop
+                if host.state == "ready":
+                    break
+                await asyncio.sleep(0.01)
+            assert host.state == "ready"
+            assert await host.stop(2.0)
+            assert await watch in (0, -signal.SIGTERM, -signal.SIGKILL)
+            host.close()
+        finally:
+            z.kill()
+            await asyncio.wait_for(z.handle.wait(), 10)
+            z.close()
+
+    asyncio.run(main())
