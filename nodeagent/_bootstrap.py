@@ -24,10 +24,17 @@ A standby (see nodeagent._standby) imports the preload modules, then blocks read
 hand-off ``{"argv": [...], "env": {...}}`` (at most ``MAX_HANDOFF_BYTES``) from the inherited
 pipe FD that only its agent holds; it then takes that environment and runs as if started with
 that argv. EOF without a hand-off: it exits 0 at once.
+
+    python [interpreter flags] _bootstrap.py --zygote FD [--preload MODULE]...
+
+A zygote (see nodeagent._zygote) imports the preload modules once and then forks standbys on
+its agent's request over the inherited socket FD (`_zygote`); each fork then is a standby as
+above, reading its hand-off from the pipe the request brought.
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import gc
 import hashlib
@@ -324,13 +331,19 @@ def _die_with_agent() -> None:
     parent = os.environ.get("GELASTIC_AGENT_PID", "")
     if not parent.isdigit():
         return
+    module = _load_pdeathsig()
+    if module is not None:
+        module.arm(int(parent))
+
+
+def _load_pdeathsig() -> Any:
     path = os.path.join(_HERE, "_pdeathsig.py")
     spec = importlib.util.spec_from_file_location("_gelastic_pdeathsig", path)
     if spec is None or spec.loader is None:
-        return
+        return None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.arm(int(parent))
+    return module
 
 
 def _read_handoff(fd: int) -> bytes:
@@ -364,13 +377,13 @@ def parse_handoff(data: bytes) -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
-def _standby(argv: list[str]) -> list[str]:
-    """Preload, wait for the round's hand-off, take its env; returns the round's argv."""
+def _preload_options(argv: list[str], mode: str) -> tuple[int, list[str]]:
+    """(descriptor, preload modules) of ``--standby FD`` / ``--zygote FD`` and ``--preload M``."""
     fd = -1
     preload: list[str] = []
     i = 0
     while i + 1 < len(argv):
-        if argv[i] == "--standby" and argv[i + 1].isdigit():
+        if argv[i] == mode and argv[i + 1].isdigit():
             fd = int(argv[i + 1])
         elif argv[i] == "--preload":
             preload.append(argv[i + 1])
@@ -378,16 +391,35 @@ def _standby(argv: list[str]) -> list[str]:
             _usage_error(f"unknown standby option {argv[i]}")
         i += 2
     if fd < 0 or i != len(argv):
-        _usage_error("--standby needs a pipe descriptor")
+        _usage_error(f"{mode} needs a descriptor")
+    return fd, preload
+
+
+def _import_preload(preload: list[str]) -> list[str]:
+    """Import the preload modules; the messages of those that failed."""
     # Not this directory: a preload is found on the interpreter's own path, never among the
     # agent's files; the hand-off puts the target's directory first, as a cold start does.
     if sys.path and sys.path[0] and os.path.realpath(sys.path[0]) == os.path.realpath(_HERE):
         del sys.path[0]
+    failed: list[str] = []
     for name in preload:
         try:
             importlib.import_module(name)
         except Exception as e:  # the target fails (or not) on its own import, as cold
-            sys.stderr.write(f"gelastic standby: cannot preload {name}: {type(e).__name__}: {e}\n")
+            failed.append(f"gelastic standby: cannot preload {name}: {type(e).__name__}: {e}\n")
+    return failed
+
+
+def _standby(argv: list[str]) -> list[str]:
+    """Preload, wait for the round's hand-off, take its env; returns the round's argv."""
+    fd, preload = _preload_options(argv, "--standby")
+    for line in _import_preload(preload):
+        sys.stderr.write(line)
+    return _take_handoff(fd)
+
+
+def _take_handoff(fd: int) -> list[str]:
+    """Block for the round's hand-off on `fd`, take its env; returns the round's argv."""
     data = _read_handoff(fd)
     if not data:
         sys.exit(0)  # the agent let this standby go unused
@@ -402,6 +434,210 @@ def _standby(argv: list[str]) -> list[str]:
     return round_argv
 
 
+MAX_ZYGOTE_MESSAGE = 16384
+"""Largest message either end of a zygote's socket sends; kept in step with nodeagent._zygote."""
+MAX_ZYGOTE_FORKS = 1024
+"""Most live forks one zygote keeps; a fork request beyond is refused."""
+# What a fork request brings (SCM_RIGHTS), by kind: a standby's stdout and stderr (write ends)
+# and hand-off (read end); a warm c10d store host's stdin (read end), status pipe (its stdout),
+# log (its stderr) and hand-off channel. They become descriptors 1, 2, 3 (stdin /dev/null) or
+# 0, 1, 2, 3 of the fork.
+_ZYGOTE_FDS = {"standby": 3, "store": 4}
+_MAX_ZYGOTE_FDS = 4
+_MARK_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ._-")
+_MAX_FAILURE_CHARS = 300
+
+
+def _zsend(sock: Any, msg: dict[str, Any]) -> None:
+    data = json.dumps(msg).encode("utf-8")
+    if len(data) > MAX_ZYGOTE_MESSAGE:
+        data = json.dumps({"op": msg.get("op", ""), "error": "message too long"}).encode()
+    sock.sendmsg([data])
+
+
+class _Refused(ValueError):
+    def __init__(self, rid: int, message: str) -> None:
+        super().__init__(message)
+        self.rid = rid
+
+
+def _fork_request(data: bytes, fds: list[int]) -> tuple[int, str, str]:
+    """(request id, worker mark, kind) of a well-formed fork request; `_Refused` otherwise."""
+    try:
+        msg = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _Refused(-1, f"not JSON: {e}") from None
+    if not isinstance(msg, dict):
+        raise _Refused(-1, "not an object")
+    rid = msg.get("id")
+    if isinstance(rid, bool) or not isinstance(rid, int) or not 0 <= rid < 1 << 53:
+        raise _Refused(-1, "the request id is not a small non-negative integer")
+    mark = msg.get("mark", "")
+    if msg.get("op") != "fork":
+        raise _Refused(rid, "not a fork request")
+    if not isinstance(mark, str) or len(mark) > 128 or not set(mark) <= _MARK_CHARS:
+        raise _Refused(rid, "the worker mark is not a short token")
+    kind = msg.get("kind", "standby")
+    if not isinstance(kind, str) or kind not in _ZYGOTE_FDS:
+        raise _Refused(rid, "not a kind of fork")
+    if len(fds) != _ZYGOTE_FDS[kind]:
+        raise _Refused(rid, f"a {kind} fork brings {_ZYGOTE_FDS[kind]} descriptors, not {len(fds)}")
+    return rid, mark, kind
+
+
+def _received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    import socket
+
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds.extend(int.from_bytes(data[i : i + 4], sys.byteorder) for i in range(0, usable, 4))
+    return fds
+
+
+def _zygote(argv: list[str]) -> list[str]:
+    """Preload once, then fork standbys on request; returns only in a fork (its round's argv).
+
+    ``--zygote FD [--preload M]...``: FD is one end of an AF_UNIX SOCK_SEQPACKET socketpair
+    whose other end only the agent holds. After the imports (and `gc.freeze`, so forks share the
+    imported objects' pages) the zygote says ``{"op": "ready", "pid", "failed"}``, then serves
+    ``{"op": "fork", "id", "mark"}`` requests that carry (SCM_RIGHTS) the fork's stdout and stderr
+    write ends and its hand-off read end, and answers ``forked`` (with the pid) or ``refused``.
+    It waits for its forks and reports each one's exit (``{"op": "exit", "pid", "code"}``, code
+    negative for a signal) after SIGKILLing what is left in its process group. Messages are JSON
+    of at most `MAX_ZYGOTE_MESSAGE` bytes; nothing else is accepted. EOF: it kills its forks and
+    exits. See nodeagent._zygote for the agent's end.
+    """
+    import select
+    import socket
+
+    fd, preload = _preload_options(argv, "--zygote")
+    sock = socket.socket(fileno=fd)
+    failed = [line[:_MAX_FAILURE_CHARS] for line in _import_preload(preload)]
+    for line in failed:
+        sys.stderr.write(line)
+    pdeathsig = _load_pdeathsig()
+    freeze = getattr(gc, "freeze", None)
+    if freeze is not None:
+        freeze()
+    wake_r, wake_w = os.pipe()
+    for end in (wake_r, wake_w):
+        os.set_blocking(end, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    children: set[int] = set()
+    me = os.getpid()
+    # A fork has only the thread that forked: a preload that started threads is said (and
+    # its forks may hang on a lock one of them held).
+    threads = len(os.listdir("/proc/self/task"))
+    _zsend(sock, {"op": "ready", "pid": me, "failed": failed, "threads": threads})
+    poller = select.poll()  # not select: a preload may have opened many descriptors
+    poller.register(sock.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    while True:
+        ready = {fd for fd, _ in poller.poll()}
+        if wake_r in ready:
+            with contextlib.suppress(OSError):
+                while os.read(wake_r, 4096):
+                    pass
+            _reap_forks(sock, children)
+        if sock.fileno() not in ready:
+            continue
+        data, ancillary, flags, _ = sock.recvmsg(
+            MAX_ZYGOTE_MESSAGE + 1, socket.CMSG_SPACE(_MAX_ZYGOTE_FDS * 4)
+        )
+        fds = _received_fds(ancillary)
+        if not data and not fds:
+            for pid in children:  # the agent is gone or let this zygote go
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL)
+            os._exit(0)
+        try:
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                raise _Refused(-1, "the request is too long")
+            rid, mark, kind = _fork_request(data, fds)
+            if len(children) >= MAX_ZYGOTE_FORKS:
+                raise _Refused(rid, f"{MAX_ZYGOTE_FORKS} forks are alive already")
+        except _Refused as e:
+            for f in fds:
+                os.close(f)
+            _zsend(sock, {"op": "refused", "id": e.rid, "error": str(e)[:_MAX_FAILURE_CHARS]})
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            if kind == "store":
+                _become_fork(sock, (wake_r, wake_w), fds, mark, me, pdeathsig)
+                # The c10d store host, warm: it dies with this zygote (its parent), and takes
+                # its round over the channel, as a spawned one does.
+                store = os.path.join(_HERE, "_c10d_store.py")
+                return ["--error-file", "", "--script", store, "--", str(me), "--standby", "3"]
+            null = os.open(os.devnull, os.O_RDONLY)
+            _become_fork(sock, (wake_r, wake_w), [null, *fds], mark, me, pdeathsig)
+            for line in failed:  # in the rank's log, as a standby of its own says it
+                sys.stderr.write(line)
+            return _take_handoff(3)
+        children.add(pid)
+        for f in fds:
+            os.close(f)
+        _zsend(sock, {"op": "forked", "id": rid, "pid": pid})
+
+
+def _reap_forks(sock: Any, children: set[int]) -> None:
+    """Report every fork that has exited, after killing what it left in its process group."""
+    while children:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or not info.si_pid:
+            return
+        pid = info.si_pid
+        # Still a zombie: its pid, and so its process group id, is not reused yet.
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        children.discard(pid)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        _zsend(sock, {"op": "exit", "pid": pid, "code": code})
+
+
+def _become_fork(
+    sock: Any, wake: tuple[int, int], fds: list[int], mark: str, zygote: int, pdeathsig: Any
+) -> None:
+    """In a fresh fork: `fds` become descriptors 0, 1, ... and nothing of the zygote's stays."""
+    import fcntl
+
+    os.setsid()
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    if pdeathsig is not None:
+        pdeathsig.arm(zygote)  # dies with the zygote, which dies with the agent
+    sock.close()
+    for end in wake:
+        os.close(end)
+    # Out of the way first, so that no target number is one of the sources.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in fds]
+    for target, fd in enumerate(high):
+        os.dup2(fd, target)
+    for name in os.listdir("/proc/self/fd"):
+        n = int(name)
+        if n >= len(fds):
+            with contextlib.suppress(OSError):
+                os.close(n)
+    if mark:
+        os.environ[_OWN_ENV[1]] = mark
+    else:
+        os.environ.pop(_OWN_ENV[1], None)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # its global generator was seeded once, in the zygote
+        with contextlib.suppress(Exception):
+            numpy.random.seed()
+
+
 def main() -> None:
     _die_with_agent()
     faulthandler.enable(all_threads=True)
@@ -412,6 +648,8 @@ def main() -> None:
     argv = sys.argv[1:]
     if argv[:1] == ["--standby"]:
         argv = _standby(argv)
+    elif argv[:1] == ["--zygote"]:
+        argv = _zygote(argv)
     opts = _parse(argv)
     _fix_sys_path(opts)
     before = _file_key(opts.error_file) if opts.error_file else None

@@ -1,28 +1,35 @@
 """Warm standby workers: interpreters of a job that already imported its preload modules.
 
-A job whose spec names `preload` modules gets, on each agent that runs it, up to
-`nproc_per_node` standbys (when they can serve a later round: `can_serve`): the bootstrap started in standby mode (``--standby FD``) under the
-job's interpreter, flags, cwd and env, without any per-round variable (RANK, MASTER_ADDR,
-TORCHELASTIC_RESTART_COUNT, ...). Each imports the modules and blocks reading its hand-off from a
-pipe whose write end only the agent holds (inherited, never a path). When a later round of the
-job starts on this node, `StandbyPool.spawner` hands a standby the worker's bootstrap argv and
-full env (JSON, bounded); the standby takes that env and runs the entrypoint exactly as a cold
-worker would. It is the same process from then on: the `ProcessHandle` the group supervises,
-with the stdout/stderr pipes the group pumps into the rank's logs (what the standby printed
-while it waited lands there first).
+A job whose spec names `preload` modules gets, on each agent that runs it, one zygote
+(`nodeagent._zygote`): the bootstrap in zygote mode under the job's interpreter, flags, cwd and
+env, without any per-round variable (RANK, MASTER_ADDR, TORCHELASTIC_RESTART_COUNT, ...). It
+imports the modules once and forks standbys on request; a round's start waits for its imports
+(`prepare`, at most `READY_WAIT_S`), so the round's workers are forks too and the node pays the
+import once per job, not once per worker. A zygote that cannot start, is not ready in time, or
+whose preload failed to import leaves the round to start cold, as without `preload`.
 
-Standbys are spawned like workers (`nodeagent._process.spawn`): their own session, the
-parent-death signal armed by the bootstrap, and the worker mark, so the sentinel kills them
-with the agent, SIGKILL included. The pool kills a job's standbys when the job is done on this
-node (`discard`), when the agent stops (`close`), and when no round of the job came for
-`IDLE_S` seconds.
+Each standby (up to `nproc_per_node`, when they can serve a later round: `can_serve`) blocks
+reading its hand-off from a pipe whose write end only the agent holds (inherited, never a path).
+When a later round of the job starts on this node, `StandbyPool.spawner` hands a standby the
+worker's bootstrap argv and full env (JSON, bounded); the standby takes that env and runs the
+entrypoint exactly as a cold worker would. It is the same process from then on: the
+`ProcessHandle` the group supervises, with the stdout/stderr pipes the group pumps into the
+rank's logs (what the standby printed while it waited lands there first). Without a zygote
+(it could not be started) standbys are spawned as interpreters of their own (``--standby FD``).
 
-A job that succeeded here and asked for it (`JobSpec.standby_linger`) leaves its standbys and
-warm store host lingering (`release`), keyed by their launch: interpreter, argv, cwd, the whole
-job env and the preload list. The first round of a later job whose launch is equal in every one
-of those (`adopt`) takes them over, so a sweep of one spec pays the import once per node. At
-most `MAX_LINGERING` launches linger per agent (the oldest goes first), each at most its
-linger; the agent's death, its stop, and a job of another spec never see them.
+Standbys and zygotes run like workers: their own session, the parent-death signal (a fork's on
+its zygote, the zygote's on the agent), and worker marks, so the sentinel kills them with the
+agent, SIGKILL included. The pool kills a job's standbys when the job is done on this node
+(`discard`), when the agent stops (`close`), and when no round of the job came for `IDLE_S`
+seconds; their zygote goes with them once its last fork (a worker, maybe) has exited, since its
+forks die with it.
+
+A job that succeeded here and asked for it (`JobSpec.standby_linger`) leaves its standbys, its
+zygote and warm store host lingering (`release`), keyed by their launch: interpreter, argv, cwd,
+the whole job env and the preload list. The first round of a later job whose launch is equal in
+every one of those (`adopt`) takes them over, so a sweep of one spec pays the import once per
+node. At most `MAX_LINGERING` launches linger per agent (the oldest goes first), each at most
+its linger; the agent's death, its stop, and a job of another spec never see them.
 """
 
 from __future__ import annotations
@@ -40,8 +47,16 @@ from client.assignment import RoundAssignment
 from nodeagent._launch import StandbyLaunch, StoreHostLaunch, WorkerLaunch
 from nodeagent._process import ProcessHandle, RealProcess, spawn
 from nodeagent._store_host import WarmStoreHost
+from nodeagent._zygote import Zygote
 
-__all__ = ["IDLE_S", "MAX_HANDOFF_BYTES", "StandbyPool", "can_serve", "encode_handoff"]
+__all__ = [
+    "IDLE_S",
+    "MAX_HANDOFF_BYTES",
+    "READY_WAIT_S",
+    "StandbyPool",
+    "can_serve",
+    "encode_handoff",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +66,8 @@ IDLE_S = 120.0
 """A job's standbys are killed when no round of the job has held this node for this long."""
 MAX_LINGERING = 2
 """Most launches whose standbys linger on one agent after their job (`release`)."""
+READY_WAIT_S = 60.0
+"""How long a round's start waits for its job's zygote to finish importing (`prepare`)."""
 _OWN_ENV = ("GELASTIC_AGENT_PID", "GELASTIC_WORKER_MARK")
 
 
@@ -85,7 +102,7 @@ def _key(launch: StandbyLaunch) -> tuple[object, ...]:
 
 @dataclass
 class _Standby:
-    handle: RealProcess
+    handle: ProcessHandle
     wfd: int | None
 
 
@@ -97,6 +114,13 @@ class _JobPool:
     timer: asyncio.TimerHandle | None = None
     store: WarmStoreHost | None = None
     """A warm c10d store host, on the node that served the round's store."""
+    zygote: Zygote | None = None
+    """Forks the standbys (and a round's workers) of this launch; None: not started, or it
+    could not be (then standbys are spawned, each importing for itself)."""
+    refill: bool = False
+    """A fill waits for the zygote's imports: it forks the standbys once they are done."""
+    waited_out: bool = False
+    """A round's start waited `READY_WAIT_S` for this zygote in vain: later ones do not wait."""
 
 
 class StandbyPool:
@@ -110,6 +134,9 @@ class StandbyPool:
         """Killed standbys and store hosts not yet reaped: `close` waits for them too, so the agent
         never ends while one of its interpreters is still tearing down."""
         """Pools of finished jobs, by launch, oldest first (insertion order)."""
+        self._retiring: list[Zygote] = []
+        """Zygotes of pools that are gone, kept until their last fork (a worker) has exited."""
+        self._forker: Callable[[Zygote], tuple[ProcessHandle, int]] = lambda z: z.fork()
 
     def count(self, job_id: str) -> int:
         """Live standbys of `job_id` waiting for a round."""
@@ -131,11 +158,100 @@ class StandbyPool:
         pool.want = want
         self._cancel_timer(pool)
         self._prune(pool)
+        zygote = self._zygote(pool)
+        if zygote is not None and not zygote.is_ready():
+            if not pool.refill:  # the forks come once the imports are done
+                pool.refill = True
+                zygote.ready.add_done_callback(lambda _: self._refill(job_id, zygote))
+            return
         while len(pool.idle) < pool.want:
-            standby = self._start(launch)
+            standby = self._new_standby(pool)
             if standby is None:
                 return
             pool.idle.append(standby)
+
+    def _refill(self, job_id: str, zygote: Zygote) -> None:
+        pool = self._jobs.get(job_id)
+        if pool is None or pool.zygote is not zygote:
+            return
+        pool.refill = False
+        if zygote.is_ready():
+            self.fill(job_id, pool.launch, pool.want)
+
+    def _zygote(self, pool: _JobPool) -> Zygote | None:
+        """The pool's zygote, started (again) when there is none alive; None if it cannot be."""
+        if pool.zygote is not None and pool.zygote.alive():
+            return pool.zygote
+        self._retire(pool)
+        try:
+            pool.zygote = Zygote.start(pool.launch, spawner=self._spawner)
+        except Exception:
+            logger.exception("cannot start a zygote; standbys and workers start on their own")
+            return None
+        pool.refill = False
+        pool.waited_out = False
+        return pool.zygote
+
+    def _retire(self, pool: _JobPool) -> None:
+        zygote, pool.zygote = pool.zygote, None
+        if zygote is None:
+            return
+        zygote.retire()  # killed once its last fork (a live worker, maybe) has exited
+        self._retiring = [z for z in self._retiring if z.handle.is_alive()]
+        self._retiring.append(zygote)
+        self._dying_add(zygote.handle)
+
+    def _new_standby(self, pool: _JobPool) -> _Standby | None:
+        """One more standby of `pool`: forked when its zygote is ready, else spawned."""
+        zygote = pool.zygote
+        if zygote is None or not zygote.alive():
+            return self._start(pool.launch)
+        return self._fork(zygote)
+
+    def _fork(self, zygote: Zygote) -> _Standby | None:
+        try:
+            handle, wfd = self._forker(zygote)
+        except OSError as e:
+            logger.warning(
+                "zygote pid %d cannot fork a standby (%s); workers start cold", zygote.pid, e
+            )
+            return None
+        logger.info("forked standby pid %d from zygote pid %d", handle.pid, zygote.pid)
+        return _Standby(handle, wfd)
+
+    async def prepare(self, job_id: str, launch: StandbyLaunch) -> bool:
+        """Before a round of `job_id` starts here: its zygote, started if need be and waited for
+        (at most `READY_WAIT_S`); whether the round's workers can be forked from it."""
+        pool = self._jobs.get(job_id)
+        if pool is not None and pool.launch != launch:
+            self.discard(job_id)
+            pool = None
+        if pool is None:
+            pool = self._jobs[job_id] = _JobPool(launch, 0)
+        self._cancel_timer(pool)
+        zygote = self._zygote(pool)
+        if zygote is None or (pool.waited_out and not zygote.is_ready()):
+            return False
+        if not await zygote.wait_ready(READY_WAIT_S):
+            # An import that hangs must not hold every round: the next ones start cold at once.
+            logger.warning(
+                "zygote pid %d is not ready after %g s; workers start cold",
+                zygote.pid,
+                READY_WAIT_S,
+            )
+            pool.waited_out = True
+            return False
+        return not zygote.ready.result()  # a preload that failed to import: cold, as without
+
+    async def warm(self, job_id: str) -> int:
+        """Wait (at most `READY_WAIT_S`) until the standbys a `fill` asked for are there."""
+        pool = self._jobs.get(job_id)
+        if pool is None:
+            return 0
+        if pool.zygote is not None:
+            await pool.zygote.wait_ready(READY_WAIT_S)
+            self._refill(job_id, pool.zygote)
+        return self.count(job_id)
 
     def fill_store(self, job_id: str, launch: StoreHostLaunch) -> None:
         """Start a warm store host of `job_id` (after `fill`) unless one waits already."""
@@ -145,6 +261,21 @@ class StandbyPool:
         if pool.store is not None:
             self._dying_add(pool.store.process)
             pool.store.discard()
+        zygote = pool.zygote
+        if zygote is not None and zygote.is_ready() and not zygote.ready.result():
+            # Forked from the job's zygote, with its imports (torch): no import of its own.
+            try:
+                pool.store = WarmStoreHost.forked(launch, zygote.fork_store)
+            except OSError as e:
+                pool.store = None
+                logger.warning("zygote pid %d cannot fork a warm store host: %s", zygote.pid, e)
+            else:
+                logger.info(
+                    "forked warm c10d store host pid %d from zygote pid %d",
+                    pool.store.process.pid,
+                    zygote.pid,
+                )
+                return
         try:
             pool.store = WarmStoreHost.start(launch)
         except Exception:
@@ -205,21 +336,31 @@ class StandbyPool:
             return None
         while pool.idle:
             s = pool.idle.pop(0)
-            if not s.handle.is_alive() or s.wfd is None:
-                self._let_go(s)
-                continue
-            try:
-                # The standby blocks reading: a hand-off above the pipe's buffer drains as it is
-                # written, and a standby that died meanwhile answers EPIPE.
-                os.write(s.wfd, data)
-            except OSError as e:
-                logger.warning("standby pid %d cannot take its hand-off: %s", s.handle.pid, e)
-                self._let_go(s)
-                continue
-            os.close(s.wfd)
-            s.wfd = None
-            return s.handle
+            if self._hand(s, data):
+                return s.handle
+        # None waits: fork the worker now, when the zygote is ready and its imports all worked.
+        zygote = pool.zygote
+        if zygote is not None and zygote.is_ready() and not zygote.ready.result():
+            s_new = self._fork(zygote)
+            if s_new is not None and self._hand(s_new, data):
+                return s_new.handle
         return None
+
+    def _hand(self, s: _Standby, data: bytes) -> bool:
+        if not s.handle.is_alive() or s.wfd is None:
+            self._let_go(s)
+            return False
+        try:
+            # The standby blocks reading: a hand-off above the pipe's buffer drains as it is
+            # written, and a standby that died meanwhile answers EPIPE.
+            os.write(s.wfd, data)
+        except OSError as e:
+            logger.warning("standby pid %d cannot take its hand-off: %s", s.handle.pid, e)
+            self._let_go(s)
+            return False
+        os.close(s.wfd)
+        s.wfd = None
+        return True
 
     def spawner(self, job_id: str) -> Callable[[WorkerLaunch], ProcessHandle]:
         """A `WorkerGroup` spawner: a standby when one fits, else a cold worker."""
@@ -260,7 +401,7 @@ class StandbyPool:
             self.discard(job_id)
             return
         self._prune(pool)
-        if not pool.idle and pool.store is None:
+        if not pool.idle and pool.store is None and pool.zygote is None:
             self.discard(job_id)
             return
         del self._jobs[job_id]
@@ -310,6 +451,7 @@ class StandbyPool:
         for s in pool.idle:
             self._let_go(s)
         pool.idle = []
+        self._retire(pool)
         if pool.store is not None:
             self._dying_add(pool.store.process)
             pool.store.discard()
@@ -325,6 +467,7 @@ class StandbyPool:
         self._cancel_timer(pool)
         for s in pool.idle:
             self._let_go(s)
+        self._retire(pool)
         if pool.store is not None:
             self._dying_add(pool.store.process)
             pool.store.discard()
@@ -343,6 +486,8 @@ class StandbyPool:
             self.discard(job_id)
         while self._lingering:
             self._kill(self._lingering.popitem()[1], "the agent stops")
+        for zygote in self._retiring:
+            zygote.kill()  # the agent stops: a worker still forked from it goes too
         handles = [h for h in self._dying if h.is_alive()]
         self._dying = []
         if handles:
@@ -350,3 +495,6 @@ class StandbyPool:
                 await asyncio.wait_for(
                     asyncio.gather(*(h.wait() for h in handles), return_exceptions=True), 5.0
                 )
+        for zygote in self._retiring:
+            zygote.close()
+        self._retiring = []

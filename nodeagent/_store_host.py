@@ -6,6 +6,11 @@ closes its own copy; it does not wait for torch to be imported there, which runs
 the workers' own imports. The host is in its own session, dies with the agent (PR_SET_PDEATHSIG,
 and EOF on its stdin), is recorded in the pid file like a worker, and is stopped by the worker
 group after the round's workers. The agent never imports torch.
+
+A warm host (`WarmStoreHost`) waits for a later round with torch imported: spawned in
+``--standby`` mode, or forked from the job's zygote (`WarmStoreHost.forked`), which imported the
+job's preload (torch) already; either way it has the same stdin, status pipe, log and hand-off
+channel, and the fork dies with its zygote, which dies with the agent.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ import os
 import signal
 import socket
 import subprocess
+from collections.abc import Callable
 from typing import IO
 
 from nodeagent._launch import StoreHostLaunch
 from nodeagent._process import AGENT_PID_ENV, RealProcess
 from nodeagent._reaper import PidRegistry
+from nodeagent._zygote import ForkedProcess
 
 __all__ = ["StoreHost", "StoreHostError", "WarmStoreHost", "warm_key"]
 
@@ -61,7 +68,7 @@ class WarmStoreHost:
     def __init__(
         self,
         key: tuple[object, ...],
-        process: RealProcess,
+        process: RealProcess | ForkedProcess,
         stdin: IO[bytes] | None,
         status_fd: int | None,
         channel: socket.socket | None,
@@ -94,6 +101,41 @@ class WarmStoreHost:
         finally:
             theirs.close()
         return cls(warm_key(launch), process, stdin, status_fd, ours)
+
+    @classmethod
+    def forked(
+        cls,
+        launch: StoreHostLaunch,
+        fork: Callable[[list[int]], ForkedProcess],
+        *,
+        registry: PidRegistry | None = None,
+    ) -> WarmStoreHost:
+        """A warm host forked by the job's zygote (`Zygote.fork_store`), which imported torch
+        already: the same stdin, status pipe, log and channel as `start` gives a spawned one.
+        The zygote's env is the job's, as a warm host's is. OSError when it cannot be forked."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        try:
+            log = os.open(launch.log_path, flags, 0o600)
+        except OSError:
+            log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            process = fork([stdin_r, status_w, log, theirs.fileno()])
+        except BaseException:
+            ours.close()
+            os.close(stdin_w)
+            os.close(status_r)
+            raise
+        finally:
+            for fd in (stdin_r, status_w, log):
+                os.close(fd)
+            theirs.close()
+        if registry is not None:
+            registry.add(process.pid, job_id=launch.env.get("GELASTIC_JOB_ID", ""))
+        stdin = os.fdopen(stdin_w, "wb", buffering=0)
+        return cls(warm_key(launch), process, stdin, status_r, ours)
 
     def alive(self) -> bool:
         return self.process.is_alive() and self.channel is not None
@@ -169,7 +211,7 @@ class StoreHost:
     def __init__(
         self,
         launch: StoreHostLaunch,
-        process: RealProcess,
+        process: RealProcess | ForkedProcess,
         stdin: IO[bytes] | None,
         status_fd: int | None,
         ctx: str,

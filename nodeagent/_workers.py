@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -327,9 +327,12 @@ class WorkerGroup:
         on_failing: Callable[[ProcessFailure], None] | None = None,
         warm_store: Callable[[StoreHostLaunch], WarmStoreHost | None] | None = None,
         on_unknown: Callable[[str], None] | None = None,
+        before_spawn: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.assignment = assignment
         self._on_unknown = on_unknown
+        self._before_spawn = before_spawn
+        """Awaited once the store host is started, before the workers are (the job's zygote)."""
         self._unknown: str | None = None
         self._warm_store = warm_store
         self.spec = assignment.spec
@@ -552,6 +555,11 @@ class WorkerGroup:
         not_started: list[tuple[_Worker, int, str, FailureCategory]] = []
         try:
             store_error = self._start_store_host()
+            if self._before_spawn is not None and store_error is None:
+                # The store host imports meanwhile; a stop that comes in finds no worker yet.
+                await self._before_spawn()
+                if self._phase is not _Phase.STARTING:
+                    return {}
             for w in self._workers:
                 if store_error is not None:
                     not_started.append((w, *store_error))

@@ -887,6 +887,7 @@ class NodeAgent:
             pid_registry=self._registry,
             spawner=self._standbys.spawner(a.job_id),
             warm_store=lambda _launch: self._standbys.take_store(a.job_id),
+            before_spawn=lambda: self._prepare_zygote(a.job_id, group),
         )
         held.group = group
         launch = group.standby_launch()
@@ -920,6 +921,13 @@ class NodeAgent:
             a.round,
             {_global(held, lr): pid for lr, pid in pids.items()},
         )
+
+    async def _prepare_zygote(self, job_id: str, group: WorkerGroup) -> None:
+        """Before a round's workers start: its job's zygote (preload only), started if need be
+        and waited for, so the workers are forked from it (see nodeagent._standby)."""
+        launch = group.standby_launch()
+        if launch is not None and not self._closing:
+            await self._standbys.prepare(job_id, launch)
 
     def _fill_standbys(self, held: _Held) -> None:
         """Warm standbys for the job's next round on this node (only a spec with `preload`), as

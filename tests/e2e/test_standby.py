@@ -8,6 +8,7 @@ cancel, or their agent's SIGKILL.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,12 @@ from tests.e2e.conftest import PY, script
 TIMEOUT = 180
 
 
-def standbys(tag: str) -> list[psutil.Process]:
-    """Live standby processes of the job whose env has STANDBY_TAG=tag."""
+def _zygote_procs(tag: str) -> list[psutil.Process]:
+    """Live zygotes of the job whose env has STANDBY_TAG=tag, and the processes they forked."""
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if BOOTSTRAP_PATH not in cmd or "--standby" not in cmd:
+        if BOOTSTRAP_PATH not in cmd or "--zygote" not in cmd:
             continue
         try:
             if p.status() == psutil.STATUS_ZOMBIE or p.environ().get("STANDBY_TAG") != tag:
@@ -37,6 +38,35 @@ def standbys(tag: str) -> list[psutil.Process]:
             continue
         found.append(p)
     return found
+
+
+def zygotes(tag: str) -> list[psutil.Process]:
+    procs = _zygote_procs(tag)
+    pids = {p.pid for p in procs}
+    return [p for p in procs if _ppid(p) not in pids]
+
+
+def standbys(tag: str) -> list[psutil.Process]:
+    """Live forks of the job's zygotes: its standbys and the workers that were forked (a fork
+    shows its zygote's command line and environment), not its warm store hosts (their stdin is
+    the agent's pipe, a worker's is /dev/null)."""
+    procs = _zygote_procs(tag)
+    pids = {p.pid for p in procs}
+    return [p for p in procs if _ppid(p) in pids and _stdin(p) == os.devnull]
+
+
+def _stdin(p: psutil.Process) -> str:
+    try:
+        return os.readlink(f"/proc/{p.pid}/fd/0")
+    except OSError:
+        return ""
+
+
+def _ppid(p: psutil.Process) -> int:
+    try:
+        return p.ppid()
+    except psutil.Error:
+        return 0
 
 
 def _train(
@@ -71,16 +101,17 @@ def test_a_preloaded_job_restarts_on_its_standbys_and_trains_to_the_same_paramet
         preload=("torch",),
     )
     poll_until(lambda: (out / "holding").exists(), 90, what="attempt 0 to hold after step 2")
-    # One standby per worker on each node is there before the crash.
-    poll_until(lambda: len(standbys("warm")) == 4, 60, what="4 standbys")
+    # One standby per worker on each node is there before the crash, forked as the workers were.
+    poll_until(lambda: len(standbys("warm")) == 8, 60, what="4 workers and 4 standbys")
     (out / "go").touch()
     result = job.wait(TIMEOUT)
     assert result.state == WorkerState.SUCCEEDED, result.format_failures()
     starts = sorted(
         tuple(map(int, ln.split()))[:3] for ln in (out / "starts").read_text().splitlines()
     )
-    # Attempt 0 cold, attempt 1 on standbys; each rank saw its rank and restart count.
-    assert starts == [(0, r, 0) for r in range(4)] + [(1, r, 1) for r in range(4)], starts
+    # Attempt 0 forked from the zygotes (torch already imported), attempt 1 on standbys forked
+    # from them too; each rank saw its rank and restart count.
+    assert starts == [(0, r, 1) for r in range(4)] + [(1, r, 1) for r in range(4)], starts
     resumes = sorted(
         tuple(map(int, ln.split())) for ln in (out / "resumes").read_text().splitlines()
     )
@@ -91,7 +122,11 @@ def test_a_preloaded_job_restarts_on_its_standbys_and_trains_to_the_same_paramet
         assert torch.allclose(ref[k], got[k], atol=1e-5), (k, ref[k], got[k])
     ref_starts = [ln.split() for ln in (ref_out / "starts").read_text().splitlines()]
     assert sorted(s[:3] for s in ref_starts) == [["0", str(r), "0"] for r in range(4)]  # cold
-    poll_until(lambda: not standbys("warm"), 30, what="the standbys to go with the job")
+    poll_until(
+        lambda: not standbys("warm") and not zygotes("warm"),
+        30,
+        what="the standbys and zygotes to go with the job",
+    )
 
 
 def test_standbys_go_with_a_cancel_and_with_a_sigkilled_agent(
@@ -111,20 +146,25 @@ def test_standbys_go_with_a_cancel_and_with_a_sigkilled_agent(
         )
 
     job = submit("cancel")
-    poll_until(lambda: len(standbys("cancel")) == 4, 60, what="4 standbys")
+    poll_until(lambda: len(standbys("cancel")) == 8, 60, what="4 workers and 4 standbys")
     job.cancel()
     job.wait(60)
-    poll_until(lambda: not standbys("cancel"), 30, what="the standbys to go with the cancel")
+    poll_until(
+        lambda: not standbys("cancel") and not zygotes("cancel"),
+        30,
+        what="the standbys and zygotes to go with the cancel",
+    )
     job = submit("kill")
-    poll_until(lambda: len(standbys("kill")) == 4, 60, what="4 standbys")
+    poll_until(lambda: len(standbys("kill")) == 8, 60, what="4 workers and 4 standbys")
     victim = next(iter(cluster.agents))
-    theirs = [p.pid for p in standbys("kill") if p.ppid() == cluster.agents[victim].popen.pid]
-    assert len(theirs) == 2
+    (zygote,) = [z.pid for z in zygotes("kill") if _ppid(z) == cluster.agents[victim].popen.pid]
+    theirs = [zygote, *(p.pid for p in standbys("kill") if _ppid(p) == zygote)]
+    assert len(theirs) == 5
     cluster.kill_agent(victim, signal.SIGKILL)
     poll_until(
-        lambda: not {p.pid for p in standbys("kill")} & set(theirs),
+        lambda: not {p.pid for p in [*standbys("kill"), *zygotes("kill")]} & set(theirs),
         30,
-        what="the killed agent's standbys to die with it",
+        what="the killed agent's zygote, standbys and workers to die with it",
     )
     job.cancel()
     job.wait(60)
@@ -196,12 +236,13 @@ def test_a_sweep_runs_on_the_standbys_the_last_job_of_its_spec_left(
     )
 
     first = cluster.client.submit(spec)
-    poll_until(lambda: len(standbys("sweep")) == 4, 60, what="4 standbys of the first job")
-    left = {p.pid for p in standbys("sweep")}
+    poll_until(lambda: len(standbys("sweep")) == 8, 60, what="4 workers and 4 standbys")
     (out / "go").touch()
     assert first.wait(TIMEOUT).state == WorkerState.SUCCEEDED
-    # The job is done; its standbys stay for the next job of the same spec.
-    assert {p.pid for p in standbys("sweep")} == left
+    # The job is done; its standbys stay for the next job of the same spec (its workers go).
+    poll_until(lambda: len(standbys("sweep")) == 4, 30, what="the first job's workers to go")
+    left = {p.pid for p in standbys("sweep")}
+    assert len(zygotes("sweep")) == 2
     second = cluster.client.submit(spec)
     assert second.wait(TIMEOUT).state == WorkerState.SUCCEEDED
     ran = {int(f.read_text()) for f in out.iterdir() if f.name.startswith(second.job_id)}
@@ -211,4 +252,8 @@ def test_a_sweep_runs_on_the_standbys_the_last_job_of_its_spec_left(
     poll_until(lambda: len(standbys("sweep")) == 4, 60, what="the second job's standbys")
     third = cluster.client.submit(dataclasses.replace(spec, standby_linger=0))
     assert third.wait(TIMEOUT).state == WorkerState.SUCCEEDED
-    poll_until(lambda: not standbys("sweep"), 30, what="no standby after a job without linger")
+    poll_until(
+        lambda: not standbys("sweep") and not zygotes("sweep"),
+        30,
+        what="no standby or zygote after a job without linger",
+    )

@@ -47,6 +47,7 @@ def test_a_standby_has_no_round_and_reads_its_handoff_from_an_inherited_pipe(
         launch = build_standby_launch(spec, agent_env=agent_env, agent_cwd=str(tmp_path))
         assert launch is not None
         pool.fill("job-1", launch, 1)
+        assert await pool.warm("job-1") == 1
         (standby,) = pool._jobs["job-1"].idle
         pid = standby.handle.pid
         env = dict(
@@ -57,9 +58,16 @@ def test_a_standby_has_no_round_and_reads_its_handoff_from_an_inherited_pipe(
         assert env["JOB_VAR"] == "1"
         assert not [k for k in ROUND_VARS if k in env]
         assert spec.result_key.hex() not in "".join(env.values())
-        cmd = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
-        fd = cmd[cmd.index("--standby") + 1]
-        assert os.readlink(f"/proc/{pid}/fd/{fd}").startswith("pipe:")
+        # Forked by the job's zygote: once it has set itself up it holds stdin, its two output
+        # pipes and the hand-off pipe (descriptor 3), nothing else of the zygote's or the agent's.
+        fds: list[int] = []
+        for _ in range(500):
+            fds = sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd"))
+            if fds == [0, 1, 2, 3]:
+                break
+            await asyncio.sleep(0.02)
+        assert fds == [0, 1, 2, 3]
+        assert os.readlink(f"/proc/{pid}/fd/3").startswith("pipe:")
         # Not well-formed: the standby refuses it (usage exit) and runs nothing.
         assert standby.wfd is not None
         os.write(standby.wfd, b'{"argv": ["--code", "x"], "env": {"A=B": "1"}}')
@@ -69,5 +77,6 @@ def test_a_standby_has_no_round_and_reads_its_handoff_from_an_inherited_pipe(
         assert code == 2
         assert not marker.exists()
         pool.discard("job-1")
+        await pool.close()  # and the zygote it was forked from
 
     asyncio.run(main())

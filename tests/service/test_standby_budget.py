@@ -1,7 +1,7 @@
 """An agent warms standbys for a job only while a later round can come to them.
 
 A real in-process coordinator and agent, real worker and standby processes: the standbys the
-agent starts are counted at its pool's spawner. A round of one node at the job's last attempt
+agent starts are counted where its pool makes them (forked from the job's zygote). A round of one node at the job's last attempt
 warms none (only a failure restart could use them, and the budget is spent); a round with
 restarts left still gets one per worker. `can_serve` is the rule, checked case by case.
 """
@@ -20,8 +20,7 @@ import pytest
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import JobSpec, JobState
 from coordinator.server import Coordinator, CoordinatorConfig
-from nodeagent._launch import StandbyLaunch
-from nodeagent._process import RealProcess
+from nodeagent._process import ProcessHandle
 from nodeagent._standby import can_serve
 from nodeagent.session import AgentConfig, NodeAgent
 from tests.service.test_workers import poll_until, wait_gone
@@ -42,7 +41,9 @@ sys.exit(1 if attempt == "0" else 0)
 
 
 @pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[tuple[Coordinator, NodeAgent, list[RealProcess]]]:
+async def agent(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Coordinator, NodeAgent, list[ProcessHandle]]]:
     config = CoordinatorConfig(
         state_dir=str(tmp_path / "state"), port=0, lease=30.0, heartbeat_interval=0.2
     )
@@ -56,15 +57,16 @@ async def agent(tmp_path: Path) -> AsyncIterator[tuple[Coordinator, NodeAgent, l
                 log_dir=str(tmp_path / "logs"),
             )
         )
-        started: list[RealProcess] = []
-        real = a._standbys._spawner
+        started: list[ProcessHandle] = []
+        real = a._standbys._new_standby
 
-        def recording(launch: StandbyLaunch, **kw: Any) -> RealProcess:
-            handle = real(launch, **kw)
-            started.append(handle)
-            return handle
+        def recording(pool: Any) -> Any:
+            standby = real(pool)  # forked from the job's zygote
+            if standby is not None:
+                started.append(standby.handle)
+            return standby
 
-        a._standbys._spawner = recording
+        a._standbys._new_standby = recording  # type: ignore[method-assign]
         async with a:
             await asyncio.wait_for(a.connected.wait(), DEADLINE)
             yield c, a, started
@@ -74,7 +76,7 @@ async def agent(tmp_path: Path) -> AsyncIterator[tuple[Coordinator, NodeAgent, l
 @pytest.mark.parametrize(("max_restarts", "warmed"), [(1, 2), (2, 4)])
 async def test_standbys_are_warmed_only_while_a_restart_can_use_them(
     tmp_path: Path,
-    agent: tuple[Coordinator, NodeAgent, list[RealProcess]],
+    agent: tuple[Coordinator, NodeAgent, list[ProcessHandle]],
     max_restarts: int,
     warmed: int,
 ) -> None:

@@ -145,6 +145,7 @@ def test_a_standby_runs_the_round_exactly_as_a_cold_worker(tmp_path: Path, kind:
         launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
         assert launch is not None
         pool.fill(JOB, launch, 2)
+        await pool.warm(JOB)  # forked once the zygote has imported
         standby_pids = set(pool.pids(JOB))
         assert len(standby_pids) == 2
         warm_exits, group = await _run_round(tmp_path / "w", s, pool)
@@ -187,6 +188,7 @@ def test_a_failing_standby_worker_records_its_error_file(tmp_path: Path) -> None
         launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
         assert launch is not None
         pool.fill(JOB, launch, 1)
+        await pool.warm(JOB)  # forked once the zygote has imported
         exits, group = await _run_round(tmp_path, s, pool)
         failure = exits[2].failure
         assert failure is not None and "probe rank 2 fails" in failure.message
@@ -204,11 +206,13 @@ def test_discarded_standbys_are_gone_and_an_oversized_handoff_starts_cold(tmp_pa
         launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
         assert launch is not None
         pool.fill(JOB, launch, 2)
+        await pool.warm(JOB)  # forked once the zygote has imported
         handles = [st.handle for st in pool._jobs[JOB].idle]
         pool.discard(JOB)
         codes = await asyncio.wait_for(asyncio.gather(*(h.wait() for h in handles)), 10)
         assert all(c in (0, -9) for c in codes)
         assert pool.count(JOB) == 0
+        await pool.close()  # and the zygote they were forked from
 
     asyncio.run(main())
     plan_env = {"X": "y" * (MAX_HANDOFF_BYTES + 1)}
@@ -297,6 +301,7 @@ def test_a_succeeded_jobs_standbys_linger_only_for_an_equal_spec_and_only_so_lon
     async def main() -> None:
         pool = StandbyPool()
         pool.fill(JOB, launch_of(s), 2)
+        await pool.warm(JOB)  # forked once the zygote has imported
         first = sorted(pool.pids(JOB))
         pool.release(JOB, 30.0)
         assert pool.count(JOB) == 0 and pool.lingering() == 2
@@ -314,6 +319,7 @@ def test_a_succeeded_jobs_standbys_linger_only_for_an_equal_spec_and_only_so_lon
         assert all(c in (0, -9) for c in codes)
         # A linger runs out: killed then, without a job to take them.
         pool.fill("job-10", launch_of(s), 1)
+        await pool.warm("job-10")  # forked once the zygote has imported
         (handle,) = [st.handle for st in pool._jobs["job-10"].idle]
         pool.release("job-10", 0.2)
         assert pool.lingering() == 1
@@ -367,9 +373,69 @@ def test_close_waits_for_standbys_that_were_killed_before_it() -> None:
         launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
         assert launch is not None
         pool.fill(JOB, launch, 2)
+        await pool.warm(JOB)  # forked once the zygote has imported
         handles = [st.handle for st in pool._jobs[JOB].idle]
         pool.discard(JOB)
         await pool.close()
         assert not any(h.is_alive() for h in handles)
+
+    asyncio.run(main())
+
+
+def test_a_preload_that_fails_in_the_zygote_leaves_the_first_round_cold(tmp_path: Path) -> None:
+    # As a standby of its own did: the failure is on the stderr of the standby that takes over
+    # a rank; the first round does not wait on a zygote that could not import what it was asked.
+    out = tmp_path / "out"
+    out.mkdir()
+    s = JobSpec(
+        entrypoint=[sys.executable, str(PROBE)],
+        nproc_per_node=1,
+        env={"OUT_DIR": str(out)},
+        preload=("no_such_module_for_gelastic_tests",),
+    )
+    said = "gelastic standby: cannot preload no_such_module_for_gelastic_tests"
+
+    async def main() -> None:
+        pool = StandbyPool()
+        launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
+        assert launch is not None
+        assert not await pool.prepare(JOB, launch)
+        exits, group = await _run_round(tmp_path / "r1", s, pool)
+        assert exits[2].succeeded, exits[2].failure
+        assert said not in group.plan[0].stderr_path.read_text()  # cold: nothing preloaded
+        pool.fill(JOB, launch, 1)
+        assert await pool.warm(JOB) == 1
+        (standby,) = pool.pids(JOB)
+        exits, group = await _run_round(tmp_path / "r2", s, pool)
+        assert exits[2].pid == standby and exits[2].succeeded, exits[2].failure
+        assert said in group.plan[0].stderr_path.read_text()
+        await pool.close()
+
+    asyncio.run(main())
+
+
+def test_a_zygote_whose_import_hangs_holds_one_round_start_and_not_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nodeagent._standby as standby
+
+    monkeypatch.setattr(standby, "READY_WAIT_S", 1.0)
+    s = JobSpec(
+        entrypoint=[sys.executable, str(PROBE)],
+        nproc_per_node=1,
+        env={"PYTHONPATH": str(ROOT), "HANG_UNTIL": str(tmp_path / "never")},
+        preload=("tests.workloads.preload_hangs",),
+    )
+
+    async def main() -> None:
+        pool = StandbyPool()
+        launch = build_standby_launch(s, agent_env=dict(os.environ), agent_cwd=str(ROOT))
+        assert launch is not None
+        assert not await asyncio.wait_for(pool.prepare(JOB, launch), 30)  # waited 1 s: cold
+        zygote = pool._jobs[JOB].zygote
+        assert zygote is not None and zygote.alive() and not zygote.is_ready()
+        # The same zygote, still importing: the next round does not wait for it again.
+        assert not await asyncio.wait_for(pool.prepare(JOB, launch), 0.5)
+        await pool.close()
 
     asyncio.run(main())

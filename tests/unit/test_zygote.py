@@ -1,0 +1,269 @@
+"""The zygote: the preload imported once, forks that hold exactly what a standby holds.
+
+Real processes (the real bootstrap in zygote mode, no agent): forks get stdin /dev/null, the
+pipes the agent passed and nothing else; their exit codes and signals come back through the
+zygote's reports; a request that is not well-formed is refused and the zygote serves on.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from nodeagent._launch import BOOTSTRAP_PATH, StandbyLaunch
+from nodeagent._zygote import MAX_MESSAGE, ForkedProcess, Zygote
+
+ROOT = Path(__file__).resolve().parents[2]
+PRELOAD = ("tests.workloads.preload_marker",)
+# What a fork runs once handed off: it records what it holds, then ends as it is told to.
+PROBE = """
+import json, os, signal, sys, time
+fds = sorted(int(f) for f in os.listdir("/proc/self/fd"))
+links = {}
+for fd in fds:
+    try:
+        links[fd] = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        links[fd] = None
+seen = {
+    "fds": fds,
+    "links": links,
+    "ppid": os.getppid(),
+    "sid": os.getsid(0),
+    "pid": os.getpid(),
+    "mark": os.environ.get("GELASTIC_WORKER_MARK"),
+    "round": os.environ.get("ROUND_VAR"),
+    "sigchld_default": signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL,
+    "blocked": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    "preloaded": "tests.workloads.preload_marker" in sys.modules,
+}
+with open(os.environ["OUT"], "w") as f:
+    json.dump(seen, f)
+print("fork says hello", flush=True)
+end = os.environ["END"]
+if end == "exit3":
+    sys.exit(3)
+if end == "term":
+    os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(60)
+"""
+
+
+def _launch(tmp: Path) -> StandbyLaunch:
+    prefix = (sys.executable, BOOTSTRAP_PATH)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GELASTIC_")},
+        "PYTHONPATH": str(ROOT),
+        "PRELOAD_MARKS": str(tmp / "marks"),
+    }
+    return StandbyLaunch(
+        prefix=prefix,
+        argv=(*prefix, "--preload", PRELOAD[0]),
+        env=env,
+        cwd=str(tmp),
+        preload=PRELOAD,
+    )
+
+
+def _hand_off(wfd: int, tmp: Path, name: str, end: str) -> None:
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "OUT": str(tmp / f"{name}.json"),
+        "END": end,
+        "ROUND_VAR": name,
+    }
+    data = json.dumps({"argv": ["--code", PROBE], "env": env}).encode()
+    os.write(wfd, data)
+    os.close(wfd)
+
+
+async def _read_all(fd: int) -> bytes:
+    loop = asyncio.get_running_loop()
+    chunks = []
+    while True:
+        data = await loop.run_in_executor(None, os.read, fd, 65536)
+        if not data:
+            os.close(fd)
+            return b"".join(chunks)
+        chunks.append(data)
+
+
+async def _wait_file(path: Path) -> dict[str, Any]:
+    for _ in range(1000):
+        if path.exists() and path.stat().st_size:
+            return json.loads(path.read_text())
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{path} never written")
+
+
+def test_forks_hold_exactly_their_pipes_and_report_exit_codes_and_signals(tmp_path: Path) -> None:
+    async def main() -> None:
+        z = Zygote.start(_launch(tmp_path))
+        try:
+            assert await z.wait_ready(60)
+            forks: dict[str, tuple[ForkedProcess, int]] = {}
+            for end in ("exit3", "kill", "term"):
+                forks[end] = z.fork()
+            outputs = {}
+            for end, (handle, wfd) in forks.items():
+                out, err = handle.take_pipes()
+                assert out is not None and err is not None
+                outputs[end] = asyncio.ensure_future(_read_all(out))
+                os.close(err)
+                _hand_off(wfd, tmp_path, end, end)
+            seen = {end: await _wait_file(tmp_path / f"{end}.json") for end in forks}
+            forks["kill"][0].send_signal_group(signal.SIGKILL)
+            codes = {end: await asyncio.wait_for(h.wait(), 30) for end, (h, _) in forks.items()}
+            assert codes == {"exit3": 3, "kill": -signal.SIGKILL, "term": -signal.SIGTERM}
+            for end, s in seen.items():
+                # 0-2 and the descriptor listdir itself opened: the hand-off pipe was closed
+                # after the read, the zygote's socket and everything else never came along.
+                assert s["fds"] == [0, 1, 2, 3], s
+                assert s["links"]["0"] == "/dev/null"
+                assert s["links"]["1"].startswith("pipe:") and s["links"]["2"].startswith("pipe:")
+                assert s["ppid"] == z.pid and s["sid"] == s["pid"]  # its own session
+                assert s["round"] == end and s["preloaded"] is True
+                assert s["sigchld_default"] is True and s["blocked"] == []
+                assert b"fork says hello" in await asyncio.wait_for(outputs[end], 10)
+            # The preload was imported once, by the zygote, not by any fork.
+            assert (tmp_path / "marks").read_text().split() == [str(z.pid)]
+        finally:
+            z.kill()
+            await asyncio.wait_for(z.handle.wait(), 10)
+            z.close()
+
+    asyncio.run(main())
+
+
+def test_a_request_that_is_not_well_formed_is_refused_and_the_zygote_serves_on(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        z = Zygote.start(_launch(tmp_path))
+        try:
+            assert await z.wait_ready(60)
+            sock = z._sock
+            r, w = os.pipe()
+
+            def ask(rid: int, data: bytes, fds: list[int]) -> dict[str, Any]:
+                z._waiting.add(rid)
+                anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+                sock.sendmsg([data], anc)
+                return z._await_reply(rid)
+
+            three = [w, w, r]
+            assert ask(-1, b"not json", three)["op"] == "refused"
+            assert ask(-1, b"x" * (MAX_MESSAGE + 10), three)["op"] == "refused"
+            assert ask(7, json.dumps({"op": "fork", "id": 7}).encode(), [w, r])["op"] == "refused"
+            assert ask(8, json.dumps({"op": "exec", "id": 8}).encode(), three)["op"] == "refused"
+            bad_mark = {"op": "fork", "id": 9, "mark": "a b/../c"}
+            assert ask(9, json.dumps(bad_mark).encode(), three)["op"] == "refused"
+            assert ask(-1, json.dumps({"op": "fork", "id": True}).encode(), three)["op"] == (
+                "refused"
+            )
+            os.close(r)
+            os.close(w)
+            assert z.alive()
+            handle, wfd = z.fork()  # still serving
+            for fd in handle.take_pipes():
+                assert fd is not None
+                os.close(fd)
+            os.close(wfd)  # EOF without a hand-off: the standby exits 0
+            assert await asyncio.wait_for(handle.wait(), 30) == 0
+        finally:
+            z.kill()
+            await asyncio.wait_for(z.handle.wait(), 10)
+            z.close()
+
+    asyncio.run(main())
+
+
+def test_the_forks_of_a_zygote_that_dies_die_too_and_show_as_sigkill(tmp_path: Path) -> None:
+    async def main() -> None:
+        z = Zygote.start(_launch(tmp_path))
+        assert await z.wait_ready(60)
+        handle, wfd = z.fork()
+        for fd in handle.take_pipes():
+            assert fd is not None
+            os.close(fd)
+        os.kill(z.pid, signal.SIGKILL)  # not through the handle: as if the OOM killer did it
+        assert await asyncio.wait_for(handle.wait(), 30) == -signal.SIGKILL
+        assert not os.path.exists(f"/proc/{handle.pid}/stat") or _zombie(handle.pid)
+        os.close(wfd)
+        await asyncio.wait_for(z.handle.wait(), 10)
+        z.close()
+
+    asyncio.run(main())
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except (OSError, IndexError):
+        return True
+
+
+def test_a_warm_store_host_forked_from_the_zygote_serves_the_round_it_is_handed(
+    tmp_path: Path,
+) -> None:
+    import socket as socketlib
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from nodeagent._launch import STORE_HOST_PATH, StoreHostLaunch
+    from nodeagent._store_host import StoreHost, WarmStoreHost
+
+    with socketlib.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    zygote_launch = _launch(tmp_path)
+    env = {**zygote_launch.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    launch = StoreHostLaunch(
+        argv=(sys.executable, STORE_HOST_PATH),
+        env=env,
+        cwd=str(tmp_path),
+        log_path=tmp_path / "store.log",
+        addr="127.0.0.1",
+        port=port,
+    )
+
+    async def main() -> None:
+        z = Zygote.start(zygote_launch)
+        try:
+            assert await z.wait_ready(60)
+            warm = WarmStoreHost.forked(launch, z.fork_store)
+            assert Path(f"/proc/{warm.process.pid}/stat").read_text().split()[3] == str(z.pid)
+            host = StoreHost.start(launch, ctx="[t]", warm=warm)
+            assert host.pid == warm.process.pid
+            watch = asyncio.ensure_future(host.watch())
+
+            def use() -> bytes:
+                client = dist.TCPStore(
+                    "127.0.0.1", port, None, False, timeout=timedelta(seconds=30)
+                )
+                client.set("k", "v")
+                return bytes(client.get("k"))
+
+            assert await asyncio.to_thread(use) == b"v"
+            for _ in range(500):  # its "ready" line may still be on its way to the loop
+                if host.state == "ready":
+                    break
+                await asyncio.sleep(0.01)
+            assert host.state == "ready"
+            assert await host.stop(2.0)
+            assert await watch in (0, -signal.SIGTERM, -signal.SIGKILL)
+            host.close()
+        finally:
+            z.kill()
+            await asyncio.wait_for(z.handle.wait(), 10)
+            z.close()
+
+    asyncio.run(main())
