@@ -497,6 +497,8 @@ class _SimNode:
         self.gone = ""
         """The listed replica a session could not reach, until one is welcomed (as the agent
         tells the others in `UNREACHABLE_HEADER`)."""
+        self.in_hello: set[tuple[str, int, int]] = set()
+        """(job, round, local rank) of the exits the current session's Hello carried."""
 
     async def run(self) -> None:
         """Keep a session open, reconnecting with backoff and full jitter like the real agent."""
@@ -574,6 +576,9 @@ class _SimNode:
     async def _session(self, stub: pb_grpc.NodeSessionStub, incarnation: str) -> bool:
         """One session attempt; True if the coordinator welcomed this node."""
         self.outbox = asyncio.Queue()
+        self.in_hello = {
+            (h.job_id, h.round, e.local_rank) for h in self.held.values() for e in h.exits
+        }
         self.send(
             pb.NodeMessage(
                 hello=pb.Hello(
@@ -660,6 +665,13 @@ class _SimNode:
         if kind == "welcome":
             self.welcomed = True
             self.gone = ""
+            # Exits since the Hello was made (a session a standby held): sent now, as the
+            # agent replays what it holds after the welcome.
+            for h in self.held.values():
+                for e in h.exits:
+                    if (h.job_id, h.round, e.local_rank) not in self.in_hello:
+                        exited = pb.WorkerExited(job_id=h.job_id, round=h.round, exit=e)
+                        self.send(pb.NodeMessage(worker_exited=exited))
             self.welcomes += 1
             self.welcome_at = time.time()
             self.fleet.heartbeat_interval = max(0.05, msg.welcome.heartbeat_interval_ms / 1000)
