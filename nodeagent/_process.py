@@ -34,7 +34,15 @@ from typing import Protocol
 from nodeagent._launch import BOOTSTRAP_PATH, StandbyLaunch, WorkerLaunch
 from nodeagent._sentinel import MARK_ENV, start_ticks
 
-__all__ = ["KILL_WAIT_S", "ProcessHandle", "RealProcess", "Sentinel", "current_sentinel", "spawn"]
+__all__ = [
+    "KILL_WAIT_S",
+    "GroupTermination",
+    "ProcessHandle",
+    "RealProcess",
+    "Sentinel",
+    "current_sentinel",
+    "spawn",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +88,47 @@ class ProcessHandle(Protocol):
         ...
 
 
-class RealProcess:
+class GroupTermination:
+    """`terminate` for a process handle whose exit resolves `_exited`: SIGTERM to its group,
+    `grace` seconds, then SIGKILL; shared by spawned (`RealProcess`) and forked workers."""
+
+    _exited: asyncio.Future[int]
+    _terminating: asyncio.Task[bool] | None
+
+    @property
+    def pid(self) -> int:
+        raise NotImplementedError
+
+    def send_signal_group(self, sig: int) -> None:
+        raise NotImplementedError
+
+    async def terminate(self, grace: float) -> bool:
+        if self._terminating is None:
+            self._terminating = asyncio.ensure_future(self._terminate(grace))
+        return await asyncio.shield(self._terminating)
+
+    async def _terminate(self, grace: float) -> bool:
+        if self._exited.done():
+            return True
+        if grace > 0:
+            self.send_signal_group(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._exited), grace)
+                return True
+        self.send_signal_group(signal.SIGKILL)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._exited), KILL_WAIT_S)
+        except TimeoutError:
+            logger.error(
+                "pid %s did not exit %.0f s after SIGKILL (uninterruptible sleep?); abandoning it",
+                self.pid,
+                KILL_WAIT_S,
+            )
+            return False
+        return True
+
+
+class RealProcess(GroupTermination):
     """A spawned worker process (a `ProcessHandle`)."""
 
     def __init__(
@@ -171,31 +219,6 @@ class RealProcess:
                     signal.pidfd_send_signal(self._pidfd, sig)
                 else:
                     os.kill(self._popen.pid, sig)
-
-    async def terminate(self, grace: float) -> bool:
-        if self._terminating is None:
-            self._terminating = asyncio.ensure_future(self._terminate(grace))
-        return await asyncio.shield(self._terminating)
-
-    async def _terminate(self, grace: float) -> bool:
-        if self._exited.done():
-            return True
-        if grace > 0:
-            self.send_signal_group(signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._exited), grace)
-                return True
-        self.send_signal_group(signal.SIGKILL)
-        try:
-            await asyncio.wait_for(asyncio.shield(self._exited), KILL_WAIT_S)
-        except TimeoutError:
-            logger.error(
-                "pid %s did not exit %.0f s after SIGKILL (uninterruptible sleep?); abandoning it",
-                self.pid,
-                KILL_WAIT_S,
-            )
-            return False
-        return True
 
     def take_pipes(self) -> tuple[int | None, int | None]:
         fds: list[int | None] = []

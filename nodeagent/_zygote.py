@@ -48,7 +48,13 @@ import time
 from typing import Any
 
 from nodeagent._launch import StandbyLaunch
-from nodeagent._process import KILL_WAIT_S, RealProcess, Sentinel, current_sentinel, spawn
+from nodeagent._process import (
+    GroupTermination,
+    RealProcess,
+    Sentinel,
+    current_sentinel,
+    spawn,
+)
 from nodeagent._sentinel import start_ticks
 
 __all__ = ["FORK_REPLY_S", "MAX_MESSAGE", "ForkedProcess", "Zygote"]
@@ -62,7 +68,7 @@ FORK_REPLY_S = 10.0
 _MAX_LOG_READ = 65536
 
 
-class ForkedProcess:
+class ForkedProcess(GroupTermination):
     """A worker (or standby) forked by a zygote: a `ProcessHandle`."""
 
     def __init__(
@@ -148,31 +154,6 @@ class ForkedProcess:
             with contextlib.suppress(ProcessLookupError):
                 if self._pidfd is not None:
                     signal.pidfd_send_signal(self._pidfd, sig)
-
-    async def terminate(self, grace: float) -> bool:
-        if self._terminating is None:
-            self._terminating = asyncio.ensure_future(self._terminate(grace))
-        return await asyncio.shield(self._terminating)
-
-    async def _terminate(self, grace: float) -> bool:
-        if self._exited.done():
-            return True
-        if grace > 0:
-            self.send_signal_group(signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._exited), grace)
-                return True
-        self.send_signal_group(signal.SIGKILL)
-        try:
-            await asyncio.wait_for(asyncio.shield(self._exited), KILL_WAIT_S)
-        except TimeoutError:
-            logger.error(
-                "pid %s did not exit %.0f s after SIGKILL (uninterruptible sleep?); abandoning it",
-                self._pid,
-                KILL_WAIT_S,
-            )
-            return False
-        return True
 
     def take_pipes(self) -> tuple[int | None, int | None]:
         pipes, self._pipes = self._pipes, (None, None)
