@@ -156,6 +156,9 @@ class Leadership:
         self._leader_addr = ""
         self.on_change: Callable[[], None] | None = None
         """Called (on the event loop) whenever `leader_addr` changes."""
+        self.eager: Callable[[], bool] = lambda: True
+        """Whether to campaign as soon as the leader key is gone (see `_try_once`)."""
+        self._deferred = False
         self.first_round = asyncio.Event()
         """Set once the first campaign had its answer (won, lost, or etcd did not answer)."""
         self.terms = 0
@@ -294,6 +297,14 @@ class Leadership:
         t = self.rpc_timeout
         kv = await self._in_thread(self._store.read_key, self._key, t)
         fresh, self._fresh = self._fresh, False
+        if kv is None and not fresh and not self._deferred and not self.eager():
+            # The leader is gone and no agent waits on this replica: one that holds agents'
+            # sessions gets one poll's head start, so that they go straight into its service
+            # rather than all reconnecting to this one. Once per vacancy; never at start.
+            self._deferred = True
+            self.leader_addr = ""
+            return 0
+        self._deferred = False
         if kv is not None:
             rid, addr = _decode_leader(kv.value)
             if rid != self.replica_id and not (fresh and addr == self.advertise):

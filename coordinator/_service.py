@@ -264,7 +264,10 @@ class CoordinatorService:
         self._tick_task = self._flush_task = None
         for s in list(self._sessions.values()):
             s.close()
-        await self.flush()
+        # Fenced: another coordinator leads (this one had not noticed yet), so what was not
+        # written is not this one's to write; flush logged it.
+        with contextlib.suppress(StoreFenced):
+            await self.flush()
 
     async def abandon(self) -> None:
         """Stop at once without writing anything: another coordinator leads now. The node

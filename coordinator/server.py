@@ -456,6 +456,7 @@ class Coordinator:
         # leases twice a second) and a standby to take over.
         gate.configure_hold(leadership.advertise, self.config.leader_ttl + 1.0)
         leadership.on_change = gate.changed
+        leadership.eager = lambda: gate.held > 0
         self._leader_task = asyncio.get_running_loop().create_task(
             leadership.run(self._elected, self._deposed), name="election"
         )

@@ -32,7 +32,11 @@ class FakeNode:
         self.channel = grpc.aio.insecure_channel(address)
         self.call: grpc.aio.StreamStreamCall | None = None  # type: ignore[type-arg]
 
-    async def connect(self, running: list[pb.RunningGroup] | None = None) -> pb.CoordinatorMessage:
+    async def connect(
+        self,
+        running: list[pb.RunningGroup] | None = None,
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> pb.CoordinatorMessage:
         hello = pb.Hello(
             name=self.name,
             addr=self.addr,
@@ -50,7 +54,7 @@ class FakeNode:
                     return
                 yield m
 
-        self.call = pb_grpc.NodeSessionStub(self.channel).Session(gen())
+        self.call = pb_grpc.NodeSessionStub(self.channel).Session(gen(), metadata=metadata)
         return await self.expect("welcome")
 
     async def expect(self, kind: str) -> pb.CoordinatorMessage:

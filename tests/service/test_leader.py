@@ -17,6 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client import JobSpec
+from client.coordinators import UNREACHABLE_HEADER
 from client.wire import spec_to_pb
 from coordinator._leader import LEADER_METADATA, MAX_HELD, LeaderGate
 from coordinator._store_etcd import parse_etcd_url
@@ -346,6 +347,33 @@ async def test_an_agent_that_comes_while_no_leader_is_known_is_held_then_served(
             await node.close()
     finally:
         etcd.stop()
+
+
+async def test_the_standby_an_agent_waits_on_takes_over_and_serves_it_without_a_reconnect(
+    etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
+) -> None:
+    """The leader is gone while its key still names it: a standby that an agent tells it could
+    not reach the leader holds the agent's session, wins the election (a standby no agent
+    waits on gives it a poll's head start), and serves that same session when it leads."""
+    async with _replicas(etcd_url, tmp_path) as coords:
+        first = await _leader_elected(coords)
+        assert first.leadership is not None
+        epoch = first.leadership.epoch
+        # The last standby started: the others poll the leader key first in each round.
+        waiting_on = [c for c in coords if c is not first][-1]
+        assert waiting_on._gate is not None
+        node = FakeNode(waiting_on.address, "node-w", "127.0.0.1", slots=1)
+        gone = ((UNREACHABLE_HEADER, first.advertised()),)
+        welcome = asyncio.ensure_future(node.connect(metadata=gone))
+        await _until(
+            "the session is held", lambda: bool(waiting_on._gate and waiting_on._gate.held)
+        )
+        await asyncio.to_thread(_revoke_leader_lease, etcd_server, etcd_url)
+        msg = await asyncio.wait_for(welcome, WAIT_S)
+        assert waiting_on.leading and msg.epoch > epoch
+        assert waiting_on.leadership is not None and waiting_on.leadership.epoch == msg.epoch
+        assert waiting_on.service.cluster.node_is_live("node-w", node.incarnation)
+        await node.close()
 
 
 async def test_a_held_session_is_sent_to_the_leader_once_one_is_known() -> None:
