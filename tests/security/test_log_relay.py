@@ -365,6 +365,9 @@ async def test_a_reader_that_takes_nothing_stalls_the_agents_file_reading_not_it
             await poll_until(lambda: len(agent._log_requests) == 1)
             (served,) = agent._log_requests.values()
             await poll_until(lambda: served.credit == 0 and served.logs.empty())
+            # And every chunk the agent sent has arrived: none is still on its way.
+            (stream,) = svc._log_streams.values()
+            await poll_until(lambda: stream.window == 0)
             sent = kinds.count("log_chunk")
             assert sent <= service_module.LOG_WINDOW_CHUNKS
             beats = kinds.count("heartbeat")
