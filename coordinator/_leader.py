@@ -423,12 +423,14 @@ class Leadership:
 class LeaderGate(grpc.aio.ServerInterceptor):
     """Answers every gelastic call UNAVAILABLE unless this replica leads (module docstring).
 
-    While no leader is known at all (the old one's lease is running out, a campaign is under
-    way), an agent's session is held for up to `hold_s` rather than refused: it goes on into
-    this replica's service the moment this replica leads, or is answered with the leader's
-    address the moment another is known. A fleet of agents then neither polls the standbys
-    while the lease runs out nor waits out its pause once a leader serves. At most `MAX_HELD`
-    sessions are held; past that, and for every other call, the answer is at once.
+    An agent's session is held for up to `hold_s` rather than refused while no leader is
+    known (a campaign is under way), while the leader known is the one the agent says it could
+    not reach (`UNREACHABLE_HEADER`: a leader that died, whose key stays until its lease runs
+    out), and while this replica has won and is loading the state. It goes on into this
+    replica's service the moment this replica leads, or is answered with the leader's address
+    the moment another is known. A fleet of agents then neither polls the standbys while the
+    lease runs out nor waits out its pause once a leader serves. At most `MAX_HELD` sessions
+    are held; past that, and for every other call, the answer is at once.
     """
 
     def __init__(self, leader_addr: Callable[[], str]) -> None:
