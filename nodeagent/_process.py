@@ -89,18 +89,40 @@ class ProcessHandle(Protocol):
 
 
 class GroupTermination:
-    """`terminate` for a process handle whose exit resolves `_exited`: SIGTERM to its group,
-    `grace` seconds, then SIGKILL; shared by spawned (`RealProcess`) and forked workers."""
+    """Signalling, waiting and `terminate` (SIGTERM to its group, `grace` seconds, then
+    SIGKILL) for a process handle whose exit resolves `_exited`; shared by spawned
+    (`RealProcess`) and forked workers."""
 
     _exited: asyncio.Future[int]
     _terminating: asyncio.Task[bool] | None
+    signals_sent: set[int]
 
     @property
     def pid(self) -> int:
         raise NotImplementedError
 
-    def send_signal_group(self, sig: int) -> None:
+    def _reaped(self) -> bool:
+        """Whether the pid may no longer be the worker's (it was reaped, or may be soon)."""
         raise NotImplementedError
+
+    def _signal_alone(self, sig: int) -> None:
+        """Signal the worker itself, not its group (ProcessLookupError: it is gone)."""
+        raise NotImplementedError
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def send_signal_group(self, sig: int) -> None:
+        if self._reaped():
+            return
+        self.signals_sent.add(sig)
+        try:
+            # Unreaped, so the group id is still the worker's.
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            # The worker moved itself out of its group: the worker alone.
+            with contextlib.suppress(ProcessLookupError):
+                self._signal_alone(sig)
 
     async def terminate(self, grace: float) -> bool:
         if self._terminating is None:
@@ -201,24 +223,15 @@ class RealProcess(GroupTermination):
             self._sentinel.forget(self._popen.pid)
         self._exited.set_result(rc)
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exited)
+    def _reaped(self) -> bool:
+        return self._exited.done()
 
-    def send_signal_group(self, sig: int) -> None:
-        if self._exited.done():
-            return
-        self.signals_sent.add(sig)
-        try:
-            # Unreaped (the exit future is not done), so the group id is still the worker's.
-            os.killpg(self._popen.pid, sig)
-        except ProcessLookupError:
-            # The worker moved itself out of its group; signal the leader alone, through its
-            # pidfd where there is one (kernels before 5.3: by pid, still unreaped).
-            with contextlib.suppress(ProcessLookupError):
-                if self._pidfd is not None:
-                    signal.pidfd_send_signal(self._pidfd, sig)
-                else:
-                    os.kill(self._popen.pid, sig)
+    def _signal_alone(self, sig: int) -> None:
+        # Kernels before 5.3: by pid, still unreaped.
+        if self._pidfd is not None:
+            signal.pidfd_send_signal(self._pidfd, sig)
+        else:
+            os.kill(self._popen.pid, sig)
 
     def take_pipes(self) -> tuple[int | None, int | None]:
         fds: list[int | None] = []

@@ -140,20 +140,15 @@ class ForkedProcess(GroupTermination):
             self._sentinel.forget(self._pid)
         self._exited.set_result(code)
 
-    async def wait(self) -> int:
-        return await asyncio.shield(self._exited)
+    def _reaped(self) -> bool:
+        # Once it has exited the zygote reaps it at any moment, and its pid and group id may be
+        # another process's before the report arrives.
+        return self._exited.done() or self._gone
 
-    def send_signal_group(self, sig: int) -> None:
-        if self._exited.done():
-            return
-        self.signals_sent.add(sig)
-        try:
-            os.killpg(self._pid, sig)
-        except ProcessLookupError:
-            # Not (yet) a group leader, or it left its group: the process alone, by pidfd.
-            with contextlib.suppress(ProcessLookupError):
-                if self._pidfd is not None:
-                    signal.pidfd_send_signal(self._pidfd, sig)
+    def _signal_alone(self, sig: int) -> None:
+        # Not (yet) a group leader, or it left its group: by pidfd only (it is not our child).
+        if self._pidfd is not None:
+            signal.pidfd_send_signal(self._pidfd, sig)
 
     def take_pipes(self) -> tuple[int | None, int | None]:
         pipes, self._pipes = self._pipes, (None, None)
