@@ -45,7 +45,7 @@ import select
 import signal
 import socket
 import time
-from typing import Any
+from typing import Any, TypeGuard
 
 from nodeagent._launch import StandbyLaunch
 from nodeagent._process import (
@@ -66,6 +66,16 @@ MAX_MESSAGE = 16384
 FORK_REPLY_S = 10.0
 """How long a fork request waits for the zygote's answer."""
 _MAX_LOG_READ = 65536
+
+
+def _is_pid(value: object) -> TypeGuard[int]:
+    """A pid a fork can have (Linux caps pid_max at 2**22)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 < value <= 1 << 22
+
+
+def _is_exit_code(value: object) -> TypeGuard[int]:
+    """An exit code (0-255) or a death by signal (-1 to -64), as the zygote reports them."""
+    return isinstance(value, int) and not isinstance(value, bool) and -64 <= value <= 255
 
 
 class ForkedProcess(GroupTermination):
@@ -283,7 +293,7 @@ class Zygote:
         if reply.get("op") != "forked":
             raise OSError(f"zygote pid {self.pid} refused a fork: {reply.get('error')}")
         pid = reply.get("pid")
-        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+        if not _is_pid(pid):
             raise OSError(f"zygote pid {self.pid} answered a bad pid")
         handle = ForkedProcess(pid, pipes, self._loop, sentinel)
         self._forks[pid] = handle
@@ -368,7 +378,7 @@ class Zygote:
                 self._replies[rid] = msg
         elif op == "exit":
             pid, code = msg.get("pid"), msg.get("code")
-            if not isinstance(pid, int) or not isinstance(code, int):
+            if not _is_pid(pid) or not _is_exit_code(code):
                 raise ValueError("a bad exit message")
             fork = self._forks.pop(pid, None)
             if fork is not None:

@@ -267,3 +267,59 @@ def test_a_warm_store_host_forked_from_the_zygote_serves_the_round_it_is_handed(
             z.close()
 
     asyncio.run(main())
+
+
+class _FakeZygoteProcess:
+    """The agent's handle on a zygote process that a test plays itself."""
+
+    pid = 4242
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self.exited = asyncio.get_running_loop().create_future()
+
+    def take_pipes(self) -> tuple[int | None, int | None]:
+        return (None, None)
+
+    def is_alive(self) -> bool:
+        return not self.signals
+
+    async def wait(self) -> int:
+        return int(await self.exited)
+
+    def send_signal_group(self, sig: int) -> None:
+        self.signals.append(sig)
+
+
+def test_a_zygote_that_reports_an_exit_code_or_pid_out_of_range_is_killed() -> None:
+    """What a zygote (the job's interpreter, running its imports) says is bounded like any
+    input: an exit code that is no exit code or signal, or a pid no process can have, is a
+    broken protocol, and the zygote is killed rather than believed."""
+
+    async def main(message: dict[str, Any]) -> tuple[list[int], bool]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        handle = _FakeZygoteProcess()
+        z = Zygote(handle, ours, ("json",))  # type: ignore[arg-type]
+        try:
+            theirs.send(json.dumps({"op": "ready", "failed": []}).encode())
+            theirs.send(json.dumps(message).encode())
+            for _ in range(200):
+                if handle.signals:
+                    break
+                await asyncio.sleep(0.01)
+            return list(handle.signals), z.alive()
+        finally:
+            z.close()
+            theirs.close()
+
+    for bad in (
+        {"op": "exit", "pid": 77, "code": 1 << 40},
+        {"op": "exit", "pid": 77, "code": -65},
+        {"op": "exit", "pid": 1 << 40, "code": 0},
+        {"op": "exit", "pid": True, "code": 0},
+    ):
+        signals, alive = asyncio.run(main(bad))
+        assert signals == [signal.SIGKILL] and not alive, bad
+    # A well-formed exit of a pid it never forked is ignored, and the zygote serves on.
+    signals, alive = asyncio.run(main({"op": "exit", "pid": 77, "code": -9}))
+    assert signals == [] and alive
