@@ -17,6 +17,7 @@ import errno
 import logging
 import os
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -886,11 +887,16 @@ class WorkerGroup:
         if path is None or not launch.is_function:
             return None, None
         try:
-            with path.open("rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                data = f.read(MAX_RETURN_VALUE_BYTES + 1) if size <= MAX_RETURN_VALUE_BYTES else b""
+            # O_NONBLOCK: a FIFO the worker planted at the path must not hang this thread.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return None, None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None, f"the return file {path} is not a regular file"
+            size = st.st_size
+            data = f.read(MAX_RETURN_VALUE_BYTES + 1) if size <= MAX_RETURN_VALUE_BYTES else b""
         size = max(size, len(data))
         if size > MAX_RETURN_VALUE_BYTES:
             return None, (

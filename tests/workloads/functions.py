@@ -25,3 +25,10 @@ def return_big(n: int) -> bytes:
 
 def exit_with(code: int) -> None:
     raise SystemExit(code)
+
+
+def return_file_fifo() -> None:
+    """Leave a FIFO where the bootstrap would write the return value, and end with exit code 0."""
+    error_file = os.environ["TORCHELASTIC_ERROR_FILE"]
+    os.mkfifo(os.path.join(os.path.dirname(error_file), "return.pkl"), 0o600)
+    os._exit(0)
