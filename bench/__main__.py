@@ -3,7 +3,8 @@
 Without a scenario every one runs but `soak`, which runs only when named: it lasts `--minutes`
 (`python -m bench soak --minutes 60 --coordinator-arg=--retain-jobs=500`), and its rows of RSS,
 database size and Submit p99 over time go into the JSON's `meta.soak` and `soak.png`; the torch
-scenarios and `failover` (three coordinator replicas on etcd) run only when named too. Prints a table (scenario, metric, system, median, min, max,
+scenarios (`multinode`: three torchrun or `gelastic run` launchers as one job, among them) and
+`failover` (three coordinator replicas on etcd) run only when named too. Prints a table (scenario, metric, system, median, min, max,
 n) and the torchrun/gelastic ratios on stdout, progress on stderr, and writes the JSON; the
 scale scenarios' charts go next to it as PNG when matplotlib is installed.
 """
@@ -36,10 +37,11 @@ SCENARIOS = (
     "torch_recovery",
     "torch_failure",
     "torch_stop",
+    "multinode",
 )
 LONG_SCENARIOS = ("soak",)
 """Run only when named."""
-TORCH_SCENARIOS = ("torch_start", "torch_recovery", "torch_failure", "torch_stop")
+TORCH_SCENARIOS = ("torch_start", "torch_recovery", "torch_failure", "torch_stop", "multinode")
 """Workers that import torch and run gloo collectives: run only when named (heavier)."""
 REPLICA_SCENARIOS = ("failover",)
 """Three coordinator replicas on etcd: run only when named (they need etcd)."""
