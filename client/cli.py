@@ -32,7 +32,7 @@ from client._tables import (
     status_text,
     to_jsonable,
 )
-from client._terminal import TerminalFilter
+from client._terminal import TerminalFilter, strip_terminal_controls
 from client.coordinators import parse_coordinators
 from client.model import (
     MAX_SPEC_BYTES,
@@ -647,6 +647,17 @@ def _connect(args: argparse.Namespace) -> Client:
 # ---- output ---------------------------------------------------------------------------------
 
 
+def _show(text: str, out: TextIO | None = None) -> None:
+    """Print text meant for people. Names, reasons, failure messages and addresses in it come
+    from the coordinator, and some from workers and agents: on a terminal, escape sequences
+    and control characters in them are removed (a pipe or a file gets them as they are)."""
+    stream = out or sys.stdout
+    if stream.isatty():
+        text = strip_terminal_controls(text)
+    stream.write(text + "\n")
+    stream.flush()
+
+
 def _print_json(value: Any, out: TextIO | None = None, *, indent: int | None = 2) -> None:
     stream = out or sys.stdout
     stream.write(json.dumps(to_jsonable(value), indent=indent, allow_nan=False) + "\n")
@@ -744,7 +755,7 @@ def _cmd_submit(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(_result_json(job.job_id, state, result))
     elif result is not None:
-        print(result_text(result, state.value), flush=True)
+        _show(result_text(result, state.value))
     if result is not None:
         write_scheduler_error_file(result, result.name or job.job_id)
     return exit_code_of(state)
@@ -755,7 +766,7 @@ def _cmd_jobs(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(jobs)
     else:
-        print(jobs_table(jobs))
+        _show(jobs_table(jobs))
     return EXIT_OK
 
 
@@ -788,7 +799,7 @@ def _cmd_nodes(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(nodes)
     else:
-        print(nodes_table(nodes))
+        _show(nodes_table(nodes))
     return EXIT_OK
 
 
@@ -797,7 +808,7 @@ def _cmd_status(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(status)
     else:
-        print(status_text(status))
+        _show(status_text(status))
     return EXIT_OK
 
 
@@ -821,10 +832,10 @@ def _cmd_result(client: Client, args: argparse.Namespace) -> int:
         _print_json(_result_json(job.job_id, state, result))
     if result is None:
         if not args.json:
-            print(f"gelastic: job {job.job_id} is still {state.value}", file=sys.stderr)
+            _show(f"gelastic: job {job.job_id} is still {state.value}", sys.stderr)
         return EXIT_USAGE
     if not args.json:
-        print(result_text(result, state.value))
+        _show(result_text(result, state.value))
     write_scheduler_error_file(result, result.name or job.job_id)
     return exit_code_of(state)
 
@@ -905,11 +916,11 @@ def _cmd_events(client: Client, args: argparse.Namespace) -> int:
         if args.json:
             _print_json(events)
         else:
-            print(events_table(events))
+            _show(events_table(events))
         return EXIT_OK
     deadline = None if args.follow_timeout is None else time.monotonic() + args.follow_timeout
     if not args.json:
-        print(event_line_header(), flush=True)
+        _show(event_line_header())
     last = args.after
     done = False
     while True:
@@ -917,7 +928,7 @@ def _cmd_events(client: Client, args: argparse.Namespace) -> int:
             if args.json:
                 _print_json(e, indent=None)
             else:
-                print(event_line(e), flush=True)
+                _show(event_line(e))
             last = e.seq
         if done:
             return EXIT_OK
@@ -942,7 +953,7 @@ def _cmd_cancel(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(status)
     else:
-        print(f"{status.job_id} {status.state.value}")
+        _show(f"{status.job_id} {status.state.value}")
     return EXIT_OK
 
 
@@ -953,7 +964,7 @@ def _cmd_dashboard(client: Client, args: argparse.Namespace) -> int:
             "the coordinator serves no dashboard: start it with "
             "'coordinator serve --dashboard-port PORT'"
         )
-    print(url, flush=True)
+    _show(url)
     if not args.no_browser and sys.stdout.isatty() and _desktop_browser():
         import webbrowser
 
@@ -1029,14 +1040,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CliError(str(exc), EXIT_USAGE) from None
         return _COMMANDS[args.command](client, args)
     except CliError as exc:
-        print(f"gelastic {args.command}: {exc}", file=sys.stderr)
+        _show(f"gelastic {args.command}: {exc}", sys.stderr)
         return exc.code
     except GelasticError as exc:
         security = client.security if client is not None else None
-        print(f"gelastic {args.command}: {_describe(exc, address, security)}", file=sys.stderr)
+        _show(f"gelastic {args.command}: {_describe(exc, address, security)}", sys.stderr)
         return EXIT_USAGE
     except grpc.RpcError as exc:
-        print(f"gelastic {args.command}: {one_line(str(exc))}", file=sys.stderr)
+        _show(f"gelastic {args.command}: {one_line(str(exc))}", sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

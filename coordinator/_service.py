@@ -21,7 +21,16 @@ from typing import Any, TypeVar
 import grpc
 
 from client.assignment import RoundAssignment
-from client.model import GpuDevice, GpuHealth, JobSpec, SpecError, is_job_id, is_name
+from client.model import (
+    GpuDevice,
+    GpuHealth,
+    JobSpec,
+    SpecError,
+    is_host,
+    is_job_id,
+    is_name,
+)
+from client.spec_diff import spec_differences
 from client.wire import (
     attempt_to_pb,
     check_spec_size,
@@ -638,9 +647,12 @@ class CoordinatorService:
         c = self.cluster
         earlier = c.job_for_request(request_id) if request_id else None
         if earlier is not None:
-            if c.job_spec(earlier) != spec:
+            first = c.job_spec(earlier)
+            if first != spec:
                 raise SpecError(
-                    "request_id", f"already used to submit a different spec ({earlier})"
+                    "request_id",
+                    f"already used to submit a different spec ({earlier}): "
+                    + "; ".join(spec_differences(spec, first)),
                 )
             await self.written([earlier])
             return earlier
@@ -688,9 +700,11 @@ class CoordinatorService:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"hello.slots: must be 1-{MAX_SLOTS}, got {hello.slots}",
             )
-        if not hello.addr or len(hello.addr) > 255:
+        # Shown in tables and given to workers as MASTER_ADDR: a host name or an IP, nothing else.
+        if not is_host(hello.addr):
             raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT, "hello.addr: must be a host name or address"
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"hello.addr: must be a host name or an IP address, got {hello.addr[:256]!r}",
             )
         if not hello.incarnation or len(hello.incarnation) > 128:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello.incarnation: must be set")
