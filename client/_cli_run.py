@@ -25,10 +25,23 @@ import tempfile
 import threading
 import types
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from client._client import Client, GelasticError, Job
+from client._rdzv import (
+    BACKENDS,
+    C10D_PORT,
+    ETCD_PORT,
+    STATIC_PORT,
+    MultiNode,
+    RdzvError,
+    default_node_name,
+    job_name_for,
+    parse_endpoint,
+    parse_rdzv_conf,
+    token_file_from,
+)
 from client._scheduler_error import write_scheduler_error_file
 from client._terminal import strip_terminal_controls
 from client.model import JobSpec, JobState, RunResult, SpecError, is_host, is_name
@@ -63,9 +76,9 @@ _IGNORED_WITH_VALUE: dict[str, str] = {
 # job does, so they are refused unless they hold torchrun's default (the value that asks for
 # nothing). Each reads PET_<DEST> as torchrun does.
 _REFUSED: dict[str, str] = {
-    "rdzv-endpoint": "the embedded coordinator on this host is the rendezvous; to join other "
-    "hosts, start a coordinator and node agents and use 'gelastic submit'",
-    "node-rank": "this host is the only node, so its node rank is 0",
+    "rdzv-endpoint": "with --nnodes 1 and the static backend this host is the only node; for "
+    "several nodes give --nnodes MIN:MAX (and --rdzv-backend c10d or etcd)",
+    "node-rank": "with --nnodes 1 this host is the only node, so its node rank is 0",
     "event-log-handler": "events are kept by the coordinator (see 'gelastic events'); only "
     "'null' is accepted",
     "logs-specs": "logs go to --log-dir/<job>/attempt_<n>/<rank>/ and cannot be replaced",
@@ -77,6 +90,8 @@ _REFUSED: dict[str, str] = {
     "virtual-local-rank": "every worker sees its own LOCAL_RANK",
 }
 _DEFAULT_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"})
+_MULTINODE_FLAGS = frozenset({"rdzv-endpoint", "node-rank", "rdzv-backend", "rdzv-id", "rdzv-conf"})
+"""Flags that a run of several nodes reads (refused or ignored when this host is the only node)."""
 _NO_ENV = frozenset({"logs-specs", "numa-binding"})
 """Options torchrun does not read from PET_*."""
 
@@ -390,22 +405,94 @@ class RunPlan:
     """Serve the web dashboard on this port (0: any free one); None: no dashboard."""
     local_addr: str = "127.0.0.1"
     """The embedded node's address (torchrun's --local-addr)."""
+    multinode: MultiNode | None = None
+    """This node's part in a run of several nodes (None: this host is the only node)."""
 
 
-def _parse_nnodes(value: str) -> None:
+def _parse_nnodes(value: str) -> tuple[int, int]:
     parts = value.split(":")
-    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
-        raise RunError(f"--nnodes must be N or MIN:MAX, got {value!r}")
+    if len(parts) not in (1, 2) or not all(p.strip().isdigit() and len(p) < 7 for p in parts):
+        raise RunError(f"--nnodes must be N or MIN:MAX, got {value[:40]!r}")
     low, high = int(parts[0]), int(parts[-1])
     if not 0 < low <= high:
         raise RunError(f"--nnodes={value}: needs 0 < MIN <= MAX")
-    if low != 1:
-        # MIN:MAX with MIN 1 runs with the one node this host is, as torchrun does.
+    return low, high
+
+
+def _multinode(args: argparse.Namespace, low: int, high: int) -> MultiNode | None:
+    """This node's part in a run of several nodes, or None when this host is the only node.
+
+    As torchrun: --standalone is one host; c10d and etcd meet at --rdzv-endpoint; static (the
+    default backend) at --master-addr:--master-port, node rank 0 hosting.
+    """
+    if args.standalone:
+        return None
+    backend = str(args.ignored_rdzv_backend or "static").strip()
+    if backend not in BACKENDS:
         raise RunError(
-            f"--nnodes={value}: gelastic run runs on this host only, so at least {low} nodes "
-            "can never join; for several nodes start a coordinator and node agents and use "
-            "'gelastic submit'"
+            f"--rdzv-backend must be c10d, static or etcd (etcd-v2), got {backend[:40]!r}"
         )
+    backend = "etcd" if backend == "etcd-v2" else backend
+    endpoint = str(args.rdzv_endpoint or "").strip()
+    node_rank = str(args.node_rank).strip() if args.node_rank is not None else ""
+    try:
+        if backend == "static":
+            given = bool(endpoint or args.master_addr or args.master_port is not None or node_rank)
+            if high == 1 or not given:
+                return None
+            if endpoint:
+                host, port = parse_endpoint(endpoint, STATIC_PORT)
+            else:
+                host = args.master_addr or "127.0.0.1"
+                port = args.master_port or STATIC_PORT
+                if not is_host(host):
+                    raise RunError(
+                        f"--master-addr must be a host name or IP address, got {host!r:.80}"
+                    )
+        else:
+            if not endpoint or (high == 1 and _loopback_endpoint(endpoint)):
+                return None
+            host, port = parse_endpoint(endpoint, ETCD_PORT if backend == "etcd" else C10D_PORT)
+        conf = parse_rdzv_conf(args.ignored_rdzv_conf)
+        token_file = token_file_from(conf, os.environ)
+    except RdzvError as exc:
+        raise RunError(str(exc)) from None
+    rank: int | None = None
+    if node_rank:
+        if not node_rank.isdigit() or int(node_rank) >= high:
+            raise RunError(
+                f"--node-rank must be 0-{high - 1} (below --nnodes' MAX), got {node_rank[:20]!r}"
+            )
+        rank = int(node_rank)
+    run_id = str(args.ignored_rdzv_id or "none").strip()
+    if not run_id or len(run_id) > 256 or any(ord(c) < 32 for c in run_id):
+        raise RunError("--rdzv-id must be 1-256 printable characters")
+    if backend == "etcd" and run_id == "none":
+        raise RunError(
+            "--rdzv-backend etcd needs --rdzv-id: the job is kept in etcd under it, and a run "
+            "that reuses an id gets that run's job (e.g. --rdzv-id $SLURM_JOB_ID)"
+        )
+    if args.local_addr is not None and not is_host(args.local_addr):
+        raise RunError(
+            f"--local-addr must be a host name or IP address, got {args.local_addr!r:.80}"
+        )
+    return MultiNode(
+        backend=backend,
+        host=host,
+        port=port,
+        run_id=run_id,
+        conf=conf,
+        node_name=default_node_name(os.environ, socket.gethostname(), os.getpid()),
+        token_file=token_file,
+        node_rank=rank,
+        local_addr=args.local_addr or "",
+    )
+
+
+def _loopback_endpoint(endpoint: str) -> bool:
+    text = endpoint.strip()
+    host = text.rsplit(":", 1)[0] if text.count(":") <= 1 or text.startswith("[") else text
+    return host.lower() in _LOOPBACK or host.startswith("127.")
 
 
 def cpu_count() -> int:
@@ -510,15 +597,30 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
     for value in vars(args).values():
         if isinstance(value, _BadEnv):
             raise RunError(f"{value.name} must be 0, 1, true or false, got {value.value!r}")
+    low, high = _parse_nnodes(str(args.nnodes))
+    multi = _multinode(args, low, high)
     for name, why in _REFUSED.items():
+        if name in _MULTINODE_FLAGS and (multi is not None or args.standalone):
+            continue  # read by the run of several nodes; --standalone: torchrun ignores them
         if _refusal(name, getattr(args, name.replace("-", "_"))):
             raise RunError(f"--{name} is not supported: {why}")
     notes = [
         f"ignoring --{name}: {why}"
         for name, why in _IGNORED_WITH_VALUE.items()
         if getattr(args, _ignored_dest(name)) is not None
+        and not (multi is not None and name in _MULTINODE_FLAGS)
     ]
-    _parse_nnodes(str(args.nnodes))
+    if multi is not None:
+        notes.extend(
+            f"ignoring --rdzv-conf {key}: torch's own rendezvous setting"
+            for key in multi.conf.ignored
+        )
+    elif low != 1:
+        raise RunError(
+            f"--nnodes={args.nnodes}: at least {low} nodes must join, so run the same line on "
+            "every node with --rdzv-endpoint HOST:PORT (c10d, the node owning HOST hosts the "
+            "rendezvous) or --master-addr and --node-rank (static)"
+        )
     nproc = _parse_nproc(str(args.nproc_per_node))
     log_level = str(args.log_level).upper()
     if not isinstance(logging.getLevelName(log_level), int):
@@ -565,6 +667,20 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
         master_addr=args.master_addr or args.local_addr or "",
         master_port=args.master_port or 0,
     )
+    if multi is not None:
+        # Every node submits this spec: it holds nothing of one node's (its address, ports).
+        # The workers' c10d store is on group rank 0's node, at a port it reserves per round.
+        spec = replace(
+            spec,
+            name=job_name_for(multi.run_id),
+            min_nodes=low,
+            max_nodes=high,
+            last_call_timeout=multi.conf.last_call_timeout,
+            join_timeout=multi.conf.join_timeout,
+            exit_barrier_timeout=JobSpec.exit_barrier_timeout,
+            master_addr="",
+            master_port=0,
+        )
     if args.local_addr is not None and not is_host(args.local_addr):
         raise RunError(
             f"--local-addr must be a host name or IP address, got {args.local_addr!r:.80}"
@@ -591,10 +707,28 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
         log_level=log_level,
         dashboard_port=dashboard_port,
         local_addr=args.local_addr or "127.0.0.1",
+        multinode=multi,
     )
 
 
 # ---- the embedded cluster -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CoordinatorSetup:
+    """The coordinator an `EmbeddedCluster` runs."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0 = any free port."""
+    token_file: str = ""
+    """The token it requires ("" with `private_token`: one made for this run alone)."""
+    private_token: bool = True
+    insecure: bool = False
+    """Listen off loopback without a token or TLS (the launcher has said so loudly)."""
+    store: str = ""
+    """"" = state in memory; "etcd://..." = a replica on that etcd."""
+    leader_ttl: float = 5.0
 
 
 class EmbeddedCluster:
@@ -602,6 +736,8 @@ class EmbeddedCluster:
 
     The loop thread lives until `stop()`: the agent forks workers from it, and they are set to
     die with the thread that forked them, so no worker outlives this object, or this process.
+    With `coordinator=None` it runs the agent alone, dialling `target` (a node of a multi-node
+    run whose coordinator another node hosts).
     """
 
     def __init__(
@@ -612,27 +748,62 @@ class EmbeddedCluster:
         state_dir: str,
         dashboard_port: int | None = None,
         addr: str = "127.0.0.1",
+        name: str = "",
+        coordinator: CoordinatorSetup | None = CoordinatorSetup(),
+        target: str = "",
+        token_file: str = "",
+        insecure: bool = False,
+        wait_connected: bool = True,
+        reconnect_max: float = 5.0,
     ) -> None:
         self.slots = slots
         self.addr = addr
+        self.name = name or _node_name()
         self.dashboard_port = dashboard_port
         self.dashboard_url = ""
         """Where the web dashboard serves (with `dashboard_port`), once started."""
         self.log_dir = log_dir
         self.state_dir = state_dir
+        self.setup = coordinator
+        self.target = target
+        self.insecure = insecure
+        self.wait_connected = wait_connected
+        self.reconnect_max = reconnect_max
         self.address = ""
-        self.token_file = ""
-        """The token the coordinator requires, in a private dir; made by `start()`."""
+        self.token_file = token_file
+        """The token the coordinator requires; with a private token, made by `start()`."""
+        self._own_token = False
+        self.bind_failure = ""
+        """Why this node could not host the coordinator it guessed it hosts ("" = it could)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._coordinator: Any = None
         self._agent: Any = None
         self._start_task: asyncio.Task[Any] | None = None
 
+    @property
+    def agent_connected(self) -> bool:
+        """Whether the agent's session with a coordinator is open now."""
+        agent = self._agent
+        return agent is not None and agent.connected.is_set()
+
+    @property
+    def agent_refusal(self) -> str:
+        """Why the coordinator refused the agent for good ("" = it did not)."""
+        agent = self._agent
+        return str(agent.refusal) if agent is not None and agent.refused.is_set() else ""
+
+    @property
+    def leading(self) -> bool:
+        """Whether this cluster's coordinator serves (a replica: while it is the leader)."""
+        return self._coordinator is not None and bool(self._coordinator.leading)
+
     def start(self) -> str:
         """Start both servers; return the coordinator's address once the node has joined."""
-        # Loopback is open to every user of this host: the coordinator takes only this token.
-        self.token_file = str(new_token_file("gelastic-run-token-"))
+        if self.setup is not None and self.setup.private_token:
+            # Loopback is open to every user of this host: the coordinator takes only this token.
+            self.token_file = str(new_token_file("gelastic-run-token-"))
+            self._own_token = True
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._thread = threading.Thread(target=self._serve, name="gelastic-run", daemon=True)
@@ -651,33 +822,71 @@ class EmbeddedCluster:
         from nodeagent.session import AgentConfig, NodeAgent
 
         self._start_task = asyncio.current_task()
-        self._coordinator = Coordinator(
-            CoordinatorConfig(
-                host="127.0.0.1",
-                port=0,
-                heartbeat_interval=0.5,
-                lease=5.0,
-                state_dir=":memory:",
-                token_file=self.token_file,
+        setup = self.setup
+        if setup is not None:
+            self._coordinator = Coordinator(
+                CoordinatorConfig(
+                    host=setup.host,
+                    port=setup.port,
+                    heartbeat_interval=0.5,
+                    lease=5.0,
+                    state_dir=":memory:",
+                    store=setup.store,
+                    leader_ttl=setup.leader_ttl,
+                    token_file=self.token_file,
+                    insecure=setup.insecure,
+                )
             )
-        )
-        await self._coordinator.start()
-        self.address = self._coordinator.address
-        if self.dashboard_port is not None:
-            self.dashboard_url = await self._coordinator.start_dashboard(self.dashboard_port)
+            await self._coordinator.start()
+            self.address = self._coordinator.address
+            if self.dashboard_port is not None:
+                self.dashboard_url = await self._coordinator.start_dashboard(self.dashboard_port)
         self._agent = NodeAgent(
             AgentConfig(
-                coordinator=self.address,
+                coordinator=self.target or self.address,
                 slots=self.slots,
-                name=_node_name(),
+                name=self.name,
                 addr=self.addr,
                 log_dir=self.log_dir,
                 state_dir=self.state_dir,
                 token_file=self.token_file,
+                insecure=self.insecure,
+                reconnect_max=self.reconnect_max,
             )
         )
         await self._agent.start()
-        await asyncio.wait_for(self._agent.connected.wait(), START_TIMEOUT_S)
+        if self.wait_connected:
+            await asyncio.wait_for(self._agent.connected.wait(), START_TIMEOUT_S)
+
+    def replicas(self) -> tuple[str, ...]:
+        """This node's coordinator replica and the leader it knows of ("" parts left out)."""
+        coordinator = self._coordinator
+        if coordinator is None or not self.address:
+            return ()
+        leadership = coordinator.leadership
+        leader = str(leadership.leader_addr) if leadership is not None else ""
+        return (self.address,) if not leader or leader == self.address else (self.address, leader)
+
+    def follow(self, coordinators: tuple[str, ...]) -> None:
+        """Let the agent go to these coordinators (its replica and the leader it names)."""
+        loop, agent = self._loop, self._agent
+        if loop is None or agent is None or tuple(agent.coordinators) == coordinators:
+            return
+
+        def apply() -> None:
+            agent.coordinators = coordinators
+
+        loop.call_soon_threadsafe(apply)
+
+    async def _stop_agent(self, grace: float) -> None:
+        if self._agent is not None:
+            await self._agent.stop(grace)
+
+    def stop_agent(self, grace: float) -> None:
+        """Stop the workers and the agent, leaving the coordinator serving."""
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None and thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._stop_agent(grace), loop).result(grace + 30)
 
     async def _stop(self, grace: float) -> None:
         start = self._start_task
@@ -722,7 +931,7 @@ class EmbeddedCluster:
             self._remove_token()
 
     def _remove_token(self) -> None:
-        if self.token_file:
+        if self.token_file and self._own_token:
             shutil.rmtree(os.path.dirname(self.token_file), ignore_errors=True)
             self.token_file = ""
 
@@ -789,6 +998,10 @@ def _say(text: str) -> None:
 
 def execute(plan: RunPlan) -> int:
     """Run the plan's job on an embedded cluster; return torchrun's exit code."""
+    if plan.multinode is not None:
+        from client._cli_run_nodes import execute_node  # imports this module
+
+        return execute_node(plan, plan.multinode)
     os.environ.setdefault(PREFIX_TEMPLATE_ENV, plan.prefix_template)
     own_log_dir = plan.log_dir is None
     log_dir = plan.log_dir or tempfile.mkdtemp(prefix="gelastic-run-")
@@ -849,11 +1062,13 @@ def _cancel(job: Job, timeout: float) -> None:
         _say(f"the job did not end cleanly ({' '.join(str(exc).split())}); stopping the workers")
 
 
-def _report(plan: RunPlan, state: JobState, result: RunResult) -> None:
+def _report(
+    plan: RunPlan, state: JobState, result: RunResult, *, local_error_files: bool = True
+) -> None:
     if state == JobState.SUCCEEDED:
         return
-    # The workers ran on this host: the root cause's own error file is copied as it is.
-    write_scheduler_error_file(result, plan.report_name, local_error_files=True)
+    # With every worker on this host, the root cause's own error file is copied as it is.
+    write_scheduler_error_file(result, plan.report_name, local_error_files=local_error_files)
     if result.failures:
         table = result.format_failures(plan.report_name).rstrip("\n") + "\n"
         # The table quotes the workers (tracebacks, stderr): on a terminal none of it runs.

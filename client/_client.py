@@ -319,7 +319,14 @@ class Client:
 
     # ---- calls -----------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec) -> Job:
+    def submit(self, spec: JobSpec, *, request_id: str = "") -> Job:
+        """Queue the job and return its handle.
+
+        `request_id` (1-128 of [A-Za-z0-9_.-]) makes the submit idempotent across callers: a
+        second submit of the same spec under it returns the first one's job; a different spec
+        under it is refused (INVALID_ARGUMENT) naming the fields that differ. Without it each
+        submit is a job of its own (its retries reuse one made-up id).
+        """
         if spec.is_function and not spec.function_args:
             payload = pickle.dumps((tuple(spec.args), dict(spec.kwargs)), protocol=4)
             spec = replace(spec, function_args=payload)
@@ -331,7 +338,7 @@ class Client:
         check_spec_size(spec)  # the coordinator refuses it too; this names the field sooner
         # One id for every try: a retry after a timeout or an internal error returns the job the
         # first try made, so a submit never makes two jobs.
-        msg = pb.SubmitRequest(spec=spec_to_pb(spec), request_id=uuid.uuid4().hex)
+        msg = pb.SubmitRequest(spec=spec_to_pb(spec), request_id=request_id or uuid.uuid4().hex)
         resp = self._call(
             lambda stub, t: stub.Submit(msg, timeout=t, metadata=self._md),
             idempotent=True,

@@ -122,7 +122,8 @@ def test_nnodes_one_to_n_runs_with_the_one_node() -> None:
     for value in ("1", "1:1", "1:2", "1:64"):
         s = plan("--nnodes", value, "x.py").spec
         assert (s.min_nodes, s.max_nodes) == (1, 1)
-    assert "runs on this host only" in refused("--nnodes", "2:4", "x.py")
+    # MIN above 1 needs the other nodes: a rendezvous to meet at (tests/unit/test_run_nodes.py).
+    assert "run the same line on every node" in refused("--nnodes", "2:4", "x.py")
     assert "0 < MIN <= MAX" in refused("--nnodes", "0:1", "x.py")
     assert "0 < MIN <= MAX" in refused("--nnodes", "2:1", "x.py")
 
@@ -161,9 +162,9 @@ def test_nproc_auto_and_device_names_follow_torch_accelerator() -> None:
         (["--numa-binding", "node"], {}, "--numa-binding"),
         (["--node-rank", "1"], {}, "--node-rank"),
         ([], {"PET_NODE_RANK": "2"}, "--node-rank"),
+        (["--rdzv-endpoint", "head:29400", "--rdzv-backend", "static"], {}, "--rdzv-endpoint"),
         (["--virtual-local-rank"], {}, "--virtual-local-rank"),
         ([], {"PET_VIRTUAL_LOCAL_RANK": "1"}, "--virtual-local-rank"),
-        (["--rdzv-endpoint", "head:29400"], {}, "--rdzv-endpoint"),
         (["--event-log-handler", "console"], {}, "--event-log-handler"),
         (["--signals-to-handle", "SIGTERM,SIGUSR1"], {}, "--signals-to-handle"),
         (["--duplicate-stdout-filters", "loss"], {}, "--duplicate-stdout-filters"),
