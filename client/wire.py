@@ -53,6 +53,7 @@ __all__ = [
     "result_to_pb",
     "role_from_pb",
     "role_to_pb",
+    "shown_spec",
     "spec_from_pb",
     "spec_to_pb",
 ]
@@ -406,6 +407,14 @@ def _shown_spec_pb(spec: JobSpec) -> pb.JobSpec:
         r.env.update(shown)
     m.function_args = b""
     return m
+
+
+def shown_spec(spec: JobSpec) -> JobSpec:
+    """The spec as clients are shown it (what GetJob sends), as a domain object: for every
+    other view of a job (the dashboard), so none shows more than GetJob does."""
+    m = _shown_spec_pb(spec)
+    m.ClearField("result_key")
+    return spec_from_pb(m)
 
 
 def job_status_from_pb(m: pb.Job) -> JobStatus:

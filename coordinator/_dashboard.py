@@ -26,7 +26,7 @@ import logging
 import secrets
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +40,9 @@ from client.model import (
     first_failure,
 )
 from client.model import is_job_id as _is_job_id
+from client.wire import shown_spec
 from coordinator._cluster import Effect, JobNotFound
+from coordinator._dashboard_guard import WILDCARDS, HostCheck, wildcard_names
 from coordinator._errors import RequestError
 from protos.gelastic.v1 import gelastic_pb2 as pb
 
@@ -336,7 +338,7 @@ class DashboardModel:
         c = self.svc.cluster
         now = self.svc.now()
         s = c.job_status(job_id)
-        spec = c.job_spec(job_id)
+        spec = shown_spec(c.job_spec(job_id))  # what GetJob shows: no secret in argv or env
         result = c.job_result(job_id)
         attempts = [_attempt_json(a) for a in c.job_attempts(job_id)[-ATTEMPTS_SHOWN:]]
         if s.members and not any(
@@ -433,10 +435,14 @@ class Dashboard:
         ssl_context: ssl.SSLContext | None = None,
         *,
         max_streams: int = MAX_SSE_STREAMS,
+        names: Iterable[str] = (),
     ) -> None:
         self.svc = svc
         self.host = host
         self.port = port
+        self.names = tuple(names)
+        """Host names the dashboard is also reached by (the advertised name)."""
+        self.host_check = HostCheck(host, port, 443 if ssl_context is not None else 80)
         self.tls = ssl_context is not None
         self.auth = DashboardAuth(token)
         self.model = DashboardModel(svc)
@@ -500,6 +506,8 @@ class Dashboard:
             raise OSError(f"dashboard: could not listen on {self.host}:{self.port}: {exc}") from exc
         if runner.addresses:  # the port actually bound (asked for 0: any free one)
             self.port = int(runner.addresses[0][1])
+        names = [*self.names, *(wildcard_names() if self.host.strip("[]") in WILDCARDS else ())]
+        self.host_check = HostCheck(self.host, self.port, 443 if self.tls else 80, names)
         self._runner = runner
         logger.info("dashboard on %s", self.url)
 
@@ -528,6 +536,10 @@ class Dashboard:
     async def _middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        if not self.host_check.allows(request.headers.get("Host")):
+            refused = web.Response(status=421, text="this dashboard is not served under that name")
+            _secure_headers(refused)
+            return refused
         path = request.path
         if path not in _PUBLIC and not path.startswith("/static/"):
             who = self.auth.authorized(request)

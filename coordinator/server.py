@@ -521,7 +521,10 @@ class Coordinator:
 
         c = self.config
         tls = server_ssl_context(c.tls_cert, c.tls_key, c.tls_client_ca) if c.tls_cert else None
-        dashboard = Dashboard(self.service, c.host, port, self.config.tokens()[1], tls)
+        advertised = self.advertised().rpartition(":")[0]
+        dashboard = Dashboard(
+            self.service, c.host, port, self.config.tokens()[1], tls, names=[advertised]
+        )
         gate = self._gate
         if gate is not None:
             dashboard.model.standby = lambda: (
