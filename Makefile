@@ -9,9 +9,9 @@ STAMP  := $(VENV)/.installed
 PROTO  := protos/gelastic/v1/gelastic.proto
 ETCD_PROTO := protos/etcd/rpc.proto
 
-.PHONY: setup netns-tools etcd-server browser protos check-protos fmt lint typecheck test test-fast test-gpu fuzz demo bench clean
+.PHONY: setup netns-tools etcd-server slurm browser protos check-protos fmt lint typecheck test test-fast test-gpu fuzz demo bench clean
 
-setup: $(STAMP) netns-tools etcd-server browser
+setup: $(STAMP) netns-tools etcd-server slurm browser
 
 # The network-fault test builds namespaces with `ip`; install it when we may (root, apt). Checked
 # on every `make test`, not only when the virtualenv is made: under CI that test fails, not skips,
@@ -27,6 +27,15 @@ etcd-server:
 	@command -v etcd >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null) \
 		|| echo "note: etcd is not installed; the etcd store tests will skip (and fail under CI)"; }
+
+# `gelastic run` under srun is tested against a private single-host Slurm (Debian's slurm-wlm,
+# 22.05.x on bookworm, and munge; tests/_slurm.py starts its own daemons and touches none of the
+# system's); installed like `ip` above. Under CI those tests fail, not skip, without it.
+slurm:
+	@PATH="$$PATH:/usr/sbin:/sbin"; command -v slurmctld >/dev/null 2>&1 && \
+		command -v munged >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null) \
+		|| echo "note: Slurm is not installed; the Slurm tests will skip (and fail under CI)"; }
 
 # The dashboard's browser tests drive the system Chromium through Playwright (never Playwright's
 # own browser download); installed like `ip` above. Under CI those tests fail, not skip, without it.
@@ -74,7 +83,7 @@ typecheck: $(STAMP)
 # tests/gpu (real GPUs, NCCL) is not collected on a host without an NVIDIA GPU, where a skip
 # would fail CI; `make test` says so in one line, and `make test-gpu` runs it on its own.
 PYTEST_ARGS ?= tests
-test: $(STAMP) netns-tools etcd-server browser check-protos lint typecheck
+test: $(STAMP) netns-tools etcd-server slurm browser check-protos lint typecheck
 	@$(PY) -c 'import sys; from tests.gpu import nvidia_gpu_present; sys.exit(not nvidia_gpu_present())' \
 		|| echo "tests/gpu: not run, no NVIDIA GPU"
 	GELASTIC_HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -rsx --durations=25 -p no:cacheprovider $(PYTEST_ARGS); \
