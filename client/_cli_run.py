@@ -755,6 +755,7 @@ class EmbeddedCluster:
         insecure: bool = False,
         wait_connected: bool = True,
         reconnect_max: float = 5.0,
+        agent_later: bool = False,
     ) -> None:
         self.slots = slots
         self.addr = addr
@@ -769,6 +770,9 @@ class EmbeddedCluster:
         self.insecure = insecure
         self.wait_connected = wait_connected
         self.reconnect_max = reconnect_max
+        self.agent_later = agent_later
+        """`start()` starts the coordinator only; `start_agent()` the agent (a node of a
+        multi-node run joins once its submit was accepted)."""
         self.address = ""
         self.token_file = token_file
         """The token the coordinator requires; with a private token, made by `start()`."""
@@ -819,7 +823,6 @@ class EmbeddedCluster:
     async def _start(self) -> None:
         # Imported here: the rest of the CLI needs neither the server nor the agent.
         from coordinator.server import Coordinator, CoordinatorConfig
-        from nodeagent.session import AgentConfig, NodeAgent
 
         self._start_task = asyncio.current_task()
         setup = self.setup
@@ -841,6 +844,17 @@ class EmbeddedCluster:
             self.address = self._coordinator.address
             if self.dashboard_port is not None:
                 self.dashboard_url = await self._coordinator.start_dashboard(self.dashboard_port)
+        if not self.agent_later:
+            await self._start_agent()
+
+    def start_agent(self) -> None:
+        """Start the agent (after `start()`, with `agent_later`)."""
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._start_agent(), self._loop).result(START_TIMEOUT_S)
+
+    async def _start_agent(self) -> None:
+        from nodeagent.session import AgentConfig, NodeAgent
+
         self._agent = NodeAgent(
             AgentConfig(
                 coordinator=self.target or self.address,

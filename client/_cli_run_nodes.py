@@ -122,6 +122,7 @@ def _start(
             insecure=True,  # what it means was said by _warn_open_door
             wait_connected=False,
             reconnect_max=AGENT_RECONNECT_MAX_S,
+            agent_later=True,
         )
 
     if mn.backend == "etcd":
@@ -212,8 +213,6 @@ def _submit(client: Client, plan: RunPlan, mn: MultiNode, cluster: EmbeddedClust
             if exc.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise
             last = " ".join(str(exc).split())[:300]
-        if cluster.agent_refusal:
-            raise NodeExit(EXIT_USAGE, cluster.agent_refusal)
         if time.monotonic() > deadline:
             where = mn.endpoint if mn.backend != "etcd" else f"etcd at {mn.endpoint}"
             raise NodeExit(
@@ -316,6 +315,8 @@ def execute_node(plan: RunPlan, mn: MultiNode) -> int:
                 _say(f"dashboard: {cluster.dashboard_url}")
             client = _client(cluster, mn)
             job = _submit(client, plan, mn, cluster)
+            # Only a node whose spec the job took joins: one refused never runs a worker.
+            cluster.start_agent()
             outcome = _wait(job, plan, mn, cluster, client, hosting)
             assert outcome.result is not None and outcome.state is not None
             code = EXIT_OK if outcome.state == JobState.SUCCEEDED else EXIT_FAILED
