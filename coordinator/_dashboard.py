@@ -42,7 +42,15 @@ from client.model import (
 from client.model import is_job_id as _is_job_id
 from client.wire import shown_spec
 from coordinator._cluster import Effect, JobNotFound
-from coordinator._dashboard_guard import WILDCARDS, HostCheck, wildcard_names
+from coordinator._dashboard_guard import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    LISTEN_BACKLOG,
+    WILDCARDS,
+    ConnectionGuard,
+    HostCheck,
+    wildcard_names,
+)
 from coordinator._errors import RequestError
 from protos.gelastic.v1 import gelastic_pb2 as pb
 
@@ -436,6 +444,8 @@ class Dashboard:
         *,
         max_streams: int = MAX_SSE_STREAMS,
         names: Iterable[str] = (),
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
     ) -> None:
         self.svc = svc
         self.host = host
@@ -449,6 +459,10 @@ class Dashboard:
         self.feed = ChangeFeed()
         self.max_streams = max_streams
         self.streams = 0
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self.guard: ConnectionGuard | None = None
+        self._server: asyncio.Server | None = None
         self._ssl = ssl_context
         self._runner: web.AppRunner | None = None
         # The last message built, by what it shows: every browser on a page shares one build.
@@ -496,16 +510,29 @@ class Dashboard:
             max_line_size=MAX_LINE_BYTES,
             max_field_size=MAX_LINE_BYTES,
             max_headers=MAX_HEADERS,
+            # aiohttp's own timer for idle keep-alive connections (its default is an hour).
+            keepalive_timeout=self.idle_timeout,
         )
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, ssl_context=self._ssl, reuse_port=False)
+        assert runner.server is not None
+        loop = asyncio.get_running_loop()
+        # The guard sits below aiohttp: it counts and times connections whatever aiohttp's
+        # version does with idle ones (some never close a connection that sends nothing).
+        guard = ConnectionGuard(self.max_connections, self.idle_timeout, loop)
         try:
-            await site.start()
+            server = await loop.create_server(
+                guard.protocol_factory(runner.server),
+                self.host or None,
+                self.port,
+                ssl=self._ssl,
+                backlog=LISTEN_BACKLOG,
+                ssl_handshake_timeout=self.idle_timeout if self._ssl is not None else None,
+            )
         except OSError as exc:
             await runner.cleanup()
             raise OSError(f"dashboard: could not listen on {self.host}:{self.port}: {exc}") from exc
-        if runner.addresses:  # the port actually bound (asked for 0: any free one)
-            self.port = int(runner.addresses[0][1])
+        self.port = int(server.sockets[0].getsockname()[1])  # asked for 0: any free one
+        self.guard, self._server = guard, server
         names = [*self.names, *(wildcard_names() if self.host.strip("[]") in WILDCARDS else ())]
         self.host_check = HostCheck(self.host, self.port, 443 if self.tls else 80, names)
         self._runner = runner
@@ -528,12 +555,30 @@ class Dashboard:
             return
         with contextlib.suppress(ValueError):
             self.svc.effect_observers.remove(self.feed.observe)
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()  # no new connection
         await runner.cleanup()
+        if self.guard is not None:
+            self.guard.close()
 
     # ---- middleware: headers and authentication --------------------------------------------
 
     @web.middleware
     async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        guard = self.guard
+        if guard is None:
+            return await self._guarded(request, handler)
+        transport = request.transport
+        guard.request_started(transport)
+        try:
+            return await self._guarded(request, handler)
+        finally:
+            guard.request_ended(transport)
+
+    async def _guarded(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         if not self.host_check.allows(request.headers.get("Host")):
