@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
@@ -1013,9 +1013,7 @@ def _say(text: str) -> None:
 def execute(plan: RunPlan) -> int:
     """Run the plan's job on an embedded cluster; return torchrun's exit code."""
     if plan.multinode is not None:
-        from client._cli_run_nodes import execute_node  # imports this module
-
-        return execute_node(plan, plan.multinode)
+        raise RunError("a run of several nodes is run by client._cli_run_nodes.main")
     os.environ.setdefault(PREFIX_TEMPLATE_ENV, plan.prefix_template)
     own_log_dir = plan.log_dir is None
     log_dir = plan.log_dir or tempfile.mkdtemp(prefix="gelastic-run-")
@@ -1096,7 +1094,10 @@ def _report(
     sys.stderr.flush()
 
 
-def main(argv: Sequence[str]) -> int:
+def main(
+    argv: Sequence[str], *, run_node: Callable[[RunPlan, MultiNode], int] | None = None
+) -> int:
+    """`gelastic run`; `run_node` runs this node's part of a run of several nodes."""
     args = run_parser().parse_args(list(argv))
     try:
         plan = plan_run(args)
@@ -1110,6 +1111,11 @@ def main(argv: Sequence[str]) -> int:
         format="gelastic run: %(levelname)s %(name)s: %(message)s",
     )
     try:
+        if plan.multinode is not None:
+            if run_node is None:
+                _say("this command runs on one host only")
+                return EXIT_USAGE
+            return run_node(plan, plan.multinode)
         return execute(plan)
     except Interrupted:
         # The signal arrived as the run was ending; everything has been stopped already.

@@ -43,12 +43,13 @@ from client._cli_run import (
     _say,
     _SignalGuard,
 )
+from client._cli_run import main as _run_main
 from client._client import Client, GelasticError, Job
 from client._rdzv import MultiNode, bind_address, endpoint_is_local
 from client.model import JobState, RunResult
 from client.security import Security, is_loopback
 
-__all__ = ["execute_node"]
+__all__ = ["execute_node", "main"]
 
 HOST_LOST_S = 3.0
 """c10d/static: seconds without a session to the host's coordinator before the host counts as
@@ -348,3 +349,8 @@ def execute_node(plan: RunPlan, mn: MultiNode) -> int:
         if guard.received is not None:
             return EXIT_FAILED
     return code
+
+
+def main(argv: list[str]) -> int:
+    """`gelastic run`, on one host or as one node of several."""
+    return _run_main(argv, run_node=execute_node)

@@ -42,6 +42,7 @@ from client.model import (
     RunResult,
     SpecError,
     is_function_reference,
+    is_host,
     roles_from_json,
 )
 from client.results import trusted_load
@@ -964,12 +965,37 @@ def _cmd_dashboard(client: Client, args: argparse.Namespace) -> int:
             "the coordinator serves no dashboard: start it with "
             "'coordinator serve --dashboard-port PORT'"
         )
+    problem = _dashboard_url_problem(url)
+    if problem:
+        # The URL is the coordinator's word: a browser is handed only a web page of a host.
+        raise CliError(f"the coordinator reported a dashboard URL that {problem}: {url!r:.200}")
     _show(url)
     if not args.no_browser and sys.stdout.isatty() and _desktop_browser():
         import webbrowser
 
         webbrowser.open(url)
     return EXIT_OK
+
+
+def _dashboard_url_problem(url: str) -> str:
+    """Why `url` is not an http(s) URL of a host and port ("" when it is one)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "cannot be parsed"
+    if parts.scheme not in ("http", "https"):
+        return "is not http or https"
+    if parts.username is not None or parts.password is not None:
+        return "carries a user name"
+    host = parts.hostname or ""
+    if not is_host(host) or port is None:
+        return "does not name a host and a port"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return "is not the dashboard's own page"
+    return ""
 
 
 def _desktop_browser() -> bool:
@@ -1024,7 +1050,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     run_args = _run_argv(argv)
     if run_args is not None:
-        from client._cli_run import main as run_main
+        from client._cli_run_nodes import main as run_main
 
         return run_main(run_args)
     args = _parser().parse_args(argv)
