@@ -211,6 +211,14 @@ def _submit(client: Client, plan: RunPlan, mn: MultiNode, cluster: EmbeddedClust
                     f"this node's command line differs from the job the other nodes of "
                     f"--rdzv-id {mn.run_id} formed: {differs}",
                 ) from None
+            if exc.code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                held = f"the token in {mn.token_file}" if mn.token_file else "no token"
+                raise NodeExit(
+                    EXIT_USAGE,
+                    f"the coordinator at {client.address} refused this node, which holds {held}: "
+                    "every node needs the same token (--rdzv-conf token_file=PATH or "
+                    f"$GELASTIC_TOKEN_FILE) ({' '.join(str(exc).split())[:200]})",
+                ) from None
             if exc.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise
             last = " ".join(str(exc).split())[:300]

@@ -361,3 +361,94 @@ def test_launch_elastic_multiple_agents(tmp_path: Path, launchers) -> None:  # t
     nodes = [launchers(argv, {"TEST_SENTINEL_PARENT": "FOOBAR"}) for _ in range(2)]
     assert [n.wait() for n in nodes] == [0, 0], [n.err() for n in nodes]
     assert {p.name for p in touched.iterdir()} == {"0", "1", "2", "3"}
+
+
+def test_static_node_rank_zero_hosts_at_master_addr_and_port(tmp_path: Path, launchers) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    script = tmp_path / "echo.py"
+    script.write_text(
+        "import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n"
+    )
+    static = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+    ]
+    second = launchers([*static, "--node-rank", "1", str(script)])  # before its host, too
+    first = launchers([*static, "--node-rank", "0", str(script)])
+    assert [first.wait(), second.wait()] == [0, 0], [first.err(), second.err()]
+    assert "hosts the rendezvous" in first.err() and "joins the rendezvous" in second.err()
+    assert sorted(x for n in (first, second) for x in n.out().splitlines()) == [
+        "[0]:rank 0 of 2",
+        "[1]:rank 1 of 2",
+    ]
+
+
+def test_a_failed_job_ends_every_node_with_exit_1_and_the_root_cause(
+    tmp_path: Path, launchers
+) -> None:  # type: ignore[no-untyped-def]
+    port, run_id = free_port(), uuid.uuid4().hex[:12]
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '3':\n"
+        "    raise SystemExit('rank three gives up')\n"
+        "time.sleep(60)\n"
+    )
+    nodes = [
+        launchers([*c10d("2", port, run_id, "--max-restarts", "0"), str(script)]) for _ in range(2)
+    ]
+    assert [n.wait() for n in nodes] == [1, 1], [n.err() for n in nodes]
+    for n in nodes:
+        err = n.err()
+        assert err.count("Root Cause (first observed failure)") == 1, err
+        assert "rank      : 3 (local_rank: 1)" in err and "rank three gives up" in err, err
+
+
+def test_a_node_that_comes_late_scales_the_job_up_to_max(tmp_path: Path, launchers) -> None:  # type: ignore[no-untyped-def]
+    port, run_id = free_port(), uuid.uuid4().hex[:12]
+    out = tmp_path / "out"
+    out.mkdir()
+    # Each rank writes its world size; in a world of 4 rank 0 says so and all finish.
+    script = tmp_path / "grow.py"
+    script.write_text(
+        "import os, time\n"
+        f"out = {str(out)!r}\n"
+        "world, rank = os.environ['WORLD_SIZE'], os.environ['RANK']\n"
+        "open(os.path.join(out, f'w{world}.r{rank}'), 'w').close()\n"
+        "deadline = time.monotonic() + 60\n"
+        "while world == '2' and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+    )
+    argv = [*c10d("1:2", port, run_id, "--rdzv-conf", "last_call_timeout=0.5"), str(script)]
+    first = launchers(argv)
+    poll_until(lambda: (out / "w2.r0").exists(), 60, what="the job running on the first node")
+    late = launchers(argv)
+    assert [first.wait(), late.wait()] == [0, 0], [first.err(), late.err()]
+    assert {p.name for p in out.glob("w4.*")} == {"w4.r0", "w4.r1", "w4.r2", "w4.r3"}
+
+
+def test_a_shared_token_admits_the_nodes_that_hold_it_only(tmp_path: Path, launchers) -> None:  # type: ignore[no-untyped-def]
+    port, run_id = free_port(), uuid.uuid4().hex[:12]
+    good, bad = tmp_path / "token", tmp_path / "other"
+    for path, text in ((good, "a" * 64), (bad, "b" * 64)):
+        path.write_text(text)
+        path.chmod(0o600)
+    script = tmp_path / "echo.py"
+    script.write_text("import os\nprint('rank', os.environ['RANK'], flush=True)\n")
+    argv = [*c10d("2", port, run_id), str(script)]
+    host = launchers(
+        [*argv[:-1], "--rdzv-conf", "is_host=true", str(script)], {"GELASTIC_TOKEN_FILE": str(good)}
+    )
+    poll_until(lambda: "hosts the rendezvous" in host.err(), 60, what="the host")
+    stranger = launchers(argv, {"GELASTIC_TOKEN_FILE": str(bad)})
+    assert stranger.wait(60) == 2
+    assert f"refused this node, which holds the token in {bad}" in stranger.err(), stranger.err()
+    member = launchers([*argv[:-1], "--rdzv-conf", f"token_file={good}", str(script)])
+    assert [host.wait(), member.wait()] == [0, 0], [host.err(), member.err()]
+    assert "no token" not in host.err() and "no token" not in member.err()
