@@ -17,7 +17,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
 import grpc
@@ -26,12 +26,14 @@ from client._client import GelasticError, Job
 from client._terminal import TerminalFilter
 from client.model import JobState, JobStatus
 
-__all__ = ["MAX_FOLLOWS", "LogRelay", "RankWriter", "parse_logs_choice"]
+__all__ = ["MAX_FOLLOWS", "LogRelay", "RankWriter", "follow_rank", "parse_logs_choice"]
 
 MAX_FOLLOWS = 8
 """Streams followed at once: what the coordinator relays for one client."""
 MAX_LINE_BYTES = 64 * 1024
 """Longest partial line held back waiting for its newline; past it, it is written as it is."""
+FOLLOW_POLL_S = 0.5
+"""`gelastic logs -f`: how often the job is asked whether the rank (re)started."""
 _CHOICE = re.compile(r"rank0|all|none|[0-9]{1,7}")
 
 Write = Callable[[BinaryIO, bytes], None]
@@ -231,3 +233,56 @@ def print_all_ranks(
     if errors:
         raise errors[0]
     return missing
+
+
+def follow_rank(
+    job: Job,
+    rank: int,
+    stream: str,
+    note: Callable[[str], None],
+    *,
+    poll_s: float = FOLLOW_POLL_S,
+) -> Iterator[bytes]:
+    """`gelastic logs JOB -f`: one rank's output, as `tail -F` follows a file.
+
+    Waits for the rank to start (a job in rendezvous has no log yet), follows it, and when that
+    attempt's log ends while the job goes on, waits for the rank to run again in a later attempt
+    or round and follows that, saying so through `note`. Ends when the job has ended and the
+    last log it had was read. Raises NOT_FOUND (GelasticError) when the job ended before the
+    rank ever started.
+    """
+    followed: tuple[int, int] | None = None
+    while True:
+        status = job.status()
+        at = (status.attempt, status.round)
+        ended = status.state.is_terminal()
+        running = status.state == JobState.RUNNING and any(
+            w.global_rank == rank and w.pid for w in status.workers
+        )
+        if at != followed and (running or ended):
+            if followed is not None:
+                note(
+                    f"rank {rank} runs again in attempt {status.attempt} "
+                    f"(round {status.round}); following it"
+                )
+            got = False
+            try:
+                # Once the job has ended: its last attempt's log, whole.
+                for chunk in job.logs(rank, stream, None if ended else status.attempt, True):
+                    got = True
+                    yield chunk
+            except GelasticError as exc:
+                if exc.code != grpc.StatusCode.NOT_FOUND or got:
+                    raise
+                if ended:
+                    if followed is None:
+                        raise  # the job ended before the rank ever started
+                    return
+                # Started, but its file is not there yet: asked again at the next poll.
+            else:
+                followed = at
+                if ended:
+                    return
+        elif ended:
+            return
+        time.sleep(poll_s)

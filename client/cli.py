@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TextIO
 import grpc
 
 from client._client import DEFAULT_COORDINATOR, Client, GelasticError, Job, _Progress
-from client._logrelay import LogRelay, parse_logs_choice, print_all_ranks
+from client._logrelay import LogRelay, follow_rank, parse_logs_choice, print_all_ranks
 from client._scheduler_error import write_scheduler_error_file
 from client._tables import (
     event_line,
@@ -440,7 +440,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--attempt", type=int, default=None, metavar="N", help="which attempt (default: the latest)"
     )
-    s.add_argument("-f", "--follow", action="store_true", help="keep printing while the rank runs")
+    s.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing while the job runs: wait for the rank to start and follow it into "
+        "each new attempt (with --attempt: that attempt only)",
+    )
     s.add_argument(
         "--json",
         action="store_true",
@@ -889,10 +895,16 @@ def _cmd_logs(client: Client, args: argparse.Namespace) -> int:
         screen = _JsonLogLines(args.job_id, args.rank, args.stream)
     elif sys.stdout.isatty():
         screen = TerminalFilter(sys.stdout.encoding or "utf-8")
+    job = client.job(args.job_id)
+    if args.follow and args.attempt is None:
+        # As `tail -F`: wait for the rank to start, and follow it into each new attempt.
+        chunks = follow_rank(
+            job, args.rank, args.stream, lambda text: _show(f"gelastic logs: {text}", sys.stderr)
+        )
+    else:
+        chunks = job.logs(args.rank, args.stream, args.attempt, args.follow)
     try:
-        for chunk in client.job(args.job_id).logs(
-            args.rank, args.stream, args.attempt, args.follow
-        ):
+        for chunk in chunks:
             out.write(screen.feed(chunk) if screen is not None else chunk)
             out.flush()
     except GelasticError as exc:
