@@ -1,12 +1,14 @@
-"""`gelastic run`: a drop-in for `torchrun` on one host, with no servers to start.
+"""`gelastic run`: a drop-in for `torchrun`, with no servers to start.
 
-It runs a coordinator (loopback, any free port, behind a random token that only this process
-holds: in a 0600 file of a private 0700 temp dir) and one node agent inside this process, on an
-asyncio loop in a background thread, submits the script as a one-node job and waits for it with
-the Python client, like any other job. Worker output is teed to this console with a `[rank]:`
-prefix, a failure ends with the torchelastic-style failure report, and the exit code is
-torchrun's: 0 when every rank succeeded, 1 otherwise. SIGINT, SIGTERM, SIGHUP and SIGQUIT cancel
-the job and stop everything before the command exits.
+On one host (the default, and `--standalone`) it runs a coordinator (loopback, any free port,
+behind a random token that only this process holds: in a 0600 file of a private 0700 temp dir)
+and one node agent inside this process, on an asyncio loop in a background thread, submits the
+script as a one-node job and waits for it with the Python client, like any other job. With
+torchrun's multi-node flags it is one node of a job that the same line forms on every node
+(`client._cli_run_nodes`). Worker output is teed to this console with a `[rank]:` prefix, a
+failure ends with the torchelastic-style failure report, and the exit code is torchrun's: 0 when
+every rank succeeded, 1 otherwise. SIGINT, SIGTERM, SIGHUP and SIGQUIT cancel the job (one host)
+or stop this node's workers (several nodes) and stop everything before the command exits.
 """
 
 from __future__ import annotations
@@ -66,9 +68,13 @@ CANCEL_SLACK_S = 15.0
 # torchrun flags that change nothing on one host: accepted, so a torchrun command line works
 # unchanged, listed in --help as such and named in a one-line note.
 _IGNORED_WITH_VALUE: dict[str, str] = {
-    "rdzv-backend": "the embedded coordinator is the rendezvous",
-    "rdzv-id": "the run id is the job id the embedded coordinator makes",
-    "rdzv-conf": "the embedded coordinator is the rendezvous",
+    "rdzv-backend": "on one host the embedded coordinator is the rendezvous (several nodes: "
+    "c10d, static or etcd)",
+    "rdzv-id": "on one host the run id is the job id the embedded coordinator makes (several "
+    "nodes: one job per id)",
+    "rdzv-conf": "on one host the embedded coordinator is the rendezvous (several nodes: "
+    "is_host, token_file, join_timeout, last_call_timeout, close_timeout, leader_ttl, "
+    "replica_port)",
     "monitor-interval": "workers' exits are reported the moment they happen",
     "start-method": "every worker is a fresh process",
 }
@@ -186,8 +192,10 @@ def _flag(group: Any, name: str, help_: str, *short: str) -> None:
 def run_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="gelastic run",
-        description="Run a torchrun-style training script on this host: an embedded "
-        "coordinator and node agent start the workers with torchrun's environment. Every "
+        description="Run a torchrun-style training script: on this host, or, with torchrun's "
+        "multi-node flags run on every node, as one node of a job they form together (see "
+        "docs/torchrun-migration.md, 'Several hosts'). An embedded coordinator and node agent "
+        "start the workers with torchrun's environment. Every "
         "option reads its default from PET_<OPTION> as torchrun does (e.g. PET_NPROC_PER_NODE, "
         "PET_NO_PYTHON=1).",
         epilog="Exit code: 0 when every rank succeeded, 1 otherwise (like torchrun); 2 for a "
@@ -198,8 +206,8 @@ def run_parser() -> argparse.ArgumentParser:
         dest="nnodes",
         metavar="N",
         default=_env_default("nnodes", "1"),
-        help="N or MIN:MAX; MIN must be 1: this command runs on this host only, as one node "
-        "(default 1)",
+        help="N or MIN:MAX nodes (default 1); above 1, run the same line on every node with "
+        "--rdzv-endpoint (c10d, etcd) or --master-addr and --node-rank (static)",
     )
     p.add_argument(
         *_names("nproc-per-node"),

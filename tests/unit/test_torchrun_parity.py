@@ -188,7 +188,10 @@ def test_torchrun_defaults_of_refused_flags_are_accepted() -> None:
         "--standalone",
         "x.py",
     )
-    assert p.notes == ("ignoring --rdzv-backend: the embedded coordinator is the rendezvous",)
+    assert p.notes == (
+        "ignoring --rdzv-backend: on one host the embedded coordinator is the rendezvous "
+        "(several nodes: c10d, static or etcd)",
+    )
 
 
 def test_unknown_flags_are_refused_by_the_parser() -> None:
