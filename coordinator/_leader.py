@@ -579,6 +579,10 @@ class LeaderGate(grpc.aio.ServerInterceptor):
                         item.cancel()
                         with contextlib.suppress(asyncio.CancelledError, Exception):
                             await item
+                    elif item is not None and not item.cancelled():
+                        # A stream that ended (StopAsyncIteration) as the call was cancelled:
+                        # its outcome is taken here, not reported as never retrieved.
+                        item.exception()
                     with contextlib.suppress(Exception):
                         await items.aclose()
 
