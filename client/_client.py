@@ -43,6 +43,7 @@ from client.model import (
     GelasticError,
     JobEvent,
     JobSpec,
+    JobState,
     JobStatus,
     NodeInfo,
     RunResult,
@@ -677,6 +678,13 @@ class _Progress:
         self._open = False  # an updating line is on the terminal now
         self.seen_seq = 0
         self._reattaching = False
+        # The (attempt, round) of what was printed last: a snapshot of an earlier one is older
+        # than the lines above it and is not printed (a watch opened again, a status read
+        # before the events it is shown with).
+        self._shown_at = (0, 0)
+        # The round whose round_formed event is the last line printed: its own rendezvous
+        # snapshot (the master port being reserved) says nothing new.
+        self._formed: tuple[int, int] | None = None
         self.lock = threading.Lock()
 
     def show(self, update: pb.JobUpdate) -> None:
@@ -693,7 +701,20 @@ class _Progress:
                         self._line(f"[{status.job_id}] coordinator restarted; re-attaching", True)
                 elif e.kind in _SHOWN_EVENTS:
                     self._line(f"[{status.job_id}] {e.reason}", keep=True)
+                    self._shown_at = max(self._shown_at, (e.attempt, e.round))
+                    self._formed = (e.attempt, e.round) if e.kind == "round_formed" else None
             self._reattaching = False
+            at = (status.attempt, status.round)
+            if at < self._shown_at and not status.state.is_terminal():
+                return
+            self._shown_at = at
+            if (
+                at == self._formed
+                and status.state in (JobState.QUEUED, JobState.RENDEZVOUS)
+                and not self.tty
+            ):
+                return
+            self._formed = None
             line = progress_line(status)
             if self.tty:
                 if line != self.last or not self._open:

@@ -1470,6 +1470,15 @@ class Cluster:
             # fails the round naming it if it is taken.
             job.master_port = spec.master_port
             self._assign(job, now)
+        else:
+            # What the job waits for now; the reason of the wait before ("queued", "last call
+            # closes in 0 s") is over.
+            self._set_reason(
+                job,
+                f"rendezvous: round {job.round} formed; waiting for {ordered[0].name} to "
+                "reserve a master port",
+                now,
+            )
         self._changed(job)
 
     def _assign(self, job: _Job, now: float) -> None:
