@@ -55,7 +55,7 @@ from coordinator._store import (
 from protos.etcd import rpc_pb2 as epb
 from protos.etcd import rpc_pb2_grpc as epb_grpc
 
-__all__ = ["EtcdRefused", "EtcdSettings", "EtcdStore", "parse_etcd_url"]
+__all__ = ["SECTIONS", "EtcdRefused", "EtcdSettings", "EtcdStore", "parse_etcd_url"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,10 @@ QUARANTINE_DATA_BYTES = 256 * 1024
 _PREFIX = re.compile(r"[A-Za-z0-9_.\-]{1,64}(/[A-Za-z0-9_.\-]{1,64}){0,7}")
 _HOST = re.compile(r"[A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]")
 _PARTS = "__parts__"
+SECTIONS = frozenset({"meta", "jobs", "events", "nodes", "quarantine", "parts", "leader"})
+"""The names directly under a store's prefix. A prefix with one of them as a part would nest
+one store inside another's section (`x/jobs` inside the `jobs` of `x`): the outer one would
+read the inner one's keys as its own records, and move them aside as bad ones."""
 
 T = TypeVar("T")
 
@@ -155,6 +159,12 @@ def parse_etcd_url(url: str) -> tuple[tuple[str, ...], str]:
         )
     if any(part in (".", "..") for part in prefix.split("/")):
         raise ValueError(f"store: prefix parts must not be . or .., got {prefix!r:.80}")
+    taken = [part for part in prefix.split("/") if part in SECTIONS]
+    if taken:
+        raise ValueError(
+            f"store: prefix parts must not be the store's own section names "
+            f"({', '.join(sorted(SECTIONS))}), got {taken[0]!r} in {prefix!r:.80}"
+        )
     endpoints = []
     for item in hosts.split(","):
         host, colon, port = item.rpartition(":")

@@ -43,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--insecure",
         action="store_true",
-        help="allow a non-loopback address without a token, or with a token but without TLS",
+        help="allow a non-loopback address without a token, or with a token but without TLS, "
+        "and an etcd store off loopback without TLS",
     )
     s.add_argument(
         "--state-dir",

@@ -59,7 +59,8 @@ class CoordinatorConfig:
     lease: float = 5.0
     """Seconds without a message after which a node is lost."""
     insecure: bool = False
-    """Allow listening on a non-loopback address without authentication, or without TLS."""
+    """Allow listening on a non-loopback address without authentication, or without TLS, and an
+    etcd store off loopback without TLS."""
     state_dir: str = field(default_factory=default_state_dir)
     """Where the durable state lives (SQLite); ":memory:" keeps nothing across restarts."""
     store: str = ""
@@ -173,6 +174,17 @@ class CoordinatorConfig:
                 f"lost_node_retention: must be 0 to 10 years, got {self.lost_node_retention}"
             )
         etcd = self.etcd_settings()
+        if etcd is not None and not etcd.tls and not self.insecure:
+            remote = [
+                e for e in etcd.endpoints if not is_loopback(e.rpartition(":")[0].strip("[]"))
+            ]
+            if remote:
+                raise ValueError(
+                    f"refusing to use etcd at {remote[0]} without TLS: the store holds every job "
+                    "spec in full (env values and result keys included), and the etcd password, "
+                    "which would cross the network in clear text. Use --etcd-ca (and "
+                    "--etcd-cert/--etcd-key), or --insecure to accept the risk"
+                )
         if not MIN_TTL_S <= self.leader_ttl <= MAX_TTL_S:
             raise ValueError(
                 f"leader_ttl: must be {MIN_TTL_S:g}-{MAX_TTL_S:g} s, got {self.leader_ttl}"
