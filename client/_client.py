@@ -685,6 +685,8 @@ class _Progress:
         # The round whose round_formed event is the last line printed: its own rendezvous
         # snapshot (the master port being reserved) says nothing new.
         self._formed: tuple[int, int] | None = None
+        self.state: JobState | None = None
+        """The job's state in the latest snapshot shown (None before the first)."""
         self.lock = threading.Lock()
 
     def show(self, update: pb.JobUpdate) -> None:
@@ -708,6 +710,7 @@ class _Progress:
             if at < self._shown_at and not status.state.is_terminal():
                 return
             self._shown_at = at
+            self.state = status.state
             if (
                 at == self._formed
                 and status.state in (JobState.QUEUED, JobState.RENDEZVOUS)

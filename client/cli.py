@@ -296,6 +296,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--cwd", default=d.cwd, help="working directory of the workers")
     s.add_argument(
+        "--wait-for-nodes",
+        action="store_true",
+        help="wait (up to --join-timeout) for a node big enough to join, even when no node the "
+        "coordinator knows could hold one group of the job (default: fail at once)",
+    )
+    s.add_argument(
         "--join-timeout",
         type=float,
         default=d.join_timeout,
@@ -523,6 +529,7 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
         cwd=args.cwd,
         preload=tuple(args.preload),
         standby_linger=args.standby_linger,
+        wait_for_nodes=args.wait_for_nodes,
     )
     if roles:
         return JobSpec(roles=roles, **common)
@@ -731,6 +738,15 @@ class _WatchProgress(_Progress):
             self.relay.update(job_status_from_pb(update.job))
 
 
+_STILL: dict[JobState | None, str] = {
+    None: "queued",
+    JobState.QUEUED: "queued",
+    JobState.RENDEZVOUS: "in rendezvous",
+    JobState.STOPPING: "stopping",
+}
+"""What a job goes on doing once `submit --watch` detaches; any other state: running."""
+
+
 def _cmd_submit(client: Client, args: argparse.Namespace) -> int:
     job = client.submit(build_spec(args))
     if not args.watch:
@@ -750,8 +766,8 @@ def _cmd_submit(client: Client, args: argparse.Namespace) -> int:
         # Ctrl-C stops the watching, not the job.
         printer.done()
         print(
-            f"gelastic submit: detached; job {job.job_id} is still running "
-            f"(gelastic cancel {job.job_id})",
+            f"gelastic submit: detached; job {job.job_id} is still "
+            f"{_STILL.get(printer.state, 'running')} (gelastic cancel {job.job_id})",
             file=sys.stderr,
             flush=True,
         )

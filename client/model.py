@@ -493,6 +493,10 @@ class JobSpec:
     master_port: int = 0
     """A fixed MASTER_PORT for every round (0 = a free port group rank 0 reserves per round),
     e.g. one a firewall lets through. If it is taken, the round fails naming it."""
+    wait_for_nodes: bool = False
+    """Wait (up to `join_timeout`) for a node big enough for one group of the job to join,
+    even when no node the coordinator knows could ever hold one; False (the default) fails
+    such a job at once, saying which node is the largest."""
     roles: tuple[Role, ...] = ()
     """Several roles in one rendezvous and one world (e.g. parameter servers and trainers);
     empty (the default) is one role made of `role`, `entrypoint`, `nproc_per_node` and

@@ -123,6 +123,7 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         master_addr=spec.master_addr,
         master_port=spec.master_port,
         roles=[role_to_pb(r) for r in spec.roles],
+        wait_for_nodes=spec.wait_for_nodes,
     )
 
 
@@ -223,6 +224,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         master_addr=msg.master_addr,
         master_port=msg.master_port,
         roles=tuple(role_from_pb(r) for r in msg.roles[: MAX_ROLES + 1]),
+        wait_for_nodes=msg.wait_for_nodes,
     )
 
 

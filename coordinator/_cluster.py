@@ -1286,6 +1286,14 @@ class Cluster:
             if j.state in (JobState.QUEUED, JobState.RENDEZVOUS) and not j.awaiting_write
         ]
         for job in sorted(waiting, key=lambda j: j.submitted_at):
+            if job.round == 0 and "_fit_checked" not in job.__dict__:
+                # Once per job (O(nodes)): a job no node could ever hold fails now, not at its
+                # join timeout, unless it asked to wait for one to join.
+                job.__dict__["_fit_checked"] = True
+                never = "" if job.spec.wait_for_nodes else self._never_fits(job)
+                if never:
+                    self._end(job, JobState.FAILED, WorkerState.FAILED, never, now)
+                    continue
             if len(waiting) == 1 and self._cannot_change_yet(job, now, tick):
                 continue
             if self._assigned(job) or job.port_deadline is not None:
@@ -1346,10 +1354,45 @@ class Cluster:
                 self._set_reason(
                     job,
                     f"rendezvous: {capacity}/{spec.min_nodes} nodes, waiting up to "
-                    f"{job.join_deadline - now:.0f} s more for min_nodes",
+                    f"{job.join_deadline - now:.0f} s more for min_nodes"
+                    + self._too_small(job, capacity),
                     now,
                 )
         self._scale_up(claimed, now)
+
+    def _never_fits(self, job: _Job) -> str:
+        """Why no node known (live or not) could ever hold a group of `job`; "" when one could,
+        or when no node is known yet (the nodes may still be starting)."""
+        known = list(self._nodes.values())
+        if not known:
+            return ""
+        spec = job.spec
+        needs = [(r.name, r.nproc_per_node) for r in spec.roles] or [
+            (spec.role, spec.nproc_per_node)
+        ]
+        for role, need in needs:
+            if any(_total_room(n) >= need for n in known):
+                continue
+            largest = max(known, key=lambda n: (_total_room(n), n.name))
+            group = f"a group of role {role!r}" if spec.roles else "one group of this job"
+            return (
+                f"no live or known node could ever hold {group} ({_count(need, 'worker')}): "
+                f"the largest, {largest.name}, has room for "
+                f"{_count(_total_room(largest), 'worker')}; submit with wait_for_nodes "
+                "(--wait-for-nodes) to wait for a bigger node to join"
+            )
+        return ""
+
+    def _too_small(self, job: _Job, capacity: int) -> str:
+        """Why the live nodes do not count for `job` when none of them can hold a group."""
+        if capacity:
+            return ""
+        live = [n for n in self._nodes.values() if n.live and not n.quarantine_reason]
+        if not live:
+            return ""
+        need = _smallest_group(job.spec)
+        largest = max(_total_room(n) for n in live)
+        return f" (no live node has {need} free slots; the largest has {largest})"
 
     def _cannot_change_yet(self, job: _Job, now: float, tick: bool) -> bool:
         """A cheap answer for a lone waiting job while nodes join one by one (10,000 of them).

@@ -7,14 +7,18 @@ Every call has a timeout; waits poll, never sleep a fixed time.
 from __future__ import annotations
 
 import os
+import re
+import select
+import signal
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from client import JobState
 from client._local import LocalCluster, poll_until
-from tests.e2e.conftest import PY
+from tests.e2e.conftest import PY, assert_no_leftovers
 
 TIMEOUT = 90
 CALL_TIMEOUT = 60
@@ -25,6 +29,21 @@ ATTEMPTS = (
     "r = os.environ['RANK']; print(f'rank {r} in attempt {a}', flush=True); "
     "sys.exit(1 if a == '0' and r == '0' else 0)"
 )
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    # Two live nodes of two slots each; each test's jobs end before the next test.
+    c = LocalCluster(
+        nodes=2,
+        slots=2,
+        workdir=tmp_path_factory.mktemp("first-steps"),
+        lease=3.0,
+        heartbeat_interval=0.5,
+    )
+    with c:
+        yield c
+    assert_no_leftovers(c)
 
 
 def gelastic(cluster: LocalCluster, *args: str) -> list[str]:
@@ -94,3 +113,83 @@ def test_logs_follow_waits_for_the_rank_and_follows_it_across_attempts(
     assert out.splitlines() == ["rank 0 in attempt 0", "rank 0 in attempt 1"], (out, err)
     assert "gelastic logs: rank 0 runs again in attempt 1 (round 2); following it" in err, err
     assert "NOT_FOUND" not in err
+
+
+def _read_until(fd: int, seen: bytearray, want: bytes, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while want not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no {want!r} within {timeout} s in {bytes(seen)[-2000:]!r}")
+        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"output ended without {want!r}: {bytes(seen)[-2000:]!r}")
+            seen.extend(chunk)
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_a_job_no_node_could_ever_hold_fails_at_once_saying_why(shared: LocalCluster) -> None:
+    started = time.monotonic()
+    r = run(shared, "submit", "--watch", "--nnodes", "1", "--nproc-per-node", "4", "--", "true")
+    # It used to wait out its join timeout (600 s): "rendezvous: 0/1 nodes, waiting up to
+    # 598 s more for min_nodes".
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert time.monotonic() - started < CALL_TIMEOUT
+    job_id = r.stdout.splitlines()[0]
+    why = (
+        "no live or known node could ever hold one group of this job (4 workers): the largest, "
+        "node-1, has room for 2 workers; submit with wait_for_nodes (--wait-for-nodes) to wait "
+        "for a bigger node to join"
+    )
+    assert f"{job_id} FAILED: {why}" in r.stdout, r.stdout
+    assert "waiting up to" not in r.stderr, r.stderr
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_ctrl_c_on_a_queued_job_says_it_is_queued_and_why_it_waits(shared: LocalCluster) -> None:
+    proc = subprocess.Popen(
+        gelastic(
+            shared,
+            "submit",
+            "--watch",
+            "--wait-for-nodes",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "4",
+            "--",
+            "true",
+        ),
+        env=cli_env(shared),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    seen = bytearray()
+    job_id = ""
+    try:
+        _read_until(proc.stdout.fileno(), seen, b"the largest has 2)\n", 30)
+        job_id = bytes(seen).split(b"\n", 1)[0].decode().strip()
+        text = bytes(seen).decode()
+        assert re.search(
+            rf"\[{job_id}\] queued: rendezvous: 0/1 nodes, waiting up to \d+ s more for "
+            r"min_nodes \(no live node has 4 free slots; the largest has 2\)\n",
+            text,
+        ), text
+        proc.send_signal(signal.SIGINT)
+        _read_until(proc.stdout.fileno(), seen, f"(gelastic cancel {job_id})".encode(), 30)
+        assert proc.wait(timeout=30) == 130
+        text = bytes(seen).decode()
+        # It used to say "is still running" of a job that never started.
+        assert f"detached; job {job_id} is still queued (gelastic cancel {job_id})" in text, text
+        assert "still running" not in text
+        assert shared.client.job(job_id).status().state == JobState.QUEUED
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        proc.stdout.close()
+        if job_id:
+            shared.client.job(job_id).cancel()

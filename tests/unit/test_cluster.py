@@ -83,6 +83,47 @@ def test_submit_before_nodes_is_queued_with_a_reason_naming_the_count() -> None:
     assert "1/2" in d.reason("j")
 
 
+def test_a_job_no_known_node_could_ever_hold_fails_at_once_naming_the_largest() -> None:
+    d = Driver()
+    d.connect("a", slots=2)
+    d.connect("b", slots=2)
+    d.submit("j", min_nodes=1, max_nodes=1, nproc_per_node=4)
+    assert d.state("j") == JobState.FAILED
+    # It used to wait its whole join timeout: "0/1 nodes, waiting up to 600 s more".
+    assert d.reason("j") == (
+        "no live or known node could ever hold one group of this job (4 workers): the largest, "
+        "b, has room for 2 workers; submit with wait_for_nodes (--wait-for-nodes) to wait for "
+        "a bigger node to join"
+    )
+    assert not of_type(d.history, RequestPort)
+
+
+def test_a_job_that_asks_to_wait_for_a_bigger_node_says_why_none_counts() -> None:
+    d = Driver()
+    d.connect("a", slots=2)
+    d.connect("b", slots=2)
+    d.submit("j", min_nodes=1, max_nodes=1, nproc_per_node=4, wait_for_nodes=True)
+    assert d.state("j") == JobState.QUEUED
+    assert d.reason("j") == (
+        "rendezvous: 0/1 nodes, waiting up to 600 s more for min_nodes "
+        "(no live node has 4 free slots; the largest has 2)"
+    )
+    effects = d.connect("c", slots=4)
+    assert of_type(effects, RequestPort) == [RequestPort("c", "j", 1)]
+
+
+def test_a_lost_node_big_enough_keeps_a_job_waiting_for_it() -> None:
+    d = Driver()
+    d.connect("big", slots=4)
+    d.disconnect("big")
+    d.connect("a", slots=2)
+    d.submit("j", min_nodes=1, max_nodes=1, nproc_per_node=4)
+    # A node that could hold it is known, only not live: it may come back.
+    assert d.state("j") == JobState.QUEUED, d.reason("j")
+    effects = d.connect("big", slots=4)
+    assert of_type(effects, RequestPort) == [RequestPort("big", "j", 1)]
+
+
 def test_round_forms_when_min_equals_max_and_asks_group_rank_0_for_a_port() -> None:
     d = Driver()
     d.submit("j", min_nodes=3, max_nodes=3, nproc_per_node=2)

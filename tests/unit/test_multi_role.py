@@ -225,9 +225,10 @@ def _check_against_torch(d: Driver, job_id: str) -> None:
 def test_round_waits_for_every_role_min_nodes() -> None:
     d = Driver()
     # Only the ps fits on one-slot nodes: two of them are no round (trainer needs 2 slots).
+    # No node known could hold a trainer: the job waits for one because it asks to.
     d.connect("a", slots=1)
     d.connect("b", slots=1)
-    d.submit("j", entrypoint=(), roles=(PS, TRAINER), last_call_timeout=0)
+    d.submit("j", entrypoint=(), roles=(PS, TRAINER), last_call_timeout=0, wait_for_nodes=True)
     d.settle()
     assert not of_type(d.history, AssignRound)
     assert d.cluster.job_status("j").round == 0
@@ -241,12 +242,20 @@ def test_round_waits_for_every_role_min_nodes() -> None:
 
 
 def test_nodes_too_small_for_a_role_let_the_join_timeout_run() -> None:
-    # Two live one-slot nodes are enough nodes, but the trainer needs two slots: the job must
-    # fail at its join timeout instead of waiting for busy nodes that would never fit.
+    # Two live one-slot nodes are enough nodes, but the trainer needs two slots: a job that asks
+    # to wait for a bigger node must fail at its join timeout instead of waiting for busy nodes
+    # that would never fit.
     d = Driver()
     d.connect("a", slots=1)
     d.connect("b", slots=1)
-    d.submit("j", entrypoint=(), roles=(PS, TRAINER), join_timeout=30, last_call_timeout=0)
+    d.submit(
+        "j",
+        entrypoint=(),
+        roles=(PS, TRAINER),
+        join_timeout=30,
+        last_call_timeout=0,
+        wait_for_nodes=True,
+    )
     d.settle()
     for _ in range(4):
         d.advance(10)
