@@ -5,10 +5,9 @@ gloo group on 127.0.0.1; rank 1 enters an `all_reduce` that rank 0 never joins, 
 blocked inside the collective, as a healthy rank is when its peer crashed. The benchmark sends
 rank 1 SIGTERM and times `waitpid` (`SIGTERM -> exit`). Then the same with rank 0 gone first
 (SIGKILLed, as a crashed peer is) while rank 1 waits in its `all_reduce` (`peer dead, SIGTERM
--> exit`). Nothing here is gelastic's or torchrun's: both send this SIGTERM (torchrun then waits
-up to 30 s, gelastic up to `REPLACED_STOP_GRACE_S` for workers a restart replaces, the spec's
-`stop_grace` for the final stop), so the row says whether that grace is ever what a restart
-waits for.
+-> exit`). Nothing here is gelastic's or torchrun's: both send this SIGTERM and then wait up to
+their grace (torchrun 30 s, gelastic the spec's `stop_grace`, on every stop), so the row says
+whether that grace is ever what a restart waits for.
 """
 
 from __future__ import annotations

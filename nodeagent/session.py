@@ -84,8 +84,6 @@ LOG_OUTBOX_CHUNKS = 8
 waits for room here (and for the coordinator's credit), so logs never grow the outbox."""
 LOG_REQUESTS_MAX = 64
 """Log requests served at once; more are answered with an error."""
-REPLACED_STOP_GRACE_S = 0.5
-"""Grace between SIGTERM and SIGKILL for workers a new round of their job replaces."""
 LOG_CREDIT_MAX = 1024
 """Most chunks of credit one log request holds."""
 CONTROL_OUTBOX_LIMIT = 10_000
@@ -952,12 +950,11 @@ class NodeAgent:
             )
             return
         logger.info("job %s round %d: stopping (%s)", m.job_id, m.round, m.reason)
+        # Every stop, a restart's and a re-form's too, gives the workers the job's grace: a
+        # SIGTERM handler that saves a checkpoint finishes it. Workers that exit on SIGTERM (a
+        # torch rank blocked in a collective does within tens of ms) cost the next round nothing.
         grace = m.grace_ms / 1000
-        if m.replaced:
-            # A new round replaces these workers: nothing of their teardown is kept, so they
-            # get only a short grace (the final stop and a cancel keep the spec's stop_grace).
-            grace = min(grace, REPLACED_STOP_GRACE_S)
-        else:
+        if not m.replaced:
             self._standbys.discard(m.job_id)
         if held.stopping is None:
             held.stopping = asyncio.get_running_loop().create_task(

@@ -1,0 +1,43 @@
+"""A worker whose SIGTERM handler saves a checkpoint for 2 s, the usual preemption pattern.
+
+Stamps (epoch seconds) go to $OUT_DIR as `<what>.<rank>.<restart>`: start, term (SIGTERM
+received), ckpt (the checkpoint finished). In attempt 0 rank 1 exits 3 once rank 0 runs; the
+other ranks run until stopped. Attempt 1 ends at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import types
+
+out = os.environ["OUT_DIR"]
+rank = os.environ["RANK"]
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+
+
+def stamp(what: str) -> None:
+    with open(os.path.join(out, f"{what}.{rank}.{restart}"), "w") as f:
+        f.write(repr(time.time()))
+
+
+def on_term(signum: int, frame: types.FrameType | None) -> None:
+    stamp("term")
+    time.sleep(2.0)  # the checkpoint being written
+    stamp("ckpt")
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, on_term)
+stamp("start")
+if restart == "0":
+    deadline = time.monotonic() + 60
+    if rank == "1":
+        while not os.path.exists(os.path.join(out, "start.0.0")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sys.exit(3)
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    sys.exit(4)
