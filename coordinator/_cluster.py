@@ -1310,8 +1310,17 @@ class Cluster:
             placed = _place(spec, free)
             if placed is not None:
                 chosen, full = placed
-                if full or spec.last_call_timeout == 0:
-                    self._form(job, chosen, now)
+                everyone = not full and self._all_with_room_joined(job, chosen)
+                if full or spec.last_call_timeout == 0 or everyone:
+                    # Every live node that could take a group is in: no one to wait for (a node
+                    # that registers later scales the job up).
+                    why = (
+                        f"every live node with room joined ({len(chosen)} of "
+                        f"max_nodes={spec.max_nodes}); closed without the last call"
+                        if everyone and spec.last_call_timeout
+                        else ""
+                    )
+                    self._form(job, chosen, now, why=why)
                     claimed.update(n.name for n, _ in chosen)
                     continue
                 if job.last_call_deadline is None:
@@ -1359,6 +1368,19 @@ class Cluster:
                     now,
                 )
         self._scale_up(claimed, now)
+
+    def _all_with_room_joined(self, job: _Job, chosen: Sequence[tuple[_Node, NodeRole]]) -> bool:
+        """No live node outside `chosen` could take a group of `job`, even once it is free."""
+        taken = {n.name for n, _ in chosen}
+        need = _smallest_group(job.spec)
+        return not any(
+            n.live
+            and not n.quarantine_reason
+            and n.name not in taken
+            and job.job_id not in n.jobs
+            and _total_room(n) >= need
+            for n in self._nodes.values()
+        )
 
     def _never_fits(self, job: _Job) -> str:
         """Why no node known (live or not) could ever hold a group of `job`; "" when one could,
@@ -1468,7 +1490,9 @@ class Cluster:
     def _free_count(self, job: _Job) -> int:
         return len(self._candidates(job)) if not job.state.is_terminal() else 0
 
-    def _form(self, job: _Job, placed: Sequence[tuple[_Node, NodeRole]], now: float) -> None:
+    def _form(
+        self, job: _Job, placed: Sequence[tuple[_Node, NodeRole]], now: float, *, why: str = ""
+    ) -> None:
         spec = job.spec
         # Group ranks follow the nodes' order whatever their roles; ranks are torch's prefix sums.
         in_order = sorted(placed, key=lambda p: (p[0].addr, p[0].name))
@@ -1506,7 +1530,8 @@ class Cluster:
             "round_formed",
             f"round {job.round} formed with {_count(len(ordered), 'node')} "
             f"({_named(f'{m.node}=group {m.group_rank}' for m in job.members[: MAX_NODES_NAMED + 1])}"
-            f"{_more(len(job.members))}); world size {ranks[0].world_size}",
+            f"{_more(len(job.members))}); world size {ranks[0].world_size}"
+            + (f"; {why}" if why else ""),
         )
         if spec.master_port:
             # A fixed port: nothing to reserve; the store host (or worker RANK 0) binds it, and

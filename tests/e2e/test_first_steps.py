@@ -193,3 +193,19 @@ def test_ctrl_c_on_a_queued_job_says_it_is_queued_and_why_it_waits(shared: Local
         proc.stdout.close()
         if job_id:
             shared.client.job(job_id).cancel()
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_a_range_job_starts_at_once_when_every_node_with_room_joined(shared: LocalCluster) -> None:
+    started = time.monotonic()
+    # The last call is long: the job must not wait it out for a third node that does not exist.
+    r = run(
+        shared, "submit", "--watch", "--nnodes", "1:3", "--last-call-timeout", "120", "--", "true"
+    )
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert time.monotonic() - started < CALL_TIMEOUT
+    assert (
+        "world size 2; every live node with room joined (2 of max_nodes=3); closed without the "
+        "last call" in r.stderr
+    ), r.stderr
+    assert "last call closes in" not in r.stderr, r.stderr

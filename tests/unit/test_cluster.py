@@ -501,8 +501,19 @@ def test_restart_backoff_keeps_the_nodes_from_a_later_job() -> None:
 # ------------------------------------------------------------------------------------------------
 
 
+def busy_node(d: Driver, name: str) -> None:
+    """Node `name`, live and busy with a job of its own: it could join a range job's round
+    once that job ends, so the round's last call waits for it."""
+    d.connect(name)
+    d.submit(f"busy-{name}", min_nodes=1, max_nodes=1)
+    d.settle()
+    assert d.state(f"busy-{name}") == JobState.RUNNING
+    d.clear()
+
+
 def test_min_2_max_3_with_2_nodes_waits_for_last_call_then_forms() -> None:
     d = Driver()
+    busy_node(d, "x")
     d.submit("j", min_nodes=2, max_nodes=3, last_call_timeout=30.0)
     d.connect("a")
     d.connect("b")
@@ -521,14 +532,39 @@ def test_min_2_max_3_with_2_nodes_waits_for_last_call_then_forms() -> None:
 
 def test_min_2_max_3_closes_at_once_at_3_nodes() -> None:
     d = Driver()
+    busy_node(d, "x")
     d.submit("j", min_nodes=2, max_nodes=3, last_call_timeout=30.0)
     d.connect("a")
     d.connect("b")
     d.advance(3.0)
+    assert not of_type(d.history, RequestPort)  # the last call waits for x
     effects = d.connect("c")
     assert nodes_of(effects, RequestPort) == ["a"]
     d.settle()
     assert d.assignment("c").group_world_size == 3
+
+
+def test_a_range_round_closes_at_once_when_every_live_node_with_room_joined() -> None:
+    d = Driver()
+    d.connect("a", slots=2)
+    d.connect("b", slots=2)
+    d.connect("tiny", slots=1)  # too small for a group of 2: nobody to wait for
+    effects = d.submit("j", min_nodes=2, max_nodes=3, nproc_per_node=2, last_call_timeout=30.0)
+    # Before, it waited its 30 s last call for a third node that does not exist.
+    assert nodes_of(effects, RequestPort) == ["a"]
+    (formed,) = [e for e in d.cluster.job_events("j", 0) if e.kind == "round_formed"]
+    assert formed.reason.endswith(
+        "world size 4; every live node with room joined (2 of max_nodes=3); closed without "
+        "the last call"
+    ), formed.reason
+    d.settle()
+    assert d.assignment("a").group_world_size == 2
+    # A node that registers later scales the job up, as before.
+    d.clear()
+    d.connect("c", slots=2)
+    assert nodes_of(d.history, StopRound) == ["a", "b"]
+    d.settle()
+    assert d.round("j") == 2 and d.assignment("c").group_world_size == 3
 
 
 def test_last_call_falls_back_to_queued_when_a_node_leaves() -> None:

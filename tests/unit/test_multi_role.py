@@ -279,6 +279,11 @@ def test_round_closes_at_once_when_every_role_is_at_max() -> None:
 
 def test_last_call_then_grows_a_role_toward_its_max() -> None:
     d = Driver()
+    # n0 is live and could hold a trainer once its own job ends: the last call waits for it.
+    d.connect("n0", slots=2)
+    d.submit("other", min_nodes=1, max_nodes=1, nproc_per_node=2)
+    d.settle()
+    d.clear()
     d.connect("n1", slots=2)
     d.connect("n2", slots=2)
     d.submit("j", entrypoint=(), roles=(PS, TRAINER), last_call_timeout=10)
