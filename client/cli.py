@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import os
 import socket
@@ -1074,6 +1075,60 @@ def _run_argv(argv: Sequence[str]) -> list[str] | None:
     return None
 
 
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _did_you_mean(word: str, parser: argparse.ArgumentParser) -> str:
+    """`; did you mean --nproc-per-node?` for a mistyped flag, or ""."""
+    flag = word.split("=", 1)[0]
+    if not flag.startswith("-"):
+        return ""
+    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _check_global_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`argv`, once every option before the command is known to the top-level parser.
+
+    argparse would take the value of a mistyped `--coordnator ADDR` for the command and say
+    "invalid choice: 'ADDR'"; this names the option instead.
+    """
+    commands = _subparsers(parser)
+    known = {o for a in parser._actions for o in a.option_strings}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in commands or arg == "--" or not arg.startswith("-") or arg == "-":
+            break
+        name = arg.split("=", 1)[0]
+        if name not in known:
+            parser.exit(
+                EXIT_USAGE,
+                f"gelastic: unrecognized option {one_line(name)[:100]}"
+                f"{_did_you_mean(name, parser)} (see 'gelastic --help')\n",
+            )
+        i += 2 if name in _GLOBAL_VALUE_OPTIONS and "=" not in arg else 1
+    return argv
+
+
+def _unrecognized(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> NoReturn:
+    """A subcommand's unknown arguments: name the subcommand, its help, the closest flag."""
+    sub = _subparsers(parser).get(command, parser)
+    flags = [w for w in extra if w.startswith("-")]
+    hint = _did_you_mean(flags[0], sub) if flags else ""
+    words = one_line(" ".join(extra))
+    sub.exit(
+        EXIT_USAGE,
+        f"gelastic {command}: unrecognized arguments: {words[:200]}{hint} "
+        f"(see 'gelastic {command} --help')\n",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     run_args = _run_argv(argv)
@@ -1081,7 +1136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from client._cli_run_nodes import main as run_main
 
         return run_main(run_args)
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(_check_global_options(parser, argv))
+    if extra:
+        _unrecognized(parser, args.command, extra)
     address = args.coordinator or os.environ.get("GELASTIC_COORDINATOR") or DEFAULT_COORDINATOR
     client: Client | None = None
     try:
