@@ -737,6 +737,8 @@ class CoordinatorSetup:
     store: str = ""
     """"" = state in memory; "etcd://..." = a replica on that etcd."""
     leader_ttl: float = 5.0
+    reconnect_grace: float = 15.0
+    """After a takeover, seconds a node has to come back before it counts as lost."""
 
 
 class EmbeddedCluster:
@@ -844,6 +846,7 @@ class EmbeddedCluster:
                     state_dir=":memory:",
                     store=setup.store,
                     leader_ttl=setup.leader_ttl,
+                    reconnect_grace=setup.reconnect_grace,
                     token_file=self.token_file,
                     insecure=setup.insecure,
                 )

@@ -56,6 +56,8 @@ HOST_LOST_S = 3.0
 gone (its launcher died: the connection is refused at once, so this only rides out a blip)."""
 REPLICAS_LOST_S = 30.0
 """etcd: seconds without a session to any replica before the run is given up."""
+REPLICA_RECONNECT_GRACE_S = 5.0
+"""etcd: seconds a node has to reach the new leader after a takeover before it counts as lost."""
 POLL_S = 0.05
 AGENT_RECONNECT_MAX_S = 0.5
 """A node that came before the coordinator listens tries again at least this often."""
@@ -136,6 +138,9 @@ def _start(
             insecure=True,
             store=mn.etcd_store,
             leader_ttl=mn.conf.leader_ttl,
+            # Every agent follows the new leader within a second of its election: a node not
+            # back by then is gone with the old leader's host.
+            reconnect_grace=REPLICA_RECONNECT_GRACE_S,
         )
         cluster = node(setup, "")
         try:

@@ -185,7 +185,7 @@ def request_id_for(run_id: str) -> str:
 def etcd_prefix_for(run_id: str) -> str:
     """The etcd key prefix of one run's coordinator replicas."""
     safe = run_id if _RUN_ID.fullmatch(run_id) else request_id_for(run_id)[5:]
-    return f"gelastic-run/{safe}"
+    return f"gelastic-run/run-{safe}"  # never a store section's name (jobs, nodes, ...)
 
 
 def job_name_for(run_id: str) -> str:

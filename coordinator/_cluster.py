@@ -388,6 +388,10 @@ class _Job:
     master_port: int = 0
     stop_kind: _StopKind | None = None
     stop_reason: str = ""
+    away_at_failure: tuple[str, ...] = ()
+    """Members of the round whose node had no session (a coordinator that took over and has not
+    heard from it yet) when the failure that stops the round came: should one of them turn out
+    lost, the failure followed its loss and the round re-forms without spending a restart."""
     stop_deadline: float | None = None
     barrier_deadline: float | None = None
     not_before: float = 0.0
@@ -1515,6 +1519,7 @@ class Cluster:
         job.return_values = {}
         job.stop_kind = None
         job.stop_reason = ""
+        job.away_at_failure = ()
         job.barrier_deadline = None
         job.start_deadline = None
         job.master_port = 0
@@ -1664,6 +1669,10 @@ class Cluster:
         )
         self._record_failure(job, member, w, failure, now)
 
+    def _attached(self, name: str) -> bool:
+        node = self._nodes.get(name)
+        return node is not None and node.attached
+
     def _record_failure(
         self, job: _Job, member: _Member, w: _Worker, failure: ProcessFailure, now: float
     ) -> None:
@@ -1682,6 +1691,11 @@ class Cluster:
             rank=w.global_rank,
         )
         if job.state == JobState.RUNNING:
+            job.away_at_failure = tuple(
+                m.node
+                for m in job.members
+                if m is not member and not m.done and not m.stopped and not self._attached(m.node)
+            )
             self._begin_stop(
                 job,
                 _StopKind.FAILURE,
@@ -1848,7 +1862,9 @@ class Cluster:
                 )
         if all(m.stopped for m in job.members):
             self._after_stop(job, now)
-        elif kind == _StopKind.FAILURE and not _replaced(job):
+        elif kind == _StopKind.FAILURE and not _replaced(job) and not job.away_at_failure:
+            # (With a member away the outcome is not known yet: its loss would make this a
+            # re-form.)
             self._fail_now(job, reason, now)
         self._changed(job)
 
@@ -1938,6 +1954,7 @@ class Cluster:
         # rendezvous timeout) must not present them as its own.
         job.failures = {}
         job.stop_kind = None
+        job.away_at_failure = ()
         job.last_call_deadline = None
         job.join_deadline = now + job.spec.join_timeout
         self._transition(job, JobState.QUEUED, now)
@@ -2115,6 +2132,16 @@ class Cluster:
             m.stopped = True
             m.group_state = WorkerState.UNKNOWN
             self._event(job, now, "node_lost", f"node {node.name} lost: {why}", node=node.name)
+            if job.stop_kind == _StopKind.FAILURE and node.name in job.away_at_failure:
+                # The failure came while this node was away and it is gone now: its ranks went
+                # first and the others failed on them (a peer's collective error), so this is a
+                # lost node, which costs no restart.
+                job.stop_kind = _StopKind.MEMBERSHIP
+                job.stop_reason = (
+                    f"node {node.name} lost ({why}); the failures on the other nodes came after "
+                    "it went away; re-forming with the remaining nodes"
+                )
+                self._set_reason(job, job.stop_reason, now)
             if job.state == JobState.STOPPING:
                 if all(x.stopped for x in job.members):
                     self._after_stop(job, now)

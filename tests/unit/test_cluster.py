@@ -1537,3 +1537,47 @@ def test_nodes_back_with_every_slot_held_run_no_placement_each() -> None:
     before = placements
     c.node_connected("spare", "10.0.1.1", 1, "spare-inc", d.now + 2)
     assert placements == before + 1
+
+
+def test_failures_while_a_member_is_away_after_a_takeover_re_form_when_it_is_lost() -> None:
+    """A new leader (or a restarted coordinator) has not heard from n2 yet when n0's rank fails
+    on a collective: n2's host died with the old leader, and its ranks went first. Once n2's
+    reconnect grace ends and it is lost, the round re-forms without spending a restart."""
+    import json
+
+    from coordinator._cluster import Cluster
+    from coordinator._codec import encode
+
+    d = running_job(nodes=3, nproc=1, min_nodes=2, max_nodes=3, max_restarts=0)
+    jobs = [json.loads(json.dumps(d.cluster.dump_job("j")))]
+    nodes = [json.loads(json.dumps(x)) for x in d.cluster.dump_nodes()]
+    events = [encode(e) for e in d.cluster.job_events("j")]
+    c = Cluster(d.cluster.config)
+    c.restore(jobs, events, nodes, d.now + 1, reconnect_grace=15.0)
+    d.cluster = c
+    d.advance(1)
+    d.nodes["n2"].mute = True
+    for name in ("n0", "n1"):
+        pids = tuple(d.nodes[name].running[("j", 1)].items())
+        report = RunningGroupReport(job_id="j", round=1, attempt=0, pids=pids)
+        d.connect(
+            name, addr=d.nodes[name].addr, incarnation=d.nodes[name].incarnation, running=[report]
+        )
+    d.exit("n0", 0, exitcode=1)
+    assert d.state("j") == JobState.STOPPING
+    d.settle()
+    d.advance(20)
+    d.settle()
+    assert (d.state("j"), d.attempt("j")) == (JobState.RUNNING, 0), d.reason("j")
+    assert sorted(m.node for m in c._jobs["j"].members) == ["n0", "n1"]
+    (first, *_) = c.job_attempts("j")
+    assert "came after it went away" in first.end_reason, first
+
+
+def test_a_failure_while_every_member_is_there_still_spends_a_restart() -> None:
+    d = running_job(nodes=3, nproc=1, min_nodes=2, max_nodes=3, max_restarts=0)
+    d.exit("n0", 0, exitcode=1)
+    d.settle()
+    d.disconnect("n2")
+    d.settle()
+    assert d.state("j") == JobState.FAILED

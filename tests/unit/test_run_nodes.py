@@ -160,7 +160,7 @@ def test_etcd_needs_its_own_rdzv_id_and_bad_settings_are_named() -> None:
         "j",
         "t.py",
     )
-    assert p.multinode is not None and p.multinode.etcd_store == "etcd://e:2379/gelastic-run/j"
+    assert p.multinode is not None and p.multinode.etcd_store == "etcd://e:2379/gelastic-run/run-j"
     assert "--rdzv-backend must be" in refused(
         "--nnodes", "2", "--rdzv-backend", "zk", "--rdzv-endpoint", "h", "t.py"
     )
@@ -244,3 +244,24 @@ def test_spec_differences_name_the_field_and_hide_secrets() -> None:
     assert "'t.py'" in text and "'u.py'" in text and "1 here, 2 in the job" in text
     assert "s3cret" not in text and "other" not in text and "'v'" not in text and "'w'" not in text
     assert spec_differences(a, a) == []
+
+
+def test_an_etcd_run_id_named_like_a_store_section_makes_a_valid_store() -> None:
+    from coordinator._store_etcd import parse_etcd_url
+    from coordinator.server import CoordinatorConfig
+
+    for run_id in ("jobs", "nodes", "leader", "meta"):
+        p = plan(
+            "--nnodes",
+            "2",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            "e",
+            "--rdzv-id",
+            run_id,
+            "t.py",
+        )
+        assert p.multinode is not None
+        parse_etcd_url(p.multinode.etcd_store)
+        CoordinatorConfig(store=p.multinode.etcd_store, insecure=True).etcd_settings()
