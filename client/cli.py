@@ -999,6 +999,17 @@ def _cmd_dashboard(client: Client, args: argparse.Namespace) -> int:
         # The URL is the coordinator's word: a browser is handed only a web page of a host.
         raise CliError(f"the coordinator reported a dashboard URL that {problem}: {url!r:.200}")
     _show(url)
+    # The login page asks for a token: say which one, on stderr (stdout is the URL alone).
+    token_file = args.token_file or os.environ.get("GELASTIC_TOKEN_FILE", "")
+    _show(
+        f"gelastic dashboard: log in with the token in {token_file} (the client token this "
+        "command sent)"
+        if token_file
+        else "gelastic dashboard: this command sent no token; if the page asks for one, log in "
+        "with the coordinator's client token (the file of its --client-token-file, else of "
+        "its --token-file)",
+        sys.stderr,
+    )
     if not args.no_browser and sys.stdout.isatty() and _desktop_browser():
         import webbrowser
 

@@ -314,7 +314,13 @@ async def test_gelastic_dashboard_prints_the_url(
     argv = ["--coordinator", coord.address, "--token-file", str(token), "dashboard"]
     assert await asyncio.to_thread(cli.main, argv) == 0
     assert coord.dashboard is not None
-    assert capsys.readouterr().out == f"http://127.0.0.1:{coord.dashboard.port}/\n"
+    out, err = capsys.readouterr()
+    assert out == f"http://127.0.0.1:{coord.dashboard.port}/\n"
+    # Which token logs in, said on stderr.
+    assert err == (
+        f"gelastic dashboard: log in with the token in {token} (the client token this command "
+        "sent)\n"
+    )
     await coord.dashboard.stop()
     coord.service.dashboard = None
     assert await asyncio.to_thread(cli.main, argv) == 2
@@ -405,3 +411,35 @@ async def test_log_tail_is_relayed_from_the_node_with_the_relays_caps(coord: Coo
             for resp in [first, *streams]:
                 resp.close()
     await node.close()
+
+
+def _documented_data_api() -> dict[str, str]:
+    """docs/deployment.md's table of the dashboard's data URLs: path -> what it answers."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "deployment.md").read_text()
+    section = text.split("### The dashboard's data, for scripts", 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\| `GET (/api/[^`?]+)(?:\?[^`]*)?` \| (.*) \|$", section, re.M)
+    return dict(rows)
+
+
+async def test_the_data_api_the_docs_list_is_the_dashboards(coord: Coordinator) -> None:
+    assert coord.dashboard is not None
+    routes = {
+        r.canonical
+        for r in coord.dashboard.app().router.resources()
+        if r.canonical.startswith("/api/")
+    }
+    documented = _documented_data_api()
+    assert set(documented) == routes
+    job_id = await coord.service.submit(
+        JobSpec(entrypoint=["python", "t.py"], min_nodes=1, max_nodes=1)
+    )
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as http:
+        for path, keys in (("/api/overview", "overview"), (f"/api/jobs/{job_id}", "job")):
+            async with http.get(base(coord) + path, headers=bearer) as resp:
+                assert resp.status == 200
+                data = await resp.json()
+            # Every key the page's JSON has is named where the docs describe it.
+            doc = documented["/api/overview" if keys == "overview" else "/api/jobs/{job_id}"]
+            missing = [k for k in data if f"`{k}`" not in doc]
+            assert not missing, (path, missing)
