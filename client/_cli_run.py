@@ -688,6 +688,8 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
             exit_barrier_timeout=JobSpec.exit_barrier_timeout,
             master_addr="",
             master_port=0,
+            # The other nodes' launchers are still coming: a round waits its last call for them.
+            wait_for_nodes=True,
         )
     if args.local_addr is not None and not is_host(args.local_addr):
         raise RunError(

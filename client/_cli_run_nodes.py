@@ -54,6 +54,12 @@ __all__ = ["execute_node", "main"]
 HOST_LOST_S = 3.0
 """c10d/static: seconds without a session to the host's coordinator before the host counts as
 gone (its launcher died: the connection is refused at once, so this only rides out a blip)."""
+NEVER_CONNECTED_S = 10.0
+"""Seconds after the job took this node's submit within which its agent must reach the
+coordinator; past them the coordinator counts as gone too."""
+HOST_LINGER_MIN_S = 2.0
+"""The hosting node stays at least this long after the job ended: a node whose submit the job
+took just before its end is still starting its agent."""
 REPLICAS_LOST_S = 30.0
 """etcd: seconds without a session to any replica before the run is given up."""
 REPLICA_RECONNECT_GRACE_S = 5.0
@@ -261,6 +267,7 @@ def _wait(
     thread.start()
     seen = False
     lost_since: float | None = None
+    waiting_since = time.monotonic()
     while not out.done.wait(POLL_S):
         if mn.backend == "etcd":
             _follow_replicas(cluster, client, cluster.address)
@@ -269,11 +276,16 @@ def _wait(
         if cluster.agent_connected:
             seen, lost_since = True, None
             continue
-        if not seen or (hosting and mn.backend != "etcd"):
+        if hosting and mn.backend != "etcd":
             continue
         now = time.monotonic()
-        lost_since = now if lost_since is None else lost_since
-        bound = REPLICAS_LOST_S if mn.backend == "etcd" else HOST_LOST_S
+        if seen:
+            lost_since = now if lost_since is None else lost_since
+            bound = REPLICAS_LOST_S if mn.backend == "etcd" else HOST_LOST_S
+        else:
+            # Never reached the coordinator since the job took this node's submit.
+            lost_since = waiting_since
+            bound = max(NEVER_CONNECTED_S, REPLICAS_LOST_S if mn.backend == "etcd" else 0.0)
         if now - lost_since > bound:
             if mn.backend == "etcd":
                 raise NodeExit(
@@ -294,13 +306,15 @@ def _wait(
 
 def _linger(client: Client, mn: MultiNode, cluster: EmbeddedCluster) -> None:
     """Serve, for at most close_timeout, until every other node has left (learned the end)."""
-    deadline = time.monotonic() + mn.conf.close_timeout
+    start = time.monotonic()
+    deadline = start + mn.conf.close_timeout
     while time.monotonic() < deadline:
         try:
             nodes = client.list_nodes()
         except GelasticError:
             return
-        if not any(n.name != mn.node_name and n.state != "lost" for n in nodes):
+        others = any(n.name != mn.node_name and n.state != "lost" for n in nodes)
+        if not others and time.monotonic() - start >= min(HOST_LINGER_MIN_S, mn.conf.close_timeout):
             return
         time.sleep(0.1)
 

@@ -494,9 +494,12 @@ class JobSpec:
     """A fixed MASTER_PORT for every round (0 = a free port group rank 0 reserves per round),
     e.g. one a firewall lets through. If it is taken, the round fails naming it."""
     wait_for_nodes: bool = False
-    """Wait (up to `join_timeout`) for a node big enough for one group of the job to join,
-    even when no node the coordinator knows could ever hold one; False (the default) fails
-    such a job at once, saying which node is the largest."""
+    """More nodes are on their way: wait (up to `join_timeout`) for a node big enough for one
+    group of the job to join, even when no node the coordinator knows could ever hold one, and
+    keep a range round open for its whole last call even when every live node with room has
+    joined. False (the default) fails a job no known node could hold at once, saying which
+    node is the largest, and closes a round once every live node with room is in. A multi-node
+    `gelastic run` sets it: its nodes' launchers arrive one by one."""
     roles: tuple[Role, ...] = ()
     """Several roles in one rendezvous and one world (e.g. parameter servers and trainers);
     empty (the default) is one role made of `role`, `entrypoint`, `nproc_per_node` and

@@ -1314,7 +1314,11 @@ class Cluster:
             placed = _place(spec, free)
             if placed is not None:
                 chosen, full = placed
-                everyone = not full and self._all_with_room_joined(job, chosen)
+                # With wait_for_nodes more nodes are on their way (the launchers of a
+                # multi-node `gelastic run`): the last call waits for them.
+                everyone = (
+                    not full and not spec.wait_for_nodes and self._all_with_room_joined(job, chosen)
+                )
                 if full or spec.last_call_timeout == 0 or everyone:
                     # Every live node that could take a group is in: no one to wait for (a node
                     # that registers later scales the job up).

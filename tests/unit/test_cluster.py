@@ -1581,3 +1581,20 @@ def test_a_failure_while_every_member_is_there_still_spends_a_restart() -> None:
     d.disconnect("n2")
     d.settle()
     assert d.state("j") == JobState.FAILED
+
+
+def test_wait_for_nodes_keeps_a_range_round_open_for_its_last_call() -> None:
+    # The launchers of a multi-node `gelastic run` arrive one by one: every node there now has
+    # joined, but more are coming.
+    d = Driver()
+    d.connect("n0", slots=1)
+    d.submit(
+        "j", nproc_per_node=1, min_nodes=1, max_nodes=2, last_call_timeout=5.0, wait_for_nodes=True
+    )
+    d.settle()
+    assert d.state("j") == JobState.RENDEZVOUS
+    d.advance(2)
+    d.connect("n1", slots=1)
+    d.settle()
+    assert d.state("j") == JobState.RUNNING
+    assert sorted(m.node for m in d.cluster._jobs["j"].members) == ["n0", "n1"]
