@@ -246,41 +246,64 @@ def follow_rank(
     """`gelastic logs JOB -f`: one rank's output, as `tail -F` follows a file.
 
     Waits for the rank to start (a job in rendezvous has no log yet), follows it, and when that
-    attempt's log ends while the job goes on, waits for the rank to run again in a later attempt
-    or round and follows that, saying so through `note`. Ends when the job has ended and the
-    last log it had was read. Raises NOT_FOUND (GelasticError) when the job ended before the
-    rank ever started.
+    attempt's log ends while the job goes on, follows the rank into its next attempt or round,
+    saying so through `note`; an attempt that came and went between two looks is read whole.
+    Ends when the job has ended and the last log it had was read. Raises NOT_FOUND
+    (GelasticError) when the job ended before the rank ever started.
     """
     followed: tuple[int, int] | None = None
+    unread: int | None = None  # the first attempt whose log was not read yet
+    shown = False
+
+    def read(attempt: int | None, follow: bool) -> Iterator[bytes]:
+        nonlocal shown
+        for chunk in job.logs(rank, stream, attempt, follow):
+            shown = True
+            yield chunk
+
     while True:
         status = job.status()
         at = (status.attempt, status.round)
         ended = status.state.is_terminal()
+        if unread is None:
+            unread = status.attempt
+        # Attempts that ended before the rank was seen running in them: their logs, whole.
+        while unread < status.attempt:
+            try:
+                if shown:
+                    note(f"rank {rank} ran in attempt {unread} meanwhile; its log follows")
+                yield from read(unread, False)
+            except GelasticError as exc:
+                if exc.code != grpc.StatusCode.NOT_FOUND:
+                    raise
+            unread += 1
         running = status.state == JobState.RUNNING and any(
             w.global_rank == rank and w.pid for w in status.workers
         )
         if at != followed and (running or ended):
-            if followed is not None:
+            if shown:
                 note(
                     f"rank {rank} runs again in attempt {status.attempt} "
                     f"(round {status.round}); following it"
                 )
-            got = False
+            got = shown
+            shown = False
             try:
                 # Once the job has ended: its last attempt's log, whole.
-                for chunk in job.logs(rank, stream, None if ended else status.attempt, True):
-                    got = True
-                    yield chunk
+                yield from read(None if ended else status.attempt, True)
             except GelasticError as exc:
-                if exc.code != grpc.StatusCode.NOT_FOUND or got:
+                if exc.code != grpc.StatusCode.NOT_FOUND or shown:
                     raise
+                shown = got
                 if ended:
-                    if followed is None:
+                    if not shown:
                         raise  # the job ended before the rank ever started
                     return
                 # Started, but its file is not there yet: asked again at the next poll.
             else:
+                shown = True
                 followed = at
+                unread = status.attempt + 1
                 if ended:
                     return
         elif ended:
