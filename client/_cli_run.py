@@ -915,7 +915,7 @@ class EmbeddedCluster:
         if loop is not None and thread is not None and thread.is_alive():
             asyncio.run_coroutine_threadsafe(self._stop_agent(grace), loop).result(grace + 30)
 
-    async def _stop(self, grace: float) -> None:
+    async def _stop(self, grace: float, leave_first: bool = False) -> None:
         start = self._start_task
         if start is not None and not start.done():
             # Interrupted while starting: the start must end before its parts are stopped.
@@ -925,7 +925,7 @@ class EmbeddedCluster:
         # The node leaving is expected now; the coordinator need not warn about it.
         logging.getLogger("coordinator").setLevel(logging.ERROR)
         if self._agent is not None:
-            await self._agent.stop(grace)
+            await self._agent.stop(grace, leave_first=leave_first)
         if self._coordinator is not None:
             await self._coordinator.stop(grace=0.5)
         # The server's own RPC tasks end by themselves once it has stopped; anything still
@@ -938,8 +938,11 @@ class EmbeddedCluster:
                 t.cancel()
             await asyncio.gather(*left, return_exceptions=True)
 
-    def stop(self, grace: float) -> None:
-        """Stop the workers (SIGTERM, `grace`, SIGKILL), the agent, the coordinator; idempotent."""
+    def stop(self, grace: float, *, leave_first: bool = False) -> None:
+        """Stop the workers (SIGTERM, `grace`, SIGKILL), the agent, the coordinator; idempotent.
+
+        `leave_first`: the node leaves its coordinator before its workers are stopped, so the
+        job re-forms on the other nodes without spending a restart (see `NodeAgent.stop`)."""
         loop, thread = self._loop, self._thread
         self._loop = self._thread = None
         if loop is None or thread is None:
@@ -947,7 +950,9 @@ class EmbeddedCluster:
             return
         try:
             if thread.is_alive():
-                asyncio.run_coroutine_threadsafe(self._stop(grace), loop).result(grace + 30)
+                asyncio.run_coroutine_threadsafe(self._stop(grace, leave_first), loop).result(
+                    grace + 30
+                )
         except Exception:
             logger.exception("stopping the embedded coordinator and agent failed")
         finally:

@@ -331,6 +331,7 @@ def execute_node(plan: RunPlan, mn: MultiNode) -> int:
     code = EXIT_FAILED
     keep_logs = True
     grace = plan.spec.stop_grace
+    leave = False
     with _SignalGuard() as guard:
         try:
             cluster, hosting = _start(plan, mn, log_dir, state_dir)
@@ -355,7 +356,12 @@ def execute_node(plan: RunPlan, mn: MultiNode) -> int:
                 if mn.backend != "etcd" or cluster.leading:
                     _linger(client, mn, cluster)
         except Interrupted as exc:
-            _say(f"{signal.Signals(exc.signum).name}: stopping this node's workers")
+            # A graceful stop of one node: it leaves the job first (a re-form on the others, no
+            # restart spent), then its workers get their grace.
+            leave = True
+            _say(
+                f"{signal.Signals(exc.signum).name}: this node leaves the job; stopping its workers"
+            )
         except NodeExit as exc:
             _say(str(exc))
             code = exc.code
@@ -366,7 +372,7 @@ def execute_node(plan: RunPlan, mn: MultiNode) -> int:
             if client is not None:
                 client.close()
             if cluster is not None:
-                cluster.stop(grace)
+                cluster.stop(grace, leave_first=leave)
             shutil.rmtree(state_dir, ignore_errors=True)
             if own_log_dir:
                 if keep_logs:

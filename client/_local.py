@@ -337,6 +337,9 @@ class LocalCluster:
             self.token_file,
             # Every agent here shares this host's GPUs: none is offered unless asked for.
             *([] if "--gpus" in self.agent_args else ["--gpus", "none"]),
+            # A SIGTERMed agent gives its workers their job's grace, bounded here so that the
+            # cluster's stop (20 s an agent) never has to SIGKILL one.
+            *([] if "--stop-grace" in self.agent_args else ["--stop-grace", "10"]),
             *self.agent_args,
         ]
         # Workers inherit the agent's environment: their temp files stay on "their host" too.

@@ -99,8 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stop-grace",
         type=float,
-        default=5.0,
-        help="seconds to let workers stop when the agent is asked to exit",
+        default=None,
+        help="most seconds to let workers stop when the agent is asked to exit (SIGTERM, "
+        "SIGINT, SIGHUP): the node leaves first, so its jobs re-form on the other nodes without "
+        "spending a restart, then its workers get SIGTERM and their job's stop_grace, at most "
+        "this long, before SIGKILL (default: the job's stop_grace)",
     )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
@@ -122,7 +125,7 @@ def _scrub_token(token_file: str, token: str) -> None:
         del os.environ[name]
 
 
-async def _run(config: AgentConfig, grace: float) -> str:
+async def _run(config: AgentConfig, grace: float | None) -> str:
     """Run the agent until a signal (""), or until the coordinator refuses it for good (why)."""
     agent = NodeAgent(config)
     _scrub_token(config.token_file, agent.security.token)
@@ -142,7 +145,7 @@ async def _run(config: AgentConfig, grace: float) -> str:
         for t in waits:
             t.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
-        await agent.stop(grace)
+        await agent.stop(grace, leave_first=True)
     return agent.refusal
 
 

@@ -307,12 +307,31 @@ class NodeAgent:
                 logger.exception("GPU sampling failed")
             await asyncio.sleep(self._heartbeat_interval)
 
-    async def stop(self, grace: float = 5.0) -> None:
+    async def stop(self, grace: float | None = 5.0, *, leave_first: bool = False) -> None:
+        """Stop the workers (SIGTERM, the grace, SIGKILL) and the agent; idempotent.
+
+        `grace` None gives each group its job's `stop_grace`; a number bounds it. With
+        `leave_first` (a SIGTERM to the agent, a drain) the session ends before any worker is
+        stopped: the coordinator sees the node leave, which re-forms the job on the others
+        without spending a restart, instead of workers stopped without its asking (a failure).
+        """
         if self._closing:
             return
         self._closing = True
+        if leave_first and self._main is not None:
+            self._main.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._main
+            self._main = None
         held = list(self._held.values())
-        await asyncio.gather(*(self._stop_group(h, grace) for h in held), return_exceptions=True)
+
+        def grace_of(h: _Held) -> float:
+            spec_grace = h.assignment.spec.stop_grace
+            return spec_grace if grace is None else min(grace, spec_grace) if leave_first else grace
+
+        await asyncio.gather(
+            *(self._stop_group(h, grace_of(h)) for h in held), return_exceptions=True
+        )
         await self._standbys.close()
         for t in [self._main, *self._tasks, *self._log_tasks.values()]:
             if t is not None:
