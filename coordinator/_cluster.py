@@ -1296,7 +1296,14 @@ class Cluster:
                 job.__dict__["_fit_checked"] = True
                 never = "" if job.spec.wait_for_nodes else self._never_fits(job)
                 if never:
-                    self._end(job, JobState.FAILED, WorkerState.FAILED, never, now)
+                    self._end(
+                        job,
+                        JobState.FAILED,
+                        WorkerState.FAILED,
+                        never,
+                        now,
+                        category=FailureCategory.INFRA,
+                    )
                     continue
             if len(waiting) == 1 and self._cannot_change_yet(job, now, tick):
                 continue
@@ -1366,6 +1373,7 @@ class Cluster:
                     f"min_nodes={spec.min_nodes} nodes with {_count(spec.nproc_per_node, 'free slot')} "
                     "joined",
                     now,
+                    category=FailureCategory.INFRA,
                 )
             else:
                 self._set_reason(
@@ -2033,10 +2041,15 @@ class Cluster:
         now: float,
         *,
         with_failures: bool = False,
+        category: FailureCategory = FailureCategory.PLATFORM,
     ) -> None:
         failures = (
             _label_failures(job.failures) if with_failures or state == JobState.FAILED else {}
         )
+        if state == JobState.FAILED and not failures:
+            # No worker failed (a rendezvous timeout, a job no node could hold): the job's own
+            # failure, under JOB_FAILURE_RANK, so that a FAILED result always has a root cause.
+            failures = {JOB_FAILURE_RANK: _job_failure(job, reason, category, now)}
         job.finished_at = now
         job.result = RunResult(
             state=wstate,
@@ -2689,6 +2702,27 @@ def _stamp(f: ProcessFailure, node: str, w: _Worker, job: _Job) -> ProcessFailur
         attempt=job.attempt,
         round=job.round,
         role=member.ranks.role if member is not None else (f.role or job.spec.role),
+    )
+
+
+JOB_FAILURE_RANK = -1
+"""The key, in a FAILED result's failures, of the job's own failure when no worker's is there
+(a rendezvous that timed out, a job no node could hold): torchelastic's code reads
+`result.failures` and `root_cause` of every failed run."""
+
+
+def _job_failure(job: _Job, reason: str, category: FailureCategory, now: float) -> ProcessFailure:
+    return ProcessFailure(
+        global_rank=JOB_FAILURE_RANK,
+        local_rank=JOB_FAILURE_RANK,
+        pid=0,
+        exitcode=1,
+        message=reason,
+        timestamp=now,
+        attempt=job.attempt,
+        round=job.round,
+        root_cause=True,
+        category=category,
     )
 
 

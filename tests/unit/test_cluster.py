@@ -590,8 +590,13 @@ def test_join_timeout_fails_naming_how_many_nodes_it_had() -> None:
     assert "1 of min_nodes=3" in reason
     result = d.cluster.job_result("j")
     assert result is not None and result.is_failed()
-    assert result.failures == {}
+    # No worker failed: the job's own failure stands in, so the result has a root cause.
+    (job_failure,) = result.failures.values()
+    assert list(result.failures) == [-1] and result.root_cause == job_failure
+    assert job_failure.category == FailureCategory.INFRA and job_failure.root_cause
+    assert "1 of min_nodes=3" in job_failure.message
     assert "1 of min_nodes=3" in result.reason
+    assert "1 of min_nodes=3" in result.format_failures("j")
 
 
 def test_node_lost_while_running_re_forms_with_survivors_without_spending_the_budget() -> None:
