@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.machinery
 import logging
 import os
 import re
@@ -600,6 +601,53 @@ def _ranks_filter(value: str, nproc: int) -> set[int]:
     return ranks
 
 
+# Checked before anything starts: otherwise every worker starts only to fail the same way. The
+# workers run in this directory (a one-node job's cwd is its agent's, and the agent is ours).
+
+
+def _check_script(script: str) -> None:
+    here = os.getcwd()
+    path = os.path.join(here, script)
+    runnable = os.path.isfile(path) or os.path.isfile(os.path.join(path, "__main__.py"))
+    if not runnable:
+        where = "" if os.path.isabs(script) else f" in {here}"
+        raise RunError(f"cannot run {script}: no such file{where}")
+
+
+def _check_program(program: str) -> None:
+    if os.sep in program:
+        path = os.path.normpath(os.path.join(os.getcwd(), program))
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise RunError(f"cannot run {program} (--no-python): no executable file at {path}")
+    elif shutil.which(program) is None:
+        # As exec does: a bare name is looked up in PATH only, never in the cwd.
+        here = f"; ./{program} runs the one in this directory" if os.path.isfile(program) else ""
+        raise RunError(f"cannot run {program} (--no-python): not found in PATH{here}")
+
+
+def _check_module(module: str) -> None:
+    # As `python -m` looks: the cwd first, then the interpreter's path. Parent packages are
+    # looked up, never imported, so none of the job's code runs here.
+    search: list[str] | None = [os.getcwd(), *sys.path[1:]]
+    found = None
+    parts = module.split(".")
+    for part in parts:
+        if not part.isidentifier():
+            found = None
+            break
+        found = importlib.machinery.PathFinder.find_spec(part, search)
+        if found is None:
+            if part == parts[0] and part in sys.builtin_module_names:
+                return
+            break
+        search = list(found.submodule_search_locations or [])
+    if found is None:
+        raise RunError(
+            f"cannot run -m {module}: no module named {module!r} in {os.getcwd()} "
+            "or the interpreter's path"
+        )
+
+
 def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPlan:
     """Turn `gelastic run`'s parsed command line into a JobSpec; raise RunError if it cannot run."""
     for value in vars(args).values():
@@ -701,6 +749,12 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
         spec.validate()
     except SpecError as exc:
         raise RunError(str(exc)) from None
+    if args.run_path or not (args.no_python or args.module):
+        _check_script(script)
+    elif args.no_python:
+        _check_program(script)
+    elif python == sys.executable:  # another interpreter has a path of its own
+        _check_module(script)
     name = script if args.module and not args.run_path else os.path.basename(script)
     dashboard_port = None
     if args.dashboard or args.dashboard_port is not None:

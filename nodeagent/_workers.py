@@ -679,8 +679,15 @@ class WorkerGroup:
                 FailureCategory.USER,
             )
         if isinstance(e, FileNotFoundError):
-            if os.sep in program:
+            if os.path.isabs(program):
                 where = f"no such file ({reason})"
+            elif os.sep in program:
+                # Not where the submitter ran: a job without a cwd runs in its agent's.
+                where = (
+                    f"no such file in the worker's directory {bounded(launch.cwd)!r} ({reason}); "
+                    "give the job its directory (gelastic submit --cwd DIR, cwd= in the API) "
+                    "or the program's absolute path"
+                )
             else:
                 path = bounded(launch.env.get("PATH", os.defpath))
                 where = f"not found in PATH={path}"

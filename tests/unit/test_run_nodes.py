@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -31,6 +32,21 @@ def _no_pet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if k.startswith(("PET_", "SLURM_")) or k in ("PYTHON_EXEC", "GELASTIC_TOKEN_FILE"):
             monkeypatch.delenv(k)
     yield
+
+
+SCRIPTS = ("t.py",)
+
+
+@pytest.fixture(autouse=True)
+def _scripts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `gelastic run` checks that what it runs is there before it starts anything.
+    monkeypatch.chdir(tmp_path)
+    for name in SCRIPTS:
+        (tmp_path / name).write_text("")
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text("")
 
 
 def plan(*argv: str, **env: str) -> RunPlan:

@@ -33,6 +33,22 @@ def _no_pet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+SCRIPTS = ("x.py", "run.sh", "x.sh")
+
+
+@pytest.fixture(autouse=True)
+def _scripts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `gelastic run` checks that what it runs is there before it starts anything.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    for name in SCRIPTS:
+        (tmp_path / name).write_text("")
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text("")
+
+
 def plan(*argv: str, **env: str) -> RunPlan:
     with mock.patch.dict(os.environ, env):
         return plan_run(run_parser().parse_args(list(argv)))
@@ -104,8 +120,9 @@ def test_a_pet_flag_that_is_not_a_boolean_is_refused() -> None:
 
 def test_module_and_no_python_together_are_refused_and_run_path_wins() -> None:
     assert "--no-python" in refused("x", PET_NO_PYTHON="1", PET_MODULE="1")
-    p = plan("--run-path", "--no-python", "/abs/x.py")
-    assert p.spec.entrypoint == (sys.executable, "-u", "/abs/x.py")
+    script = os.path.abspath("x.py")
+    p = plan("--run-path", "--no-python", script)
+    assert p.spec.entrypoint == (sys.executable, "-u", script)
 
 
 def test_python_exec_is_the_interpreter_of_python_scripts() -> None:
