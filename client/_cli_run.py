@@ -227,6 +227,15 @@ def run_parser() -> argparse.ArgumentParser:
         help="failure restarts before the job fails (default 0)",
     )
     p.add_argument(
+        "--restart-policy",
+        dest="restart_policy",
+        metavar="POLICY",
+        default="",
+        help="which failures restart: '' (default) all but input errors (a SyntaxError, a "
+        "failed import of the script, a missing script, an argparse usage error), which fail at "
+        "once; 'always'; or exit codes such as '2,127' that fail at once too",
+    )
+    p.add_argument(
         *_names("role"),
         dest="role",
         metavar="ROLE",
@@ -711,6 +720,7 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
         min_nodes=1,
         max_nodes=1,
         max_restarts=args.max_restarts,
+        restart_policy=args.restart_policy,
         role=args.role,
         redirects=redirects,
         tee=tee,

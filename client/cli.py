@@ -338,6 +338,15 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds before a failure restart (default %(default)g)",
     )
     s.add_argument(
+        "--restart-policy",
+        default=d.restart_policy,
+        metavar="POLICY",
+        help="which failures restart the job: '' (default) all but input errors (a "
+        "SyntaxError, a failed import of the entrypoint, a missing script, an argparse usage "
+        "error), which fail at once; 'always'; or exit codes such as '2,127' that fail at once "
+        "too",
+    )
+    s.add_argument(
         "--scale-up",
         choices=("restart", "never"),
         default=d.scale_up,
@@ -525,6 +534,7 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
         exit_barrier_timeout=args.exit_barrier_timeout,
         stop_grace=args.stop_grace,
         restart_backoff=args.restart_backoff,
+        restart_policy=args.restart_policy,
         scale_up=args.scale_up,
         watchdog=args.watchdog,
         cwd=args.cwd,

@@ -62,6 +62,7 @@ __all__ = [
     "is_host",
     "is_job_id",
     "is_name",
+    "parse_restart_policy",
     "parse_std_mapping",
     "roles_from_json",
     "signal_message",
@@ -111,6 +112,26 @@ _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,159}")
 def is_name(value: str) -> bool:
     """A node name, role or job name: 1-128 of [A-Za-z0-9_.-], not starting with [_.-]."""
     return bool(_NAME.fullmatch(value))
+
+
+_EXIT_CODES = re.compile(r"\d{1,3}(?:,\d{1,3}){0,31}")
+
+
+def parse_restart_policy(value: str) -> frozenset[int] | None:
+    """The exit codes that never restart (empty: the default), or None for "always"."""
+    if not isinstance(value, str):
+        raise SpecError("restart_policy", "must be a string")
+    text = value.replace(" ", "")
+    if text == "always":
+        return None
+    if not text:
+        return frozenset()
+    if not _EXIT_CODES.fullmatch(text) or any(int(c) > 255 for c in text.split(",")):
+        raise SpecError(
+            "restart_policy",
+            f"must be '', 'always' or exit codes 0-255 such as '2,127', got {value[:60]!r}",
+        )
+    return frozenset(int(c) for c in text.split(","))
 
 
 def is_host(value: str) -> bool:
@@ -460,7 +481,13 @@ class JobSpec:
     stop_grace: float = 30.0
     """Seconds between SIGTERM and SIGKILL when workers are stopped."""
     restart_backoff: float = 0.0
-    """Seconds to wait before a failure restart."""
+    """Seconds to wait before a failure restart (each wait drawn from [0.5, 1.5] of it)."""
+    restart_policy: str = ""
+    """Which failures restart the job. "" (the default): every one but an input error, which no
+    restart mends and which fails the job at once, saying why (a SyntaxError, an ImportError of
+    the entrypoint's own imports, a script or program that does not exist, an exit 2 with an
+    argparse-style usage error); "always": every failure, input errors too; or exit codes
+    ("2,127") that fail the job at once besides the input errors (Kubeflow's ExitCode policy)."""
     scale_up: str = "restart"
     """"restart": re-form when a node joins below max_nodes; "never": keep running."""
     watchdog: bool = False
@@ -683,6 +710,7 @@ class JobSpec:
         _seconds("exit_barrier_timeout", self.exit_barrier_timeout)
         _seconds("stop_grace", self.stop_grace)
         _seconds("restart_backoff", self.restart_backoff)
+        parse_restart_policy(self.restart_policy)
         _seconds("unhealthy_timeout", self.unhealthy_timeout, allow_zero=False)
         if self.scale_up not in ("restart", "never"):
             raise SpecError("scale_up", f"must be 'restart' or 'never', got {self.scale_up!r}")

@@ -124,6 +124,7 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         master_port=spec.master_port,
         roles=[role_to_pb(r) for r in spec.roles],
         wait_for_nodes=spec.wait_for_nodes,
+        restart_policy=spec.restart_policy,
     )
 
 
@@ -225,6 +226,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         master_port=msg.master_port,
         roles=tuple(role_from_pb(r) for r in msg.roles[: MAX_ROLES + 1]),
         wait_for_nodes=msg.wait_for_nodes,
+        restart_policy=msg.restart_policy[:200],
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import hashlib
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -44,6 +45,7 @@ from client.model import (
 )
 from client.redaction import describe_command
 from coordinator._codec import decode, encode
+from coordinator._failure_class import no_restart_reason
 from coordinator._ranks import GroupRanks, NodeRole, assign_worker_ranks
 
 __all__ = [
@@ -1692,8 +1694,16 @@ class Cluster:
         if member.group_state != WorkerState.UNKNOWN:
             member.group_state = WorkerState.FAILED
         failure = _stamp(failure, member.node, w, job)
+        # A failure of the running attempt that no restart can mend fails the job at once.
+        no_restart = (
+            no_restart_reason(job.spec, failure)
+            if job.state == JobState.RUNNING and failure.category == FailureCategory.USER
+            else ""
+        )
+        if no_restart:
+            failure = replace(failure, category=FailureCategory.INPUT)
         job.failures[w.global_rank] = failure
-        how = "recorded its error, still exiting" if w.early else _exit_text(failure)
+        how = "recorded its error" if w.early else _exit_text(failure)
         self._event(
             job,
             now,
@@ -1702,7 +1712,15 @@ class Cluster:
             node=member.node,
             rank=w.global_rank,
         )
-        if job.state == JobState.RUNNING:
+        if job.state == JobState.RUNNING and no_restart:
+            self._begin_stop(
+                job,
+                _StopKind.INPUT,
+                f"rank {w.global_rank} failed on {member.node} ({how}): {no_restart}; failing "
+                "the job without a restart (restart_policy 'always' retries it)",
+                now,
+            )
+        elif job.state == JobState.RUNNING:
             job.away_at_failure = tuple(
                 m.node
                 for m in job.members
@@ -1874,7 +1892,11 @@ class Cluster:
                 )
         if all(m.stopped for m in job.members):
             self._after_stop(job, now)
-        elif kind == _StopKind.FAILURE and not _replaced(job) and not job.away_at_failure:
+        elif (
+            kind in (_StopKind.FAILURE, _StopKind.INPUT)
+            and not _replaced(job)
+            and not job.away_at_failure
+        ):
             # (With a member away the outcome is not known yet: its loss would make this a
             # re-form.)
             self._fail_now(job, reason, now)
@@ -1946,7 +1968,7 @@ class Cluster:
         elif kind == _StopKind.FAILURE:
             if job.attempt < job.spec.max_restarts:
                 job.attempt += 1
-                job.not_before = now + job.spec.restart_backoff
+                job.not_before = now + _jittered(job.spec.restart_backoff, job.job_id, job.attempt)
                 self._event(
                     job,
                     now,
@@ -2703,6 +2725,16 @@ def _stamp(f: ProcessFailure, node: str, w: _Worker, job: _Job) -> ProcessFailur
         round=job.round,
         role=member.ranks.role if member is not None else (f.role or job.spec.role),
     )
+
+
+def _jittered(backoff: float, job_id: str, attempt: int) -> float:
+    """`backoff` scaled by a factor in [0.5, 1.5) that the job and attempt fix (so a replay, a
+    restored coordinator and a test see the same), and that differs between jobs: jobs that
+    failed together do not all restart at once."""
+    if backoff <= 0:
+        return 0.0
+    digest = hashlib.sha256(f"{job_id}/{attempt}".encode()).digest()
+    return backoff * (0.5 + int.from_bytes(digest[:4], "big") / 2**32)
 
 
 JOB_FAILURE_RANK = -1

@@ -1603,3 +1603,46 @@ def test_wait_for_nodes_keeps_a_range_round_open_for_its_last_call() -> None:
     d.settle()
     assert d.state("j") == JobState.RUNNING
     assert sorted(m.node for m in d.cluster._jobs["j"].members) == ["n0", "n1"]
+
+
+def _syntax_error(rank: int) -> ProcessFailure:
+    return ProcessFailure(
+        global_rank=rank,
+        local_rank=0,
+        pid=0,
+        exitcode=1,
+        message="SyntaxError: invalid syntax (train.py, line 3)",
+        timestamp=1000.0,
+    )
+
+
+def test_an_input_error_fails_the_job_at_once_without_a_restart() -> None:
+    d = running_job(nodes=2, nproc=1, max_restarts=3)
+    d.exit("n0", 0, exitcode=1, failure=_syntax_error(0))
+    d.settle()
+    assert (d.state("j"), d.attempt("j")) == (JobState.FAILED, 0)
+    result = d.cluster.job_result("j")
+    assert result is not None and result.root_cause is not None
+    assert result.root_cause.category == FailureCategory.INPUT
+    assert "does not compile" in result.reason and "without a restart" in result.reason
+
+
+def test_restart_policy_always_retries_an_input_error_and_exit_codes_fail_at_once() -> None:
+    d = running_job(nodes=2, nproc=1, max_restarts=3, restart_policy="always")
+    d.exit("n0", 0, exitcode=1, failure=_syntax_error(0))
+    d.settle()
+    assert d.attempt("j") == 1 and d.state("j") != JobState.FAILED
+    d = running_job(nodes=2, nproc=1, max_restarts=3, restart_policy="3")
+    d.exit("n1", 0, exitcode=3)
+    d.settle()
+    assert (d.state("j"), d.attempt("j")) == (JobState.FAILED, 0)
+    assert "exit code 3 is one that never restarts" in d.reason("j")
+
+
+def test_restart_backoff_is_jittered_per_job_and_attempt() -> None:
+    from coordinator._cluster import _jittered
+
+    waits = {_jittered(10.0, f"job-{i}", 1) for i in range(50)}
+    assert all(5.0 <= w < 15.0 for w in waits) and len(waits) == 50
+    assert _jittered(10.0, "job-1", 1) == _jittered(10.0, "job-1", 1)
+    assert _jittered(0.0, "job-1", 1) == 0.0

@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("client", "coordinator", "nodeagent")
 OURS = (*PACKAGES, "protos")
-PURE = ("coordinator._cluster", "coordinator._ranks")
+PURE = ("coordinator._cluster", "coordinator._ranks", "coordinator._failure_class")
 """The coordinator's decision code: no transport, no event loop, no generated code."""
 IMPURE_ROOTS = ("grpc", "asyncio", "protos")
 WORKER_SIDE = (
