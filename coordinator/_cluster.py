@@ -265,8 +265,13 @@ class ClusterConfig:
     one restart of the job's budget however many ranks or nodes missed it. Mind slow starts (a
     big image, a cold cache, `import torch` on a busy host)."""
     quarantine_ttl: float = 3600.0
-    """Seconds a node stays quarantined (a GPU lost or with new uncorrectable errors) unless
-    an operator clears it first."""
+    """Seconds a node stays quarantined (a GPU lost or with new uncorrectable errors, or a
+    flaky node) unless an operator clears it first."""
+    flaky_rounds: int = 3
+    """Rounds whose first failure was on one node, while the round's other nodes were healthy,
+    that quarantine that node as flaky (0 = never)."""
+    flaky_window: float = 600.0
+    """Seconds within which `flaky_rounds` such rounds quarantine the node."""
 
     def __post_init__(self) -> None:
         if not self.start_timeout > 0:
@@ -303,6 +308,8 @@ class _Node:
     count above it quarantines the node (0 for a GPU never cleared)."""
     quarantine_reason: str = ""
     quarantined_until: float = 0.0
+    failed_rounds: tuple[float, ...] = ()
+    """When rounds of several nodes failed first here (the latest `flaky_rounds`, in order)."""
 
     def free_slots(self) -> int:
         return self.slots - sum(self.jobs.values()) - sum(n for n, _ in self.fenced.values())
@@ -1721,6 +1728,7 @@ class Cluster:
                 now,
             )
         elif job.state == JobState.RUNNING:
+            self._count_flaky(job, member, failure, now)
             job.away_at_failure = tuple(
                 m.node
                 for m in job.members
@@ -2225,6 +2233,31 @@ class Cluster:
                 )
         return problem
 
+    def _count_flaky(self, job: _Job, member: _Member, failure: ProcessFailure, now: float) -> None:
+        """The round's first failure is on `member`'s node while its other nodes are healthy:
+        one more count against the node; `flaky_rounds` of them in `flaky_window` quarantine it."""
+        cfg = self.config
+        node = self._nodes.get(member.node)
+        others = [m for m in job.members if m is not member]
+        if (
+            node is None
+            or cfg.flaky_rounds <= 0
+            or not others
+            or failure.category not in (FailureCategory.USER, FailureCategory.PLATFORM)
+            or any(m.group_state in (WorkerState.FAILED, WorkerState.UNKNOWN) for m in others)
+        ):
+            return
+        recent = [t for t in node.failed_rounds if now - t <= cfg.flaky_window]
+        node.failed_rounds = (*recent, now)[-cfg.flaky_rounds :]
+        if len(node.failed_rounds) >= cfg.flaky_rounds and not node.quarantine_reason:
+            self._quarantine(
+                node,
+                f"flaky: {len(node.failed_rounds)} rounds failed first on this node within "
+                f"{cfg.flaky_window:g} s while their other nodes were healthy (the last: rank "
+                f"{failure.global_rank} of job {job.job_id}: {_first_line(failure.message)})",
+                now,
+            )
+
     def _quarantine(self, node: _Node, reason: str, now: float) -> None:
         """No new round goes to the node; a round running there re-forms as for a lost node."""
         self._reschedule = True
@@ -2257,6 +2290,7 @@ class Cluster:
         if len(node.ecc_accepted) > 4 * len(node.gpus) + 64:  # GPUs long gone: bounded
             node.ecc_accepted = {u: node.ecc_accepted.get(u, 0) for u in uuids.values()}
         node.quarantine_reason, node.quarantined_until = "", 0.0
+        node.failed_rounds = ()
         self._reschedule = True
         self._effects.append(NodeChanged(node.name))
 

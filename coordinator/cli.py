@@ -107,6 +107,22 @@ def _parser() -> argparse.ArgumentParser:
         "ends it at once)",
     )
     s.add_argument(
+        "--flaky-rounds",
+        type=int,
+        default=d.flaky_rounds,
+        metavar="N",
+        help="quarantine a node (for --quarantine-ttl) once N rounds of several nodes failed "
+        "first on it, while their other nodes were healthy, within --flaky-window (default "
+        "%(default)d; 0 = never)",
+    )
+    s.add_argument(
+        "--flaky-window",
+        type=float,
+        default=d.flaky_window,
+        metavar="SECONDS",
+        help="the window of --flaky-rounds (default %(default)g = 10 min)",
+    )
+    s.add_argument(
         "--start-timeout",
         type=float,
         default=d.start_timeout,
@@ -235,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         lost_node_retention=args.lost_node_retention,
         start_timeout=args.start_timeout,
         quarantine_ttl=args.quarantine_ttl,
+        flaky_rounds=args.flaky_rounds,
+        flaky_window=args.flaky_window,
         token_file=args.token_file,
         agent_token_file=args.agent_token_file,
         client_token_file=args.client_token_file,

@@ -93,6 +93,11 @@ class CoordinatorConfig:
     """Seconds a node has, from a round's assignment, until all its workers reported started;
     past it the round fails (a platform failure that spends one restart)."""
     quarantine_ttl: float = 3600.0
+    flaky_rounds: int = 3
+    """Rounds whose first failure was on one node, while the round's other nodes were healthy,
+    that quarantine that node (0 = never)."""
+    flaky_window: float = 600.0
+    """Seconds within which `flaky_rounds` such rounds quarantine the node."""
     """Seconds a node stays quarantined (a GPU lost or with new uncorrectable errors) unless an
     operator clears it first (`gelastic nodes --clear-quarantine NAME`)."""
     token_file: str = ""
@@ -197,6 +202,10 @@ class CoordinatorConfig:
             raise ValueError(f"start_timeout: must be in (0, 7 days] s, got {self.start_timeout}")
         if not 0 < self.quarantine_ttl <= 365 * 86400:
             raise ValueError(f"quarantine_ttl: must be in (0, 1 year] s, got {self.quarantine_ttl}")
+        if not 0 <= self.flaky_rounds <= 1000:
+            raise ValueError(f"flaky_rounds: must be 0-1000, got {self.flaky_rounds}")
+        if not 0 < self.flaky_window <= 7 * 86400:
+            raise ValueError(f"flaky_window: must be in (0, 7 days] s, got {self.flaky_window}")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
         if self.tls_client_ca and not self.tls_cert:
@@ -338,6 +347,8 @@ class Coordinator:
                 lost_node_retention=self.config.lost_node_retention,
                 start_timeout=self.config.start_timeout,
                 quarantine_ttl=self.config.quarantine_ttl,
+                flaky_rounds=self.config.flaky_rounds,
+                flaky_window=self.config.flaky_window,
             ),
             store=store,
             reconnect_grace=self.config.reconnect_grace,

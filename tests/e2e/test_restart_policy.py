@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from client import FailureCategory, JobSpec, JobState
-from client._local import LocalCluster
+from client._local import AGENT_ENV, LocalCluster
 from tests.e2e.conftest import PY
 
 TIMEOUT = 120
@@ -53,3 +53,32 @@ def test_restart_policy_always_retries_an_input_error(
     job.wait(TIMEOUT)
     assert job.status().state == JobState.FAILED
     assert [a.attempt for a in job.attempts()] == [0, 1, 2]
+
+
+def test_a_node_that_keeps_failing_rounds_is_quarantined_and_the_job_succeeds_on_the_others(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = make_cluster(nodes=3, slots=1)
+    # Fails on node-1 only (its agent's name is in the workers' environment), as a bad host.
+    code = (
+        "import os, sys, time\n"
+        f"if os.environ[{AGENT_ENV!r}] == 'node-1':\n"
+        "    time.sleep(0.3)\n"
+        "    sys.exit(3)\n"
+        "if os.environ['WORLD_SIZE'] != '2':\n"
+        "    time.sleep(60)\n"
+    )
+    spec = JobSpec(
+        entrypoint=[PY, "-c", code],
+        min_nodes=2,
+        max_nodes=3,
+        max_restarts=5,
+        last_call_timeout=0,
+    )
+    job = cluster.client.submit(spec)
+    result = job.wait(TIMEOUT)
+    assert job.status().state == JobState.SUCCEEDED, result.format_failures()
+    (node,) = [n for n in cluster.client.list_nodes() if n.name == "node-1"]
+    assert node.state == "quarantined" and node.quarantine_reason.startswith("flaky: 3 rounds")
+    last = job.attempts()[-1]
+    assert "node-1" not in last.nodes

@@ -468,7 +468,11 @@ def test_restart_backoff_delays_the_next_round() -> None:
     assert d.state("j") == JobState.QUEUED
     assert "backoff" in d.reason("j")
     assert not of_type(d.history, RequestPort)
-    d.advance(4.9)
+    from coordinator._cluster import _jittered
+
+    wait = _jittered(5.0, "j", 1)  # 2.5-7.5 s, fixed by the job and the attempt
+    assert 2.5 <= wait < 7.5
+    d.advance(wait - 0.1)
     assert not of_type(d.settle(), RequestPort)
     d.advance(0.1)
     d.settle()
@@ -489,7 +493,9 @@ def test_restart_backoff_keeps_the_nodes_from_a_later_job() -> None:
     d.settle()
     assert d.state("first") == JobState.QUEUED
     assert d.state("second") == JobState.QUEUED
-    d.advance(5.0)
+    from coordinator._cluster import _jittered
+
+    d.advance(_jittered(5.0, "first", 1))
     d.settle()
     assert d.state("first") == JobState.RUNNING
     assert d.assignment("a", "first").attempt == 1
@@ -1646,3 +1652,36 @@ def test_restart_backoff_is_jittered_per_job_and_attempt() -> None:
     assert all(5.0 <= w < 15.0 for w in waits) and len(waits) == 50
     assert _jittered(10.0, "job-1", 1) == _jittered(10.0, "job-1", 1)
     assert _jittered(0.0, "job-1", 1) == 0.0
+
+
+def test_a_node_whose_rounds_keep_failing_first_is_quarantined_and_the_job_goes_on() -> None:
+    d = running_job(nodes=3, nproc=1, min_nodes=2, max_nodes=3, max_restarts=5)
+    for attempt in range(3):
+        assert "n1" in [m.node for m in d.cluster._jobs["j"].members], attempt
+        d.exit("n1", 0, exitcode=1)
+        d.settle()
+    node = next(n for n in d.cluster.nodes() if n.name == "n1")
+    assert node.state == "quarantined" and "flaky: 3 rounds failed first" in node.quarantine_reason
+    # Two restarts spent; the third failure quarantined the node, which re-forms the round on
+    # the others as for a lost node.
+    assert d.state("j") == JobState.RUNNING and d.attempt("j") == 2
+    assert sorted(m.node for m in d.cluster._jobs["j"].members) == ["n0", "n2"]
+    # Lifted by an operator: the count starts again.
+    d.cluster.clear_quarantine("n1", d.now)
+    assert d.cluster._nodes["n1"].failed_rounds == ()
+
+
+def test_failures_spread_over_nodes_or_a_window_quarantine_no_one() -> None:
+    d = running_job(nodes=3, nproc=1, min_nodes=2, max_nodes=3, max_restarts=8)
+    for name in ("n0", "n1", "n2", "n0", "n1"):
+        d.exit(name, 0, exitcode=1)
+        d.settle()
+    assert all(n.state == "live" for n in d.cluster.nodes())
+    d = running_job(nodes=2, nproc=1, max_restarts=8)
+    for _ in range(2):
+        d.exit("n1", 0, exitcode=1)
+        d.settle()
+    d.advance(601)
+    d.exit("n1", 0, exitcode=1)
+    d.settle()
+    assert all(n.state == "live" for n in d.cluster.nodes())
