@@ -1131,12 +1131,9 @@ class JobEvent:
 
 # --- the failure table ---------------------------------------------------------------------
 # The shape of torchelastic's ChildFailedError message (same frame, width rule, rows and
-# indentation) with the root cause first, plus where (node) and when (attempt, round) each
-# failure happened, and whether it was collateral damage of the root cause.
-
-_COLLATERAL_AFTER = "failed after the root cause"
-_COLLATERAL_SAME_TIME = "no (failed at the same time as the root cause)"
-_COLLATERAL_BEFORE = "no (its node's clock puts it before the root cause)"
+# indentation) with the root cause first, plus where (node, executable) and when (attempt,
+# round) each failure happened, and how each other failure relates to the root cause in time.
+# Every report of a failed job (`gelastic run`, `submit --watch`, `result`, `wait`) is this one.
 
 
 def format_failures(result: RunResult, name: str) -> str:
@@ -1157,11 +1154,14 @@ def format_failures(result: RunResult, name: str) -> str:
 def _rows(failure: ProcessFailure, root: ProcessFailure | None) -> list[tuple[str, str]]:
     rows = [("time", _time(failure.timestamp))]
     if root is not None:
-        rows.append(("collateral", _collateral(failure, root)))
+        rows.append(("order", _order(failure, root)))
     signame = _one_line(failure.signal) or (
         signal_name(-failure.exitcode) if failure.exitcode < 0 else ""
     )
     signame_part = f" ({signame})" if signame and signame != NOT_AVAILABLE else ""
+    # The agent's note on the message says which executable ran where: a row of its own, as
+    # the node has, never part of the message or traceback shown.
+    message, executable = _split_executable_note(failure.message)
     rows += [
         ("node", _one_line(failure.node) or NOT_AVAILABLE),
         ("attempt", f"{failure.attempt} (round: {failure.round})"),
@@ -1170,11 +1170,10 @@ def _rows(failure: ProcessFailure, root: ProcessFailure | None) -> list[tuple[st
         # then " (SIGNAME)" only for a death by signal.
         ("exitcode", f"{failure.exitcode} (pid: {failure.pid}) {signame_part}"),
         ("error_file", _one_line(failure.error_file) or NOT_AVAILABLE),
-        ("traceback", indent_continuation(failure.traceback or failure.message or NOT_AVAILABLE)),
     ]
-    executable = _ran_executable(failure.message) if failure.traceback else ""
-    if executable:  # without a traceback the message, with its note, is shown above
-        rows.insert(-1, ("executable", _one_line(executable)))
+    if executable:
+        rows.append(("executable", _one_line(executable)))
+    rows.append(("traceback", indent_continuation(failure.traceback or message or NOT_AVAILABLE)))
     tail = failure.stderr_tail.rstrip("\n")
     if tail.strip() and not failure.traceback:
         count = tail.count("\n") + 1
@@ -1183,7 +1182,9 @@ def _rows(failure: ProcessFailure, root: ProcessFailure | None) -> list[tuple[st
     return rows
 
 
-_RAN_NOTE = re.compile(r"(?s).* \(ran (?P<executable>[^\n]+) on node (?P<node>[^\s()]+)\)")
+_RAN_NOTE = re.compile(
+    r"(?s)(?P<message>.*) \(ran (?P<executable>[^\n]+) on node (?P<node>[^\s()]+)\)"
+)
 
 
 def executable_note(executable: str, node: str) -> str:
@@ -1192,9 +1193,12 @@ def executable_note(executable: str, node: str) -> str:
     return f"(ran {executable} on node {node})"
 
 
-def _ran_executable(message: str) -> str:
+def _split_executable_note(message: str) -> tuple[str, str]:
+    """(the message without its `executable_note`, the executable); "" when it has none."""
     m = _RAN_NOTE.fullmatch(message)
-    return m.group("executable") if m is not None else ""
+    if m is None:
+        return message, ""
+    return m.group("message"), m.group("executable")
 
 
 def _one_line(text: str) -> str:
@@ -1202,14 +1206,18 @@ def _one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
-def _collateral(failure: ProcessFailure, root: ProcessFailure) -> str:
+def _order(failure: ProcessFailure, root: ProcessFailure) -> str:
     t, root_t = _sort_time(failure), _sort_time(root)
     if t > root_t:
-        return _COLLATERAL_AFTER
+        later = f"{t - root_t:.3f} s after" if math.isfinite(t - root_t) else "after"
+        if _split_executable_note(failure.message)[0] == _split_executable_note(root.message)[0]:
+            # The same error on its own (every rank ran the same bad line), not a consequence.
+            return f"also failed, {later} the root cause, with the same error"
+        return f"failed {later} the root cause, perhaps because of it"
     if t == root_t:
-        return _COLLATERAL_SAME_TIME
+        return "failed at the same time as the root cause"
     # Possible when the coordinator chose the root cause and nodes' clocks disagree.
-    return _COLLATERAL_BEFORE
+    return "failed before the root cause by its node's clock (the root cause was seen first)"
 
 
 def _sort_time(failure: ProcessFailure) -> float:

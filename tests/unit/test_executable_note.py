@@ -1,5 +1,5 @@
 """A worker's own failure names the executable that ran and its node, and the failure table
-shows it beside the traceback (which otherwise stands in for the message)."""
+shows it in a row of its own, beside the traceback or the message."""
 
 from __future__ import annotations
 
@@ -38,9 +38,12 @@ def test_the_table_shows_the_executable_next_to_the_traceback() -> None:
     assert "  executable: /usr/bin/python3\n  traceback : Traceback" in table
     # Without the note (an older agent, or the agent's own verdict), no such row.
     assert "executable" not in _result("ModuleNotFoundError: x", tb).format_failures()
-    # Without a traceback the message itself, note included, is the row.
+    # Without a traceback the message is the row, and the executable a row of its own still.
     plain = _result(f"Process exited with exit code 3 (pid 7) {note}", "").format_failures()
-    assert "executable" not in plain and note in plain
+    assert (
+        "  executable: /usr/bin/python3\n  traceback : Process exited with exit code 3 (pid 7)\n"
+    ) in plain
+    assert "(ran " not in plain
 
 
 def test_resolve_executable_follows_the_workers_path_and_cwd(tmp_path: Path) -> None:

@@ -108,7 +108,7 @@ def test_exact_layout_root_cause_first() -> None:
             "Other Failures:",
             "[1]:",
             "  time      : 2027-01-15_08:00:01.500",
-            "  collateral: failed after the root cause",
+            "  order     : failed 1.250 s after the root cause, perhaps because of it",
             "  node      : node-a",
             "  attempt   : 1 (round: 3)",
             "  rank      : 0 (local_rank: 0)",
@@ -117,7 +117,7 @@ def test_exact_layout_root_cause_first() -> None:
             "  traceback : Signal 15 (SIGTERM) received by PID 1000",
             "[2]:",
             "  time      : 2027-01-15_08:00:02.000",
-            "  collateral: failed after the root cause",
+            "  order     : failed 1.750 s after the root cause, perhaps because of it",
             "  node      : node-c",
             "  attempt   : 1 (round: 3)",
             "  rank      : 3 (local_rank: 1)",
@@ -151,7 +151,7 @@ def test_single_failure_has_no_other_failures() -> None:
     text = format_failures(_failed(_failure(5, T0)), "solo")
     lines = text.split("\n")
     assert lines[lines.index("Other Failures:") + 1] == "  <NO_OTHER_FAILURES>"
-    assert "collateral" not in text
+    assert "order" not in text
 
 
 def test_root_cause_from_another_node_comes_first() -> None:
@@ -174,16 +174,33 @@ def test_root_cause_from_another_node_comes_first() -> None:
     assert [line for line in lines if line.startswith("[")] == ["[0]:", "[1]:", "[2]:", "[3]:"]
 
 
-def test_tie_goes_to_smallest_rank_and_is_not_collateral() -> None:
+def test_tie_goes_to_smallest_rank_and_is_not_after_the_root_cause() -> None:
     result = _failed(_failure(3, T0), _failure(1, T0), _failure(2, T0 + 0.001))
     text = format_failures(result, "tie")
     root_section, other_section = text.split("Other Failures:")
     assert "  rank      : 1 (local_rank: 1)" in root_section
     assert "  rank      : 3 (local_rank: 1)" not in root_section
-    collateral = [line for line in other_section.split("\n") if "collateral" in line]
-    assert collateral == [
-        "  collateral: no (failed at the same time as the root cause)",
-        "  collateral: failed after the root cause",
+    order = [line for line in other_section.split("\n") if line.startswith("  order     :")]
+    assert order == [
+        "  order     : failed at the same time as the root cause",
+        "  order     : failed 0.001 s after the root cause, perhaps because of it",
+    ]
+
+
+def test_a_later_failure_with_the_same_error_also_failed() -> None:
+    # Every rank ran the same bad line: not a consequence of the root cause, the same bug. The
+    # executable's note (which names each rank's node) is no part of the error compared.
+    same = "ValueError: bad batch"
+    result = _failed(
+        _failure(0, T0, message=f"{same} (ran /usr/bin/python3 on node node-a)"),
+        _failure(2, T0 + 0.25, message=f"{same} (ran /usr/bin/python3 on node node-b)"),
+        _failure(3, T0 + 0.5, message="RuntimeError: peer went away"),
+    )
+    other_section = format_failures(result, "same").split("Other Failures:")[1]
+    order = [line for line in other_section.split("\n") if line.startswith("  order     :")]
+    assert order == [
+        "  order     : also failed, 0.250 s after the root cause, with the same error",
+        "  order     : failed 0.500 s after the root cause, perhaps because of it",
     ]
 
 
@@ -192,7 +209,10 @@ def test_marked_root_cause_wins_over_timestamps() -> None:
     text = format_failures(result, "marked")
     root_section, other_section = text.split("Other Failures:")
     assert "  rank      : 1 (local_rank: 1)" in root_section
-    assert "  collateral: no (its node's clock puts it before the root cause)" in other_section
+    assert (
+        "  order     : failed before the root cause by its node's clock (the root cause was "
+        "seen first)" in other_section
+    )
 
 
 def test_signal_name_derived_from_exit_code_when_missing() -> None:
