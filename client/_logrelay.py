@@ -26,7 +26,15 @@ from client._client import GelasticError, Job
 from client._terminal import TerminalFilter
 from client.model import JobState, JobStatus
 
-__all__ = ["MAX_FOLLOWS", "LogRelay", "RankWriter", "follow_rank", "parse_logs_choice"]
+__all__ = [
+    "MAX_FOLLOWS",
+    "LogRelay",
+    "RankWriter",
+    "follow_rank",
+    "parse_logs_choice",
+    "print_all_ranks",
+    "wait_for_ranks",
+]
 
 MAX_FOLLOWS = 8
 """Streams followed at once: what the coordinator relays for one client."""
@@ -175,13 +183,30 @@ class LogRelay:
         self._write(sys.stderr.buffer, f"gelastic: {' '.join(text.split())}\n".encode())
 
 
+def wait_for_ranks(job: Job, *, poll_s: float = FOLLOW_POLL_S) -> list[int]:
+    """`gelastic logs JOB --all -f` right after submit: the job's global ranks once it has some
+    (a job in rendezvous has none yet); [] when it ended before any rank started."""
+    while True:
+        status = job.status()
+        ranks = sorted(w.global_rank for w in status.workers)
+        if ranks or status.state.is_terminal():
+            return ranks
+        time.sleep(poll_s)
+
+
 def print_all_ranks(
-    job: Job, ranks: Sequence[int], stream: str, attempt: int | None, follow: bool
+    job: Job,
+    ranks: Sequence[int],
+    stream: str,
+    attempt: int | None,
+    follow: bool,
+    note: Callable[[str], None] | None = None,
 ) -> int:
     """`gelastic logs JOB --all`: every rank's stream, each line prefixed ``[rank]:``.
 
     Without follow the ranks are read one after the other; with it, at once (MAX_FOLLOWS at
-    most). Returns how many ranks had no log to read.
+    most), and without `attempt` each rank is followed as `follow_rank` does, into each new
+    attempt, saying so through `note`. Returns how many ranks had no log to read.
     """
     screen = sys.stdout.isatty()
     missing = 0
@@ -191,11 +216,21 @@ def print_all_ranks(
         with lock:
             plain_write(dest, data)
 
+    def say(text: str) -> None:
+        if note is not None:
+            with lock:
+                note(text)
+
     def read(rank: int) -> None:
         nonlocal missing
         writer = RankWriter(rank, sys.stdout.buffer, write, prefix=True, screen=screen)
+        chunks = (
+            follow_rank(job, rank, stream, say)
+            if follow and attempt is None
+            else job.logs(rank, stream, attempt, follow)
+        )
         try:
-            for chunk in job.logs(rank, stream, attempt, follow):
+            for chunk in chunks:
                 writer.feed(chunk)
         except GelasticError as exc:
             if exc.code != grpc.StatusCode.NOT_FOUND:

@@ -21,7 +21,13 @@ from typing import Any, NoReturn, TextIO
 import grpc
 
 from client._client import DEFAULT_COORDINATOR, Client, GelasticError, Job, _Progress
-from client._logrelay import LogRelay, follow_rank, parse_logs_choice, print_all_ranks
+from client._logrelay import (
+    LogRelay,
+    follow_rank,
+    parse_logs_choice,
+    print_all_ranks,
+    wait_for_ranks,
+)
 from client._scheduler_error import write_scheduler_error_file
 from client._tables import (
     event_line,
@@ -469,7 +475,10 @@ def _parser() -> argparse.ArgumentParser:
         help="one JSON object per line: job, rank, stream, line (UTF-8, bad bytes replaced)",
     )
     s.add_argument(
-        "--all", action="store_true", help="every rank, each line prefixed [rank]: (not --rank)"
+        "--all",
+        action="store_true",
+        help="every rank, each line prefixed [rank]: (not --rank); with -f, wait for the ranks "
+        "to start and follow each into each new attempt",
     )
 
     s = command("events", "print a job's timeline")
@@ -907,10 +916,25 @@ def _cmd_logs(client: Client, args: argparse.Namespace) -> int:
         if getattr(args, "json", False):
             raise CliError("logs: --all and --json cannot be combined; use --json per --rank")
         job = client.job(args.job_id)
-        ranks = sorted(w.global_rank for w in job.status().workers)
-        if not ranks:
-            raise CliError(f"job {args.job_id} has no ranks yet", EXIT_FAILED)
-        missing = print_all_ranks(job, ranks, args.stream, args.attempt, args.follow)
+        if args.follow:
+            # As for one rank: wait for the ranks to start (a job in rendezvous has none yet).
+            ranks = wait_for_ranks(job)
+            if not ranks:
+                raise CliError(f"job {args.job_id} ended before any rank started", EXIT_FAILED)
+        else:
+            ranks = sorted(w.global_rank for w in job.status().workers)
+            if not ranks:
+                raise CliError(
+                    f"job {args.job_id} has no ranks yet (-f waits for them)", EXIT_FAILED
+                )
+        missing = print_all_ranks(
+            job,
+            ranks,
+            args.stream,
+            args.attempt,
+            args.follow,
+            lambda text: _show(f"gelastic logs: {text}", sys.stderr),
+        )
         if missing:
             print(f"gelastic logs: {missing} of {len(ranks)} ranks had no log", file=sys.stderr)
         return EXIT_OK
