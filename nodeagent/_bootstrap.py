@@ -312,12 +312,12 @@ def _run(opts: _Options) -> None:
             if not os.path.isabs(opts.target):
                 # Not where the submitter ran: a job without a cwd runs in its agent's.
                 hint = (
-                    f"{opts.target} was looked for in the worker's directory {os.getcwd()}; "
+                    f"{opts.target} was looked for in the worker's directory {os.getcwd()}: "
                     "give the job its directory (gelastic submit --cwd DIR, cwd= in the API) "
                     "or the script's absolute path"
                 )
                 sys.stderr.write(f"gelastic: {hint}\n")
-                message = f"{message} ({hint})"
+                message = f"{message}; {hint}"
             _write_error_file(opts.error_file, message, "")
             sys.exit(2)
         _run_script(opts.target)
