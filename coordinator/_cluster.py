@@ -18,6 +18,7 @@ import enum
 import hashlib
 import logging
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -1728,7 +1729,6 @@ class Cluster:
                 now,
             )
         elif job.state == JobState.RUNNING:
-            self._count_flaky(job, member, failure, now)
             job.away_at_failure = tuple(
                 m.node
                 for m in job.members
@@ -1965,6 +1965,7 @@ class Cluster:
         done = done and all(m.done for m in job.members)
         if done:
             reason = "all workers succeeded"
+        suspect = self._flaky_suspect(job) if kind == _StopKind.FAILURE else None
         self._close_attempt(job, reason, now)
         self._release_all(job)
         if done:
@@ -1988,6 +1989,8 @@ class Cluster:
                 self._end(job, JobState.FAILED, WorkerState.FAILED, reason, now, with_failures=True)
         else:
             self._back_to_queue(job, reason, now)
+        if suspect is not None:
+            self._count_flaky(suspect[0], job.job_id, suspect[1], now)
 
     def _back_to_queue(self, job: _Job, reason: str, now: float) -> None:
         self._reschedule = True
@@ -2233,19 +2236,28 @@ class Cluster:
                 )
         return problem
 
-    def _count_flaky(self, job: _Job, member: _Member, failure: ProcessFailure, now: float) -> None:
-        """The round's first failure is on `member`'s node while its other nodes are healthy:
-        one more count against the node; `flaky_rounds` of them in `flaky_window` quarantine it."""
+    def _flaky_suspect(self, job: _Job) -> tuple[str, ProcessFailure] | None:
+        """(node, failure) when the round that just stopped for a failure failed on one node
+        alone: its first failure was there, and no other node's rank failed with the same error
+        (a job that fails everywhere is the job's fault, not a node's). Ranks of other nodes that
+        failed after it with other errors (a peer's collective error) do not clear the node."""
+        if len(job.members) < 2 or not job.failures:
+            return None
+        root = first_failure(job.failures)
+        if root is None or root.category not in (FailureCategory.USER, FailureCategory.PLATFORM):
+            return None
+        same = _bare_message(root.message)
+        for f in job.failures.values():
+            if f.node != root.node and _bare_message(f.message) == same:
+                return None
+        return root.node, root
+
+    def _count_flaky(self, name: str, job_id: str, failure: ProcessFailure, now: float) -> None:
+        """One more round failed on node `name` alone; `flaky_rounds` of them within
+        `flaky_window` quarantine it."""
         cfg = self.config
-        node = self._nodes.get(member.node)
-        others = [m for m in job.members if m is not member]
-        if (
-            node is None
-            or cfg.flaky_rounds <= 0
-            or not others
-            or failure.category not in (FailureCategory.USER, FailureCategory.PLATFORM)
-            or any(m.group_state in (WorkerState.FAILED, WorkerState.UNKNOWN) for m in others)
-        ):
+        node = self._nodes.get(name)
+        if node is None or cfg.flaky_rounds <= 0:
             return
         recent = [t for t in node.failed_rounds if now - t <= cfg.flaky_window]
         node.failed_rounds = (*recent, now)[-cfg.flaky_rounds :]
@@ -2254,7 +2266,7 @@ class Cluster:
                 node,
                 f"flaky: {len(node.failed_rounds)} rounds failed first on this node within "
                 f"{cfg.flaky_window:g} s while their other nodes were healthy (the last: rank "
-                f"{failure.global_rank} of job {job.job_id}: {_first_line(failure.message)})",
+                f"{failure.global_rank} of job {job_id}: {_first_line(failure.message)})",
                 now,
             )
 
@@ -2805,6 +2817,18 @@ def _exit_text(f: ProcessFailure) -> str:
     if f.signal:
         return f"signal {f.signal}"
     return f"exit {f.exitcode}"
+
+
+_RAN_NOTE = re.compile(r" \(ran [^\n]{1,4200} on node [^\s()]{1,128}\)$")
+
+
+_PID = re.compile(r"\b(?:pid|PID) \d{1,10}\b")
+
+
+def _bare_message(message: str) -> str:
+    """A failure's message without what differs from rank to rank for the same error: the
+    agent's note of where it ran, and the pid."""
+    return _PID.sub("pid", _RAN_NOTE.sub("", message.strip()))
 
 
 def _first_line(text: str) -> str:

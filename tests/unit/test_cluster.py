@@ -1662,9 +1662,9 @@ def test_a_node_whose_rounds_keep_failing_first_is_quarantined_and_the_job_goes_
         d.settle()
     node = next(n for n in d.cluster.nodes() if n.name == "n1")
     assert node.state == "quarantined" and "flaky: 3 rounds failed first" in node.quarantine_reason
-    # Two restarts spent; the third failure quarantined the node, which re-forms the round on
-    # the others as for a lost node.
-    assert d.state("j") == JobState.RUNNING and d.attempt("j") == 2
+    # Three restarts spent; after the third the node is quarantined and the next round runs on
+    # the others.
+    assert d.state("j") == JobState.RUNNING and d.attempt("j") == 3
     assert sorted(m.node for m in d.cluster._jobs["j"].members) == ["n0", "n2"]
     # Lifted by an operator: the count starts again.
     d.cluster.clear_quarantine("n1", d.now)
@@ -1684,4 +1684,14 @@ def test_failures_spread_over_nodes_or_a_window_quarantine_no_one() -> None:
     d.advance(601)
     d.exit("n1", 0, exitcode=1)
     d.settle()
+    assert all(n.state == "live" for n in d.cluster.nodes())
+
+
+def test_a_job_that_fails_on_every_node_with_the_same_error_quarantines_no_node() -> None:
+    # The job's own bug: every rank exits 3 at once; whichever node reports first is not flaky.
+    d = running_job(nodes=2, nproc=1, max_restarts=8)
+    for _ in range(4):
+        d.exit("n1", 0, exitcode=3)
+        d.exit("n0", 0, exitcode=3)
+        d.settle()
     assert all(n.state == "live" for n in d.cluster.nodes())
