@@ -25,11 +25,18 @@ a loop as training does. Metrics, median [min - max] over `--runs`:
 - `2:3 host launcher killed -> survivors exited` (torchrun; gelastic with c10d): the same kill
   of the launcher that listens on the c10d endpoint; -> the last survivor exits. Both must fail
   (exit non-zero): the rendezvous lived in the dead launcher.
-- `2:3 (etcd) host launcher killed -> re-formed` (gelastic): `--rdzv-backend etcd
+- `2:3 (etcd) leader's launcher killed -> re-formed` (gelastic): `--rdzv-backend etcd
   --rdzv-endpoint 127.0.0.1:ETCDPORT` (a fresh single-member etcd per run, `bench/_etcd.py`),
-  every launcher a coordinator replica; the first launcher started is killed; -> the 4 ranks of
+  every launcher a coordinator replica; the launcher whose replica leads (each prints its
+  replica's address; a client given all three finds the leader) is killed; -> the 4 ranks of
   the survivors past their first all_reduce, then the survivors must exit 0. The row
   `2:3 (etcd) launch -> all past init` comes from the same runs.
+- `(preload)` rows (gelastic): the c10d crash and non-host kill runs again with
+  `--preload torch --preload torch._dynamo` added (standby workers forked from a launcher that
+  imported torch once); torchrun has no such flag, so the main rows keep its line unchanged.
+
+The notes give the restart count (`TORCHELASTIC_RESTART_COUNT`) the next attempt's ranks saw,
+and any process that outlived its launchers (swept by mark after every launcher had ended).
 
 The systems alternate which goes first, run by run. Each launcher carries a marker in its
 environment; at the end of every run its process group gets SIGTERM (SIGKILL after 5 s) and
@@ -69,6 +76,7 @@ from bench._common import (
     write_event,
 )
 from bench._etcd import EtcdCluster, etcd_binary
+from client._client import Client
 
 SCENARIO = "multinode"
 WORKER = str(Path(__file__).resolve().parent / "_multinode_worker.py")
@@ -106,10 +114,15 @@ class System:
     command: tuple[str, ...]
     """What comes before the launcher's flags."""
     backend: str = "c10d"
+    extra: tuple[str, ...] = ()
+    """Flags of this variant only, right before the script."""
 
 
+PRELOAD = ("--preload", "torch", "--preload", "torch._dynamo")
+"""gelastic's standbys: each launcher imports these once and forks its workers from there."""
 TORCHRUN_SYSTEM = System(TORCH, (TORCHRUN,))
 GELASTIC_SYSTEM = System(GELASTIC, (GELASTIC_CLI, "run"))
+GELASTIC_PRELOAD = System(GELASTIC, (GELASTIC_CLI, "run"), extra=PRELOAD)
 GELASTIC_ETCD = System(GELASTIC, (GELASTIC_CLI, "run"), "etcd")
 
 
@@ -126,13 +139,22 @@ def _read(run_dir: Path, phase: str) -> list[tuple[Stamp, int]]:
 
 
 def _wait_stamps(
-    run_dir: Path, phase: str, count: int, later: bool, alive: Callable[[], bool]
+    run_dir: Path,
+    phase: str,
+    count: int,
+    later: bool,
+    alive: Callable[[], bool],
+    world: int | None = None,
 ) -> list[tuple[Stamp, int]] | None:
-    """`count` stamps of `phase` (of later attempts only, with `later`); None after TIMEOUT or
-    once `alive()` is false without them."""
+    """`count` stamps of `phase` (of later attempts only, with `later`; of a world of `world`
+    only, when given); None after TIMEOUT or once `alive()` is false without them."""
     deadline = time.monotonic() + TIMEOUT
     while True:
-        stamps = [s for s in _read(run_dir, phase) if s[0].later == later]
+        stamps = [
+            s
+            for s in _read(run_dir, phase)
+            if s[0].later == later and (world is None or s[1] == world)
+        ]
         if len(stamps) >= count:
             return stamps
         if time.monotonic() >= deadline or not alive():
@@ -185,12 +207,17 @@ class Launchers:
             "--rdzv-id", f"bench-{self.mark[:12]}",
             "--max-restarts", "1",
             *(["--rdzv-conf", rdzv_conf] if rdzv_conf else []),
+            *system.extra,
             WORKER,
         ]  # fmt: skip
         self.env = {**os.environ, **env, MARK_ENV: self.mark}
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen[bytes]] = []
         self.exit_times: dict[int, float] = {}
+        self.left_behind: list[int] = []
+        """Pids `stop` had to sweep by mark although every launcher had already ended."""
+        self.formed_short = False
+        """The first attempt formed without every node first (see `_wait_first`)."""
         self._logs: list[IO[bytes]] = []
 
     def start(self) -> float:
@@ -199,10 +226,14 @@ class Launchers:
         for i in range(NODES):
             log_file = open(self.log_dir / f"launcher-{i}.log", "wb")  # noqa: SIM115 - closed in stop
             self._logs.append(log_file)
+            # Its temporary files (a failed or killed launcher keeps its worker logs) go with
+            # the run's directory.
+            tmp = self.log_dir / f"t{i}"
+            tmp.mkdir(exist_ok=True)
             self.procs.append(
                 subprocess.Popen(
                     self.argv,
-                    env={**self.env, NODE_ENV: f"{self.mark}-{i}"},
+                    env={**self.env, NODE_ENV: f"{self.mark}-{i}", "TMPDIR": str(tmp)},
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
@@ -240,6 +271,36 @@ class Launchers:
 
     def codes(self, among: list[int] | None = None) -> list[int | None]:
         return [self.procs[i].poll() for i in among or range(len(self.procs))]
+
+    def log_text(self, i: int) -> str:
+        self._logs[i].flush()
+        return (self.log_dir / f"launcher-{i}.log").read_text(errors="replace")
+
+    def gelastic_host(self) -> int:
+        """The gelastic launcher that says it hosts the rendezvous; it must be the only one and
+        the one listening on the endpoint."""
+        said = [i for i in range(NODES) if "hosts the rendezvous" in self.log_text(i)]
+        served = self.host()
+        if said != [served]:
+            raise RuntimeError(
+                f"launchers {said} say they host the rendezvous, launcher {served} listens on "
+                f"{self.endpoint} ({self.log_dir})"
+            )
+        return served
+
+    def etcd_leader(self) -> int:
+        """The gelastic launcher whose coordinator replica leads: every launcher prints its
+        replica's address; a client given all three finds the leader."""
+        replicas: dict[str, int] = {}
+        for i in range(NODES):
+            for line in self.log_text(i).splitlines():
+                if "runs a coordinator replica at " in line:
+                    replicas[line.split("replica at ", 1)[1].split()[0]] = i
+        if len(replicas) != NODES:
+            raise RuntimeError(f"expected {NODES} replica addresses, got {replicas}")
+        with Client(",".join(replicas), timeout=10.0) as client:
+            client.list_nodes()
+            return replicas[client.address]
 
     def host(self, timeout: float = 10.0) -> int:
         """The launcher listening on the c10d endpoint's port (itself or a process under it)."""
@@ -283,7 +344,9 @@ class Launchers:
 
     def stop(self) -> list[int]:
         """SIGTERM every launcher's group, SIGKILL after the grace, then kill whatever still
-        carries the mark; bounded. Returns the pids that had to be swept by mark."""
+        carries the mark; bounded. Returns the pids that had to be swept by mark (also kept in
+        `left_behind` when every launcher had ended before)."""
+        ended = not self.running()
         for p in self.procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -311,6 +374,12 @@ class Launchers:
         for f in self._logs:
             f.close()
         self._logs.clear()
+        if ended and swept:
+            self.left_behind = sorted(set(swept))
+            log(
+                f"  {self.system.label}: {len(self.left_behind)} process(es) outlived their "
+                f"launchers ({self.log_dir})"
+            )
         return sorted(set(swept))
 
 
@@ -344,9 +413,19 @@ def _launchers(system: System, run_dir: Path, mode: str, nnodes: str) -> Iterato
             etcd.stop()
 
 
+def _first(run_dir: Path, phase: str) -> list[tuple[Stamp, int]]:
+    """The `phase` stamps of the first attempt's world of every node."""
+    return [s for s in _read(run_dir, phase) if not s[0].later and s[1] == NODES * NPROC]
+
+
 def _wait_first(group: Launchers, run_dir: Path) -> list[tuple[Stamp, int]]:
-    """Every rank of the first attempt past its first all_reduce, or an error saying why not."""
-    stamps = _wait_stamps(run_dir, "step", NODES * NPROC, False, lambda: bool(group.running()))
+    """Every rank of the first attempt past its first all_reduce in a world of all the nodes,
+    or an error saying why not. With `--nnodes 2:3` a third launcher that comes after the last
+    call finds a round of 2 running, which then re-forms with it (both systems do): the ranks
+    of that world of 4 are left out, and `group.formed_short` says it happened."""
+    count = NODES * NPROC
+    stamps = _wait_stamps(run_dir, "step", count, False, lambda: bool(group.running()), world=count)
+    group.formed_short = any(not s.later and w != count for s, w in _read(run_dir, "start"))
     group.check_refused()
     if stamps is None:
         raise RuntimeError(
@@ -365,6 +444,14 @@ class CrashRun:
     started: float
     past_init: float
     training_again: float | None
+    restarts: list[int]
+    """TORCHELASTIC_RESTART_COUNT as the next attempt's ranks saw it."""
+    group: Launchers
+    """Read `left_behind` once the run is over."""
+
+
+def _restarts(stamps: list[tuple[Stamp, int]] | None) -> list[int]:
+    return sorted({s.restart for s, _ in stamps or []})
 
 
 def _crash_run(system: System, run_dir: Path) -> CrashRun:
@@ -372,23 +459,21 @@ def _crash_run(system: System, run_dir: Path) -> CrashRun:
     with _launchers(system, run_dir, "crash", str(NODES)) as group:
         t0 = group.start()
         _wait_first(group, run_dir)
-        first = [s for s in _read(run_dir, "start") if not s[0].later]
-        started = _check_world(first, count, "first starts") - t0
-        inits = [s for s in _read(run_dir, "init") if not s[0].later]
-        past_init = _check_world(inits, count, "first inits") - t0
+        started = _check_world(_first(run_dir, "start"), count, "first starts") - t0
+        past_init = _check_world(_first(run_dir, "init"), count, "first inits") - t0
         again = _wait_stamps(run_dir, "step", count, True, lambda: bool(group.running()))
         crash = read_event(run_dir)
         if again is None or crash is None:
             if system.label == GELASTIC:
                 raise RuntimeError(f"gelastic did not train again after the crash ({run_dir})")
-            return CrashRun(started, past_init, None)
+            return CrashRun(started, past_init, None, _restarts(again), group)
         training_again = _check_world(again, count, "attempt after the crash") - crash
         if not group.wait_exit(list(range(NODES)), EXIT_TIMEOUT) or group.codes() != [0] * NODES:
             raise RuntimeError(
                 f"{system.label}: after the restart every launcher should exit 0, got "
                 f"{group.codes()} ({run_dir})"
             )
-    return CrashRun(started, past_init, training_again)
+    return CrashRun(started, past_init, training_again, _restarts(again), group)
 
 
 @dataclass
@@ -399,6 +484,11 @@ class KillRun:
     """The survivors' exit codes."""
     past_init: float
     """launch -> all 6 past init (the etcd variant reports it)."""
+    restarts: list[int]
+    """TORCHELASTIC_RESTART_COUNT as the re-formed ranks saw it."""
+    group: Launchers
+    victim: int
+    """The launcher killed (index in start order)."""
 
 
 def _kill_run(system: System, run_dir: Path, *, host: bool) -> KillRun:
@@ -407,12 +497,11 @@ def _kill_run(system: System, run_dir: Path, *, host: bool) -> KillRun:
     with _launchers(system, run_dir, "hold", ELASTIC_NNODES) as group:
         t0 = group.start()
         _wait_first(group, run_dir)
-        inits = [s for s in _read(run_dir, "init") if not s[0].later]
-        past_init = _check_world(inits, NODES * NPROC, "first inits") - t0
+        past_init = _check_world(_first(run_dir, "init"), NODES * NPROC, "first inits") - t0
         if system.backend == "etcd":
-            victim = 0  # every launcher is a replica: the first one started
+            victim = group.etcd_leader()  # every launcher is a replica: kill the leader's
         else:
-            served = group.host()
+            served = group.gelastic_host() if system.label == GELASTIC else group.host()
             victim = served if host else max(i for i in range(NODES) if i != served)
         survivors = [i for i in range(NODES) if i != victim]
         time.sleep(SETTLE_S)
@@ -420,26 +509,27 @@ def _kill_run(system: System, run_dir: Path, *, host: bool) -> KillRun:
         group.kill_node(victim)
         if host and system.backend == "c10d":
             if not group.wait_exit(survivors, EXIT_TIMEOUT):
-                return KillRun(None, group.codes(survivors), past_init)
+                return KillRun(None, group.codes(survivors), past_init, [], group, victim)
             codes = group.codes(survivors)
             if 0 in codes:
                 raise RuntimeError(
                     f"{system.label}: a survivor of the store host's death exited 0: {codes}"
                 )
-            return KillRun(max(group.exit_times[i] for i in survivors) - t_kill, codes, past_init)
+            t_exit = max(group.exit_times[i] for i in survivors)
+            return KillRun(t_exit - t_kill, codes, past_init, [], group, victim)
         count = (NODES - 1) * NPROC
         again = _wait_stamps(run_dir, "step", count, True, lambda: bool(group.running(survivors)))
         if again is None:
             if system.label == GELASTIC:
                 raise RuntimeError(f"gelastic did not re-form after the kill ({run_dir})")
-            return KillRun(None, group.codes(survivors), past_init)
+            return KillRun(None, group.codes(survivors), past_init, [], group, victim)
         value = _check_world(again, count, "attempt after the kill") - t_kill
         if not group.wait_exit(survivors, EXIT_TIMEOUT) or group.codes(survivors) != [0, 0]:
             raise RuntimeError(
                 f"{system.label}: after re-forming the survivors should exit 0, got "
                 f"{group.codes(survivors)} ({run_dir})"
             )
-        return KillRun(value, group.codes(survivors), past_init)
+        return KillRun(value, group.codes(survivors), past_init, _restarts(again), group, victim)
 
 
 # ---- the scenario --------------------------------------------------------------------------------
@@ -447,6 +537,10 @@ def _kill_run(system: System, run_dir: Path, *, host: bool) -> KillRun:
 
 def _fmt(v: float | None) -> str:
     return "timed out" if v is None else f"{v:.3f} s"
+
+
+def _seen(values: set[str]) -> str:
+    return ", ".join(sorted(values)) or "none"
 
 
 class _Rows:
@@ -465,9 +559,20 @@ class _Rows:
         self.host = {
             s: m(f"{el} host launcher killed -> survivors exited", s) for s in (GELASTIC, TORCH)
         }
-        self.etcd_host = m(f"{el} (etcd) host launcher killed -> re-formed", GELASTIC)
+        self.etcd_leader = m(f"{el} (etcd) leader's launcher killed -> re-formed", GELASTIC)
         self.etcd_init = m(f"{el} (etcd) launch -> all past init", GELASTIC)
+        self.pre_init = m(f"{size} (preload) launch -> all past init", GELASTIC)
+        self.pre_crash = m(f"{size} (preload) crash -> training again", GELASTIC)
+        self.pre_nonhost = m(f"{el} (preload) non-host launcher killed -> re-formed", GELASTIC)
+        systems = (GELASTIC, TORCH, "preload", "etcd")
         self.host_codes: dict[str, set[str]] = {GELASTIC: set(), TORCH: set()}
+        self.crash_restarts: dict[str, set[str]] = {s: set() for s in systems}
+        self.kill_restarts: dict[str, set[str]] = {s: set() for s in systems}
+        self.leaders: list[int] = []
+        self.left: dict[str, list[str]] = {s: [] for s in systems}
+        """Runs (and how many processes) that left processes behind their ended launchers."""
+        self.short: dict[str, list[str]] = {s: [] for s in systems}
+        """Runs whose first attempt formed with 2 nodes before the third came (2:3 only)."""
 
     def gelastic_rows(self) -> list[Measurement]:
         return [
@@ -476,15 +581,79 @@ class _Rows:
             self.crash[GELASTIC],
             self.nonhost[GELASTIC],
             self.host[GELASTIC],
-            self.etcd_host,
+            self.etcd_leader,
             self.etcd_init,
+            self.pre_init,
+            self.pre_crash,
+            self.pre_nonhost,
         ]
 
     def all(self) -> list[Measurement]:
         out: list[Measurement] = []
         for pair in (self.started, self.init, self.crash, self.nonhost, self.host):
             out += [pair[GELASTIC], pair[TORCH]]
-        return [*out, self.etcd_host, self.etcd_init]
+        return [
+            *out,
+            self.etcd_leader,
+            self.etcd_init,
+            self.pre_init,
+            self.pre_crash,
+            self.pre_nonhost,
+        ]
+
+    def record(self, key: str, what: str, group: Launchers) -> None:
+        """What the ended run `what` of `key` left behind, and whether it formed short."""
+        if group.left_behind:
+            self.left[key].append(f"{what}: {len(group.left_behind)}")
+        if group.formed_short:
+            self.short[key].append(what)
+
+    def finish(self, etcd: bool, refused: str | None) -> None:
+        """The notes, once every run is in."""
+        for s in (GELASTIC, TORCH):
+            self.host[s].note = f"survivors' exit codes {_seen(self.host_codes[s])}"
+        for s, row in ((GELASTIC, self.crash[GELASTIC]), (TORCH, self.crash[TORCH])):
+            row.note = f"restart count of the next attempt {_seen(self.crash_restarts[s])}"
+        conf = f"--nnodes {ELASTIC_NNODES} --rdzv-conf last_call_timeout={LAST_CALL_S}"
+        for s, row in ((GELASTIC, self.nonhost[GELASTIC]), (TORCH, self.nonhost[TORCH])):
+            row.note = f"{conf}; restart count after {_seen(self.kill_restarts[s])}"
+        self.pre_nonhost.note = f"restart count after {_seen(self.kill_restarts['preload'])}"
+        self.pre_crash.note = (
+            f"restart count of the next attempt {_seen(self.crash_restarts['preload'])}"
+        )
+        for pre, cold in (
+            (self.pre_init, self.init[TORCH]),
+            (self.pre_crash, self.crash[TORCH]),
+            (self.pre_nonhost, self.nonhost[TORCH]),
+        ):
+            if pre.median and cold.median is not None:
+                ratio = f"torchrun / this: {cold.median / pre.median:.1f}x"
+                pre.note = f"{ratio}; {pre.note}" if pre.note else ratio
+        if etcd:
+            self.etcd_leader.note = (
+                f"leader was launcher {self.leaders} (0 = started first); restart count after "
+                f"{_seen(self.kill_restarts['etcd'])}"
+            )
+        else:
+            self.etcd_leader.note = self.etcd_init.note = "n/a: etcd is not installed"
+        for key, row in (
+            (GELASTIC, self.started[GELASTIC]),
+            (TORCH, self.started[TORCH]),
+            ("preload", self.pre_init),
+            ("etcd", self.etcd_init),
+        ):
+            if self.left[key]:
+                extra = f"processes outlived their launchers: {'; '.join(self.left[key])}"
+                row.note = f"{row.note}; {extra}" if row.note else extra
+            if self.short[key]:
+                extra = (
+                    "formed with 2 nodes before the third came (then re-formed with it): "
+                    + "; ".join(self.short[key])
+                )
+                row.note = f"{row.note}; {extra}" if row.note else extra
+        if refused is not None:
+            for m in self.gelastic_rows():
+                m.note = f"n/a: gelastic run refused the multi-node command line: {refused}"
 
 
 def _system_run(system: System, rows: _Rows, dirs: RunDirs, tag: str, etcd: bool) -> None:
@@ -493,21 +662,43 @@ def _system_run(system: System, rows: _Rows, dirs: RunDirs, tag: str, etcd: bool
     rows.started[s].add(c.started)
     rows.init[s].add(c.past_init)
     rows.crash[s].add(c.training_again)
+    rows.crash_restarts[s].add(str(c.restarts))
+    rows.record(s, f"crash run {tag}", c.group)
     k = _kill_run(system, dirs.new(f"{s}-nonhost"), host=False)
     rows.nonhost[s].add(k.value)
+    rows.kill_restarts[s].add(str(k.restarts))
+    rows.record(s, f"non-host kill {tag}", k.group)
     h = _kill_run(system, dirs.new(f"{s}-host"), host=True)
     rows.host[s].add(h.value)
     rows.host_codes[s].add(str(h.codes))
+    rows.record(s, f"host kill {tag}", h.group)
     msg = (
         f"started {_fmt(c.started)}, past init {_fmt(c.past_init)}, crash -> training again "
         f"{_fmt(c.training_again)}; non-host kill -> re-formed {_fmt(k.value)}; host kill -> "
         f"survivors exited {_fmt(h.value)} {h.codes}"
     )
+    if system.label == GELASTIC:
+        pc = _crash_run(GELASTIC_PRELOAD, dirs.new("gelastic-preload-crash"))
+        rows.pre_init.add(pc.past_init)
+        rows.pre_crash.add(pc.training_again)
+        rows.crash_restarts["preload"].add(str(pc.restarts))
+        rows.record("preload", f"crash run {tag}", pc.group)
+        pk = _kill_run(GELASTIC_PRELOAD, dirs.new("gelastic-preload-nonhost"), host=False)
+        rows.pre_nonhost.add(pk.value)
+        rows.kill_restarts["preload"].add(str(pk.restarts))
+        rows.record("preload", f"non-host kill {tag}", pk.group)
+        msg += (
+            f"; preload: past init {_fmt(pc.past_init)}, crash -> training again "
+            f"{_fmt(pc.training_again)}, non-host kill -> re-formed {_fmt(pk.value)}"
+        )
     if system.label == GELASTIC and etcd:
-        e = _kill_run(GELASTIC_ETCD, dirs.new("gelastic-etcd-host"), host=True)
-        rows.etcd_host.add(e.value)
+        e = _kill_run(GELASTIC_ETCD, dirs.new("gelastic-etcd-leader"), host=True)
+        rows.etcd_leader.add(e.value)
         rows.etcd_init.add(e.past_init)
-        msg += f"; etcd: host kill -> re-formed {_fmt(e.value)}"
+        rows.kill_restarts["etcd"].add(str(e.restarts))
+        rows.leaders.append(e.victim)
+        rows.record("etcd", f"leader kill {tag}", e.group)
+        msg += f"; etcd: leader (launcher {e.victim}) kill -> re-formed {_fmt(e.value)}"
     log(f"  {SCENARIO} {tag} {s}: {msg}")
 
 
@@ -529,14 +720,5 @@ def run(runs: int, quick: bool) -> list[Measurement]:
                     refused = str(exc)
                     log(f"  {SCENARIO}: gelastic run refused the multi-node command line: {exc}")
                 time.sleep(0.2)
-    for s in (GELASTIC, TORCH):
-        rows.host[s].note = f"survivors' exit codes {', '.join(sorted(rows.host_codes[s]))}"
-    rows.nonhost[TORCH].note = rows.nonhost[GELASTIC].note = (
-        f"--nnodes {ELASTIC_NNODES} --rdzv-conf last_call_timeout={LAST_CALL_S}"
-    )
-    if not etcd:
-        rows.etcd_host.note = rows.etcd_init.note = "n/a: etcd is not installed"
-    if refused is not None:
-        for m in rows.gelastic_rows():
-            m.note = f"n/a: gelastic run refused the multi-node command line: {refused}"
+    rows.finish(etcd, refused)
     return rows.all()
