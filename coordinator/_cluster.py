@@ -1900,11 +1900,7 @@ class Cluster:
                 )
         if all(m.stopped for m in job.members):
             self._after_stop(job, now)
-        elif (
-            kind in (_StopKind.FAILURE, _StopKind.INPUT)
-            and not _replaced(job)
-            and not job.away_at_failure
-        ):
+        elif kind == _StopKind.FAILURE and not _replaced(job) and not job.away_at_failure:
             # (With a member away the outcome is not known yet: its loss would make this a
             # re-form.)
             self._fail_now(job, reason, now)

@@ -331,7 +331,11 @@ def test_the_pytorchjob_form_with_only_pet_variables_and_a_node_before_its_host(
 
 def test_a_node_whose_host_never_comes_fails_after_join_timeout(tmp_path: Path, launchers) -> None:  # type: ignore[no-untyped-def]
     port = free_port()
-    lone = launchers([*c10d("2", port, "x", "--rdzv-conf", "is_host=false,join_timeout=2"), "t.py"])
+    script = tmp_path / "t.py"
+    script.write_text("pass\n")
+    lone = launchers(
+        [*c10d("2", port, "x", "--rdzv-conf", "is_host=false,join_timeout=2"), str(script)]
+    )
     assert lone.wait(30) == 1
     assert f"no coordinator answered at 127.0.0.1:{port} within join_timeout (2 s)" in lone.err(), (
         lone.err()
