@@ -26,6 +26,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -47,7 +48,7 @@ from client._rdzv import (
 )
 from client._scheduler_error import write_scheduler_error_file
 from client._terminal import strip_terminal_controls
-from client.model import JobSpec, JobState, RunResult, SpecError, is_host, is_name
+from client.model import JobSpec, JobState, RunResult, SpecError, WorkerState, is_host, is_name
 from client.security import new_token_file
 
 __all__ = ["EmbeddedCluster", "RunPlan", "main", "plan_run", "run_parser"]
@@ -1125,7 +1126,7 @@ def execute(plan: RunPlan) -> int:
             state = job.status().state
             code = EXIT_OK if state == JobState.SUCCEEDED else EXIT_FAILED
             keep_logs = code != EXIT_OK
-            _report(plan, state, result)
+            _report(plan, state, settled(job, result, plan.spec.stop_grace))
         except Interrupted as exc:
             _say(f"{signal.Signals(exc.signum).name}: cancelling the job")
             if job is not None:
@@ -1146,6 +1147,35 @@ def execute(plan: RunPlan) -> int:
         if guard.received is not None:
             return EXIT_FAILED
     return code
+
+
+SETTLE_MAX_S = 10.0
+"""Longest wait for a failed round's last exits before its report is printed."""
+_RUNNING = frozenset({WorkerState.INIT, WorkerState.HEALTHY, WorkerState.UNHEALTHY})
+
+
+def settled(job: Job, result: RunResult, stop_grace: float) -> RunResult:
+    """A FAILED result once the failed round's workers have all ended, at most
+    min(stop_grace + 2, SETTLE_MAX_S) s from now.
+
+    A job with no restart left is FAILED the moment its first failure is known; exits that come
+    after it (a rank that died without an error file, whose report was a few milliseconds late)
+    still complete the result and may move its root cause earlier. The report waits for them.
+    """
+    if result.state != WorkerState.FAILED:
+        return result
+    deadline = time.monotonic() + min(stop_grace + 2.0, SETTLE_MAX_S)
+    while time.monotonic() < deadline:
+        try:
+            if not any(w.state in _RUNNING for w in job.status().workers):
+                break
+        except GelasticError:
+            return result
+        time.sleep(0.05)
+    try:
+        return job.poll() or result
+    except GelasticError:
+        return result
 
 
 def _cancel(job: Job, timeout: float) -> None:

@@ -42,6 +42,7 @@ from client._cli_run import (
     _report,
     _say,
     _SignalGuard,
+    settled,
 )
 from client._cli_run import main as _run_main
 from client._client import Client, GelasticError, Job
@@ -350,7 +351,8 @@ def execute_node(plan: RunPlan, mn: MultiNode) -> int:
             assert outcome.result is not None and outcome.state is not None
             code = EXIT_OK if outcome.state == JobState.SUCCEEDED else EXIT_FAILED
             keep_logs = code != EXIT_OK
-            _report(plan, outcome.state, outcome.result, local_error_files=False)
+            result = settled(job, outcome.result, grace)
+            _report(plan, outcome.state, result, local_error_files=False)
             if hosting:
                 cluster.stop_agent(grace)
                 if mn.backend != "etcd" or cluster.leading:
