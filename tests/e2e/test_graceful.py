@@ -46,14 +46,14 @@ def test_a_sigtermed_agent_re_forms_its_job_without_a_restart_after_its_workers_
     # What systemctl stop, a pod eviction or a spot drain sends: the node leaves gracefully.
     cluster = make_cluster(nodes=2, slots=1)
     spec = JobSpec(
-        entrypoint=[PY, script("checkpoint_on_term_world.py")],
+        entrypoint=[PY, script("checkpoint_on_term.py")],
         nproc_per_node=1,
         min_nodes=1,
         max_nodes=2,
         max_restarts=0,
         stop_grace=10,
         last_call_timeout=0,
-        env={"OUT_DIR": str(out)},
+        env={"OUT_DIR": str(out), "CKPT_MODE": "world"},
     )
     job = cluster.client.submit(spec)
     poll_until(lambda: len(list(out.glob("start.*.2"))) == 2, 60, what="both ranks running")

@@ -1,8 +1,11 @@
 """A worker whose SIGTERM handler saves a checkpoint for 2 s, the usual preemption pattern.
 
-Stamps (epoch seconds) go to $OUT_DIR as `<what>.<rank>.<restart>`: start, term (SIGTERM
-received), ckpt (the checkpoint finished). In attempt 0 rank 1 exits 3 once rank 0 runs; the
-other ranks run until stopped. Attempt 1 ends at once.
+Stamps (epoch seconds) go to $OUT_DIR as `<what>.<rank>.<tag>`: start, term (SIGTERM
+received), ckpt (the checkpoint finished). $CKPT_MODE says what the job does:
+- "crash" (tag: the restart count): in attempt 0 rank 1 exits 3 once rank 0 runs, the other
+  ranks run until stopped; attempt 1 ends at once.
+- "world" (tag: the world size): in a world of more than one rank every rank runs until
+  stopped; alone (the job re-formed on one node) it ends.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import types
 
 out = os.environ["OUT_DIR"]
 rank = os.environ["RANK"]
-restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+mode = os.environ.get("CKPT_MODE", "crash")
+tag = os.environ["TORCHELASTIC_RESTART_COUNT" if mode == "crash" else "WORLD_SIZE"]
 
 
 def stamp(what: str) -> None:
-    with open(os.path.join(out, f"{what}.{rank}.{restart}"), "w") as f:
+    with open(os.path.join(out, f"{what}.{rank}.{tag}"), "w") as f:
         f.write(repr(time.time()))
 
 
@@ -32,8 +36,11 @@ def on_term(signum: int, frame: types.FrameType | None) -> None:
 
 signal.signal(signal.SIGTERM, on_term)
 stamp("start")
-if restart == "0":
-    deadline = time.monotonic() + 60
+deadline = time.monotonic() + 60
+if mode == "world":
+    while tag != "1" and time.monotonic() < deadline:
+        time.sleep(0.05)
+elif tag == "0":
     if rank == "1":
         while not os.path.exists(os.path.join(out, "start.0.0")) and time.monotonic() < deadline:
             time.sleep(0.01)
