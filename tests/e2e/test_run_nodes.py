@@ -97,10 +97,19 @@ def launchers(tmp_path: Path):  # type: ignore[no-untyped-def]
         return launcher
 
     yield start
-    for launcher in started:
-        launcher.finish()
-    for launcher in started:
-        assert_nothing_left(launcher.marker)
+    # Look before anything is killed: every launcher has ended by itself, and nothing of any
+    # of them is left; only then are the ones still running (a failed test's) killed.
+    running = [launcher for launcher in started if launcher.proc.poll() is None]
+    try:
+        for launcher in started:
+            if launcher not in running:
+                assert_nothing_left(launcher.marker)
+        assert not running, [launcher.err()[-2000:] for launcher in running]
+    finally:
+        for launcher in started:
+            launcher.finish()
+        for launcher in running:
+            assert_nothing_left(launcher.marker)
 
 
 def c10d(n: str, port: int, run_id: str, *extra: str) -> list[str]:
