@@ -6,15 +6,23 @@ from __future__ import annotations
 import pytest
 
 from client.model import JobState
-from coordinator import _cluster
+from coordinator import _cluster_core, _cluster_outcome
 from coordinator._cluster import EventsCut
 
 from ._cluster_driver import Driver, of_type
 
+_ROOM_OF = {
+    "MAX_EVENTS_PER_JOB": _cluster_core,
+    "EVENTS_HEAD": _cluster_core,
+    "MAX_ATTEMPTS_KEPT": _cluster_outcome,
+    "MAX_FAILURES_PER_ATTEMPT": _cluster_outcome,
+}
+"""The room of the cluster that reads each bound."""
+
 
 def _crash_loop(monkeypatch: pytest.MonkeyPatch, restarts: int, **bounds: int) -> Driver:
     for name, value in bounds.items():
-        monkeypatch.setattr(_cluster, name, value)
+        monkeypatch.setattr(_ROOM_OF[name], name, value)
     d = Driver()
     d.connect("n0", slots=1)
     d.submit(
@@ -67,7 +75,7 @@ def test_attempt_summaries_keep_the_first_and_the_latest(monkeypatch: pytest.Mon
 def test_an_attempt_keeps_its_root_cause_first_and_counts_the_other_failures(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_cluster, "MAX_FAILURES_PER_ATTEMPT", 2)
+    monkeypatch.setattr(_cluster_outcome, "MAX_FAILURES_PER_ATTEMPT", 2)
     d = Driver()
     d.connect("n0", slots=4)
     d.submit("j", nproc_per_node=4, min_nodes=1, max_nodes=1, max_restarts=1, last_call_timeout=0.0)

@@ -468,7 +468,7 @@ def test_restart_backoff_delays_the_next_round() -> None:
     assert d.state("j") == JobState.QUEUED
     assert "backoff" in d.reason("j")
     assert not of_type(d.history, RequestPort)
-    from coordinator._cluster import _jittered
+    from coordinator._cluster_failures import _jittered
 
     wait = _jittered(5.0, "j", 1)  # 2.5-7.5 s, fixed by the job and the attempt
     assert 2.5 <= wait < 7.5
@@ -493,7 +493,7 @@ def test_restart_backoff_keeps_the_nodes_from_a_later_job() -> None:
     d.settle()
     assert d.state("first") == JobState.QUEUED
     assert d.state("second") == JobState.QUEUED
-    from coordinator._cluster import _jittered
+    from coordinator._cluster_failures import _jittered
 
     d.advance(_jittered(5.0, "first", 1))
     d.settle()
@@ -1646,7 +1646,7 @@ def test_restart_policy_always_retries_an_input_error_and_exit_codes_fail_at_onc
 
 
 def test_restart_backoff_is_jittered_per_job_and_attempt() -> None:
-    from coordinator._cluster import _jittered
+    from coordinator._cluster_failures import _jittered
 
     waits = {_jittered(10.0, f"job-{i}", 1) for i in range(50)}
     assert all(5.0 <= w < 15.0 for w in waits) and len(waits) == 50

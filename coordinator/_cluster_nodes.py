@@ -1,0 +1,393 @@
+"""The node registry: sessions that open and close, heartbeats and leases, lost and forgotten
+nodes, GPU health, and the adoption of rounds a node comes back with.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from client.model import (
+    GpuDevice,
+    GpuHealth,
+    JobState,
+    WorkerState,
+)
+from coordinator._cluster_records import (
+    STALE_HOLD_S,
+    Effect,
+    Forgotten,
+    NodeIsLive,
+    NodeNameInUse,
+    ReleaseRound,
+    RunningGroupReport,
+    StopRound,
+    WorkerHealthSample,
+    _Node,
+    _replaced,
+    _StopKind,
+    _WorkerPhase,
+)
+from coordinator._cluster_rounds import _Rounds
+from coordinator._cluster_words import (
+    _ENDED_GROUP,
+)
+
+logger = logging.getLogger("coordinator._cluster")
+
+
+class _Nodes(_Rounds):
+    """Nodes: sessions, leases, loss, GPU health, adoption."""
+
+    def node_connected(
+        self,
+        name: str,
+        addr: str,
+        slots: int,
+        incarnation: str,
+        now: float,
+        running: Sequence[RunningGroupReport] = (),
+        gpus: Sequence[GpuDevice] = (),
+    ) -> list[Effect]:
+        node = self._nodes.get(name)
+        if node is not None and node.live and node.incarnation != incarnation:
+            if node.attached:
+                raise NodeNameInUse(f"node name {name!r} is already used by a live agent")
+            # Known only from the coordinator's state on disk: the name stays its own agent's
+            # for the reconnect grace, so no other agent can take over its rounds meanwhile. An
+            # agent that restarted while the coordinator was away gets in once the grace ends.
+            raise NodeNameInUse(
+                f"node name {name!r} is kept for the agent that held it before the coordinator "
+                "restarted, until it reconnects or its reconnect grace ends"
+            )
+        if node is None:
+            self._reschedule = True
+            node = _Node(name, addr, slots, incarnation, True, now, gpus=list(gpus))
+            self._n_live += 1
+            self._nodes[name] = node
+            logger.info("node %s joined (%s, %d slots, %d GPUs)", name, addr, slots, len(gpus))
+        else:
+            resumed = node.incarnation == incarnation
+            if (
+                not resumed
+                or not node.live
+                or (node.addr, node.slots) != (addr, slots)
+                or node.gpus != list(gpus)
+            ):
+                self._reschedule = True
+            node.addr, node.slots, node.incarnation = addr, slots, incarnation
+            if not node.live:
+                self._n_live += 1
+            node.live, node.last_seen, node.attached = True, now, True
+            if not resumed:
+                node.jobs.clear()
+                node.fenced.clear()
+                node.gpu_jobs.clear()
+                node.gpu_health.clear()
+            node.gpus = list(gpus)
+            logger.info("node %s %s", name, "reconnected" if resumed else "rejoined")
+        for report in running:
+            self._adopt(node, report, now)
+        held = {(r.job_id, r.round) for r in running}
+        for job in self._active_jobs():
+            m = job.member(name)
+            if (
+                job.state == JobState.STOPPING
+                and m is not None
+                and not m.stopped
+                and (job.job_id, job.round) not in held
+            ):
+                # The agent stopped the round and forgot it; its confirmation went down with the
+                # old stream. Nothing of the round runs there: waiting for the stop deadline
+                # would only delay the restart.
+                self._event(
+                    job,
+                    now,
+                    "adopted",
+                    f"node {name} reconnected with round {job.round} already stopped",
+                    node=name,
+                )
+                self._member_stopped(job, m, now)
+                continue
+            if (
+                m is None
+                or job.state != JobState.RUNNING
+                or m.done
+                or m.stopped
+                or m.lost
+                or (job.job_id, job.round) in held
+            ):
+                continue
+            # Its assignment went down with the old stream: nothing of this round runs there, and
+            # nothing would ever report. Re-form rather than wait forever (no budget spent).
+            self._infra_failures(
+                job,
+                m,
+                f"node {name} reconnected without round {job.round} (its agent restarted or "
+                "lost the assignment); its workers of that round are gone",
+                now,
+            )
+            m.stopped = True
+            self._begin_stop(
+                job,
+                _StopKind.MEMBERSHIP,
+                f"node {name} reconnected without round {job.round}; re-forming",
+                now,
+            )
+        # A node back with every slot still held changes no placement (a round it adopted that
+        # ended freed its slots, and asked for one): with a thousand agents reconnecting to a
+        # new coordinator, each would otherwise run an O(nodes) placement. The tick places anyway.
+        if node.free_slots() > 0:
+            self._reschedule = True
+        return self._finish(now)
+
+    def node_disconnected(self, name: str, incarnation: str, now: float) -> list[Effect]:
+        self._reschedule = True
+        node = self._nodes.get(name)
+        if node is None or node.incarnation != incarnation or not node.live:
+            return self._finish(now)
+        self._lose_node(node, "its stream to the coordinator ended", now)
+        return self._finish(now)
+
+    def heartbeat(
+        self,
+        name: str,
+        incarnation: str,
+        now: float,
+        health: Sequence[tuple[str, int, Sequence[WorkerHealthSample]]] = (),
+        group_states: Sequence[tuple[str, int, WorkerState]] = (),
+        gpus: Sequence[GpuHealth] = (),
+    ) -> list[Effect]:
+        node = self._live(name, incarnation)
+        if node is None:
+            return []
+        node.last_seen = now
+        for job_id, round_, state in group_states:
+            job = self._jobs.get(job_id)
+            if job is None or job.round != round_:
+                continue
+            m = job.member(name)
+            # UNKNOWN stays: it is how the round ended there, whatever follows.
+            if m is None or m.lost or m.group_state in (state, WorkerState.UNKNOWN):
+                continue
+            if state == WorkerState.STOPPED and m.group_state in _ENDED_GROUP:
+                continue  # stopped after it failed or finished: that is how it ended
+            m.group_state = state
+            self._changed(job, durable=False)
+        if gpus and node.gpus:
+            problem = self._gpu_samples(node, gpus)
+            if problem and not node.quarantine_reason:
+                self._quarantine(node, problem, now)
+                return self._finish(now)
+        for job_id, round_, samples in health:
+            job = self._jobs.get(job_id)
+            if job is None or job.round != round_:
+                continue
+            m = job.member(name)
+            if m is None:
+                continue
+            for s in samples:
+                w = m.workers.get(s.local_rank)
+                if w is not None and w.pid == s.pid:
+                    w.cpu_percent, w.rss_bytes, w.proc_state = (
+                        s.cpu_percent,
+                        s.rss_bytes,
+                        s.proc_state,
+                    )
+        return self._finish(now) if self._effects else []
+
+    def _retain_nodes(self, now: float) -> None:
+        """Drop lost nodes past `lost_node_retention`, then the longest unseen past the count."""
+        lost = sorted(
+            (n for n in self._nodes.values() if not n.live and not n.jobs),
+            key=lambda n: n.last_seen,
+        )
+        named = {m.node for job in self._active_jobs() for m in job.members}
+        keep_for = min(self.config.lost_node_retention, self.config.retain_seconds)
+        excess = len(lost) - self.config.max_lost_nodes
+        for node in lost:
+            too_old = now - node.last_seen > keep_for
+            if not (too_old or excess > 0):
+                continue
+            if node.name in named:
+                continue  # an active job's history still names it
+            excess -= 1
+            del self._nodes[node.name]
+            self._effects.append(Forgotten(node=node.name))
+
+    def forget_node(self, name: str, now: float) -> list[Effect]:
+        """Drop a lost node from the list now. A live node is refused (NodeIsLive); an unknown
+        name is nothing to do."""
+        node = self._nodes.get(name)
+        if node is not None:
+            if node.live:
+                raise NodeIsLive(f"node {name!r} is {'live' if node.attached else 'reconnecting'}")
+            del self._nodes[name]
+            self._effects.append(Forgotten(node=name))
+        return self._finish(now)
+
+    def _lose_node(self, node: _Node, why: str, now: float) -> None:
+        self._reschedule = True
+        if node.live:
+            self._n_live -= 1
+        node.live = False
+        node.attached = False
+        logger.warning("node %s lost: %s", node.name, why)
+        for job in self._active_jobs():
+            m = job.member(node.name)
+            if m is None:
+                continue
+            self._free_member(job, m)
+            if m.done:
+                continue
+            if job.state == JobState.RUNNING:  # while stopping, its workers were being stopped
+                self._infra_failures(job, m, f"node {node.name} lost: {why}", now)
+            m.lost = True
+            m.stopped = True
+            m.group_state = WorkerState.UNKNOWN
+            self._event(job, now, "node_lost", f"node {node.name} lost: {why}", node=node.name)
+            if job.stop_kind == _StopKind.FAILURE and node.name in job.away_at_failure:
+                # The failure came while this node was away and it is gone now: its ranks went
+                # first and the others failed on them (a peer's collective error), so this is a
+                # lost node, which costs no restart.
+                job.stop_kind = _StopKind.MEMBERSHIP
+                job.stop_reason = (
+                    f"node {node.name} lost ({why}); the failures on the other nodes came after "
+                    "it went away; re-forming with the remaining nodes"
+                )
+                self._set_reason(job, job.stop_reason, now)
+            if job.state == JobState.STOPPING:
+                if all(x.stopped for x in job.members):
+                    self._after_stop(job, now)
+            elif job.state in (JobState.RUNNING, JobState.RENDEZVOUS):
+                self._begin_stop(
+                    job,
+                    _StopKind.MEMBERSHIP,
+                    f"node {node.name} lost ({why}); re-forming with the remaining nodes",
+                    now,
+                )
+            self._changed(job)
+        node.jobs.clear()
+        node.fenced.clear()
+        node.gpu_jobs.clear()
+
+    def clear_quarantine(self, name: str, now: float) -> tuple[bool, list[Effect]]:
+        """An operator lets a quarantined node take new rounds again: (it was quarantined,
+        effects). The uncorrectable ECC counts it shows now are accepted: only a new error
+        quarantines it again. A GPU still lost quarantines it again at its next heartbeat."""
+        node = self._nodes.get(name)
+        if node is None or not node.quarantine_reason:
+            return False, self._finish(now)
+        self._clear_quarantine(node, "cleared by an operator", now)
+        return True, self._finish(now)
+
+    def _gpu_samples(self, node: _Node, samples: Sequence[GpuHealth]) -> str:
+        """Keep the node's GPU samples; what makes it unhealthy ("" = nothing)."""
+        uuids = {g.index: g.uuid for g in node.gpus}
+        problem = ""
+        for s in samples[: len(node.gpus)]:
+            uuid = uuids.get(s.index)
+            if uuid is None:
+                continue
+            node.gpu_health[s.index] = s
+            if problem:
+                continue
+            if s.lost:
+                problem = f"GPU {s.index} ({uuid}) is lost (fell off the bus or cannot be read)"
+            elif s.uncorrectable_ecc > node.ecc_accepted.get(uuid, 0):
+                problem = (
+                    f"GPU {s.index} ({uuid}) has {s.uncorrectable_ecc} uncorrectable ECC errors"
+                )
+        return problem
+
+    def _adopt(self, node: _Node, report: RunningGroupReport, now: float) -> None:
+        job = self._jobs.get(report.job_id)
+        member = job.member(node.name) if job is not None else None
+        if (
+            job is None
+            or member is None
+            or job.round != report.round
+            or job.state.is_terminal()
+            or member.lost
+        ):
+            if not report.stopped:
+                self._effects.append(
+                    StopRound(
+                        node.name,
+                        report.job_id,
+                        report.round,
+                        0.0,
+                        "stale round: the job has moved on without this node",
+                    )
+                )
+                # Its old workers still hold the slots until the stop is confirmed: a new
+                # round must not start beside them (a GPU would still be busy).
+                key = f"{report.job_id}#{report.round}"
+                node.fenced.pop(key, None)
+                held = min(max(1, len(report.pids)), max(0, node.free_slots()))
+                if held:
+                    node.fenced[key] = (held, now + STALE_HOLD_S)
+            return
+        if member.released:
+            # The exit barrier already let it go and its slots may serve another job now: repeat
+            # the release (it was lost with the old stream) instead of booking the slots again.
+            self._effects.append(ReleaseRound(node.name, job.job_id, job.round))
+            return
+        node.jobs[job.job_id] = member.ranks.local_world_size
+        if member.gpus:
+            node.gpu_jobs[job.job_id] = list(member.gpus)
+        was_stopping = job.state == JobState.STOPPING
+        if job.state == JobState.RENDEZVOUS and job.port_deadline is not None:
+            # The round was assigned just before the coordinator went down: it runs.
+            job.port_deadline = None
+            self._transition(job, JobState.RUNNING, now)
+            self._event(job, now, "assigned", f"round {job.round} was assigned before the restart")
+            silent = [
+                m.node
+                for m in job.members
+                if m is not member
+                and (n := self._nodes.get(m.node)) is not None
+                and n.attached
+                and all(w.phase == _WorkerPhase.INIT for w in m.workers.values())
+            ]
+            if silent:
+                # Those reconnected first without the round: it never reached them.
+                for m in job.members:
+                    if m.node in silent:
+                        m.stopped = True
+                self._begin_stop(
+                    job,
+                    _StopKind.MEMBERSHIP,
+                    f"round {job.round} never reached {', '.join(silent[:5])}; re-forming",
+                    now,
+                )
+        for local_rank, pid in report.pids:
+            w = member.workers.get(local_rank)
+            if w is not None and w.phase == _WorkerPhase.INIT:
+                w.pid = pid
+                job.set_phase(w, _WorkerPhase.RUNNING)
+        for ex in report.exits:
+            self._apply_exit(job, member, ex, now)
+        if report.stopped:
+            self._member_stopped(job, member, now)
+        elif was_stopping and not member.stopped:
+            # The stop may have gone down with the old stream: say it again (the agent treats
+            # a repeated stop of a stopping group as one).
+            self._effects.append(
+                StopRound(
+                    node.name,
+                    job.job_id,
+                    job.round,
+                    job.spec.stop_grace,
+                    job.stop_reason,
+                    _replaced(job),
+                )
+            )
+        self._event(
+            job,
+            now,
+            "adopted",
+            f"node {node.name} reconnected with round {report.round}",
+            node=node.name,
+        )
+        self._changed(job)
