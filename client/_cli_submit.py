@@ -13,8 +13,9 @@ from typing import Any, TextIO
 
 from client._cli_jobs import _finished, _result_json
 from client._cli_output import EXIT_INTERRUPTED, EXIT_OK, CliError, _print_json, _show, exit_code_of
-from client._client import Client, Job, _Progress
+from client._client import Client, Job
 from client._logrelay import LogRelay, parse_logs_choice
+from client._progress import _Progress
 from client._scheduler_error import write_scheduler_error_file
 from client._tables import result_text
 from client.model import (

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from client import Client, GelasticError, JobSpec, WorkerState
-from client._client import _Progress
+from client._progress import _Progress
 from client.wire import spec_to_pb
 from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent.session import AgentConfig, NodeAgent

@@ -10,8 +10,8 @@ import pytest
 
 from client import cli
 from client._cli_run import run_parser
-from client._client import _Progress
 from client._logrelay import RankWriter, parse_logs_choice
+from client._progress import _Progress
 from client._tables import status_text
 from client.model import JobState, JobStatus, Member, WorkerState, WorkerStatus
 from coordinator import cli as coordinator_cli
