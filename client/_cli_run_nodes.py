@@ -31,14 +31,9 @@ from dataclasses import dataclass, field
 import grpc
 
 from client._cli_run import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    PREFIX_TEMPLATE_ENV,
     CoordinatorSetup,
     EmbeddedCluster,
     Interrupted,
-    RunPlan,
     _report,
     _say,
     _SignalGuard,
@@ -47,6 +42,7 @@ from client._cli_run import (
 from client._cli_run import main as _run_main
 from client._client import Client, GelasticError, Job
 from client._rdzv import MultiNode, bind_address, endpoint_is_local
+from client._run_plan import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PREFIX_TEMPLATE_ENV, RunPlan
 from client.model import JobState, RunResult
 from client.security import Security, is_loopback
 
