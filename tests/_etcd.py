@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -24,6 +23,7 @@ import pytest
 
 from protos.etcd import rpc_pb2 as epb
 from protos.etcd import rpc_pb2_grpc as epb_grpc
+from tests._helpers import free_port
 
 START_TIMEOUT_S = 30.0
 
@@ -37,13 +37,6 @@ def etcd_binary() -> str:
     if os.environ.get("CI"):
         pytest.fail(message + ": the etcd store is not tested", pytrace=False)
     pytest.skip(message)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class EtcdServer:
@@ -67,8 +60,8 @@ class EtcdServer:
         """`--initial-cluster` (NAME=PEER_URL,...); "" = this member alone."""
         self.cluster_token = ""
         self.data_dir = workdir / "data"
-        self.client_port = _free_port()
-        self.peer_port = _free_port()
+        self.client_port = free_port()
+        self.peer_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 

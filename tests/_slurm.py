@@ -30,6 +30,8 @@ from typing import IO
 import psutil
 import pytest
 
+from tests._helpers import free_port
+
 START_TIMEOUT_S = 60.0
 """How long the daemons may take until the node is idle."""
 STOP_TIMEOUT_S = 15.0
@@ -69,13 +71,6 @@ def slurm_binaries() -> dict[str, str]:
 def _search_path() -> str:
     # The daemons live in sbin, which a non-login PATH may lack.
     return os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def slurm_conf(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,16 +20,11 @@ from client.model import JobSpec
 from coordinator._dashboard import STATIC_DIR, DashboardAuth
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
+from tests._helpers import free_port
 from tests.service._fakes import FakeNode
 
 TOKEN = "dashboard-token-for-tests-0123456789"
 STEP = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

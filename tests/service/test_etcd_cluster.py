@@ -12,8 +12,7 @@ the same keys finds every job a client was told about, and no other.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -26,6 +25,7 @@ from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 from tests._etcd import EtcdCluster
+from tests._helpers import wait_for
 from tests.service._fakes import FakeNode, worker_exit
 
 ONE_NODE = JobSpec(entrypoint=["python", "train.py"], nproc_per_node=1, min_nodes=1, max_nodes=1)
@@ -57,13 +57,6 @@ def _config(url: str, tmp_path: Path) -> CoordinatorConfig:
         heartbeat_interval=1.0,
         leader_ttl=TTL,
     )
-
-
-async def _until(what: str, check: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.02)
 
 
 def _epoch(c: Coordinator) -> int:
@@ -127,7 +120,7 @@ async def test_one_member_lost_carries_on_quorum_lost_refuses_one_back_resumes(
     follower = next(i for i in range(3) if i != etcd_cluster.raft_leader())
     url = etcd_cluster.url("gelastic", first=follower)
     async with Coordinator(_config(url, tmp_path)) as c:
-        await _until("the coordinator leads", lambda: c.leading)
+        await wait_for(lambda: c.leading, WAIT_S, what="the coordinator leads")
         epoch = _epoch(c)
         node = FakeNode(c.address, "node-a", "127.0.0.1", slots=1)
         await node.connect()
@@ -159,7 +152,7 @@ async def test_one_member_lost_carries_on_quorum_lost_refuses_one_back_resumes(
             assert any(m in details for m in CLEAR), details
             # It steps down on its own timer (it cannot renew its lease), and the node's
             # session ends with it.
-            await _until("the coordinator steps down", lambda: not c.leading, 2 * TTL)
+            await wait_for(lambda: not c.leading, 2 * TTL, what="the coordinator steps down")
             await _ended(node)
             await node.close()
             # Never a wrong answer: UNAVAILABLE, saying why.
@@ -172,7 +165,7 @@ async def test_one_member_lost_carries_on_quorum_lost_refuses_one_back_resumes(
             # One member back: a quorum again; it is elected by itself and serves what was
             # written.
             await asyncio.to_thread(etcd_cluster.start_member, killed)
-            await _until("the coordinator leads again", lambda: c.leading)
+            await wait_for(lambda: c.leading, WAIT_S, what="the coordinator leads again")
             assert _epoch(c) > epoch
             assert await _state(stub, first) == pb.JOB_STATE_SUCCEEDED
             assert await _state(stub, second) == pb.JOB_STATE_QUEUED
@@ -190,7 +183,7 @@ async def test_one_member_lost_carries_on_quorum_lost_refuses_one_back_resumes(
         Coordinator(_config(url, tmp_path)) as c,
         grpc.aio.insecure_channel(c.address) as ch,
     ):
-        await _until("the new coordinator leads", lambda: c.leading)
+        await wait_for(lambda: c.leading, WAIT_S, what="the new coordinator leads")
         stub = pb_grpc.CoordinatorStub(ch)
         listed = await stub.ListJobs(pb.ListJobsRequest(include_finished=True), timeout=CALL_S)
         assert sorted(j.job_id for j in listed.jobs) == sorted([first, second, third])

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import io
-import socket
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -30,6 +28,7 @@ from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent.session import AgentConfig, NodeAgent
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from tests._etcd import EtcdServer
+from tests._helpers import free_port, wait_for
 
 TTL = 3.0
 WAIT_S = 60.0
@@ -55,17 +54,8 @@ def _config(url: str, tmp_path: Path) -> CoordinatorConfig:
     )
 
 
-async def _until(what: str, check: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.02)
-
-
 def _closed_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 async def test_a_wait_started_before_a_failover_ends_with_the_result_from_the_new_leader(
@@ -75,7 +65,9 @@ async def test_a_wait_started_before_a_failover_ends_with_the_result_from_the_ne
     for c in coords:
         await c.start()
     try:
-        await _until("one replica leads", lambda: sum(c.leading for c in coords) == 1)
+        await wait_for(
+            lambda: sum(c.leading for c in coords) == 1, WAIT_S, what="one replica leads"
+        )
         first = next(c for c in coords if c.leading)
         second = next(c for c in coords if c is not first)
         listed = ",".join(c.advertised() for c in (second, first))  # a standby first
@@ -107,7 +99,11 @@ async def test_a_wait_started_before_a_failover_ends_with_the_result_from_the_ne
                     max_nodes=1,
                 )
                 job = await asyncio.to_thread(client.submit, spec)
-                await _until("the worker runs", lambda: any(h.pids for h in agent._held.values()))
+                await wait_for(
+                    lambda: any(h.pids for h in agent._held.values()),
+                    WAIT_S,
+                    what="the worker runs",
+                )
                 (held,) = agent._held.values()
                 pid = held.pids[0]
                 out = io.StringIO()
@@ -115,11 +111,11 @@ async def test_a_wait_started_before_a_failover_ends_with_the_result_from_the_ne
                 waiting = asyncio.ensure_future(
                     asyncio.to_thread(job.wait, WAIT_S, progress=progress)
                 )
-                await _until("the watch is open", lambda: out.getvalue() != "")
+                await wait_for(lambda: out.getvalue() != "", WAIT_S, what="the watch is open")
 
                 await first.stop()  # its lease is revoked: the standby takes over at once
                 go.write_text("")  # the worker exits during the failover
-                await _until("the other replica leads", lambda: second.leading)
+                await wait_for(lambda: second.leading, WAIT_S, what="the other replica leads")
                 result = await asyncio.wait_for(waiting, WAIT_S)
             finally:
                 client.close()
@@ -144,7 +140,7 @@ async def test_while_the_leader_cannot_reach_etcd_a_submit_fails_unavailable_nam
     etcd.start()
     try:
         async with Coordinator(_config(etcd.url("gelastic"), tmp_path)) as c:
-            await _until("it leads", lambda: c.leading)
+            await wait_for(lambda: c.leading, WAIT_S, what="it leads")
             listed = f"{c.advertised()},{_closed_port()}"
             client = Client(listed, timeout=10)
             try:
@@ -160,7 +156,7 @@ async def test_while_the_leader_cannot_reach_etcd_a_submit_fails_unavailable_nam
                 assert f"{c.advertised()}: UNAVAILABLE: the coordinator could not write" in message
                 assert "store" in message and "etcd is unavailable" in message, message
                 await asyncio.to_thread(etcd.start)
-                await _until("it leads again", lambda: c.leading)
+                await wait_for(lambda: c.leading, WAIT_S, what="it leads again")
                 # Never a wrong answer: the job it was told was not queued does not appear.
                 assert await asyncio.to_thread(client.list_jobs) == []
             finally:
@@ -176,7 +172,9 @@ async def test_a_submit_repeated_after_a_failover_returns_the_job_the_first_try_
     for c in coords:
         await c.start()
     try:
-        await _until("one replica leads", lambda: sum(c.leading for c in coords) == 1)
+        await wait_for(
+            lambda: sum(c.leading for c in coords) == 1, WAIT_S, what="one replica leads"
+        )
         first = next(c for c in coords if c.leading)
         second = next(c for c in coords if c is not first)
         listed = ",".join(c.advertised() for c in coords)
@@ -195,7 +193,7 @@ async def test_a_submit_repeated_after_a_failover_returns_the_job_the_first_try_
 
         job_id = await asyncio.to_thread(submit)
         await first.stop()
-        await _until("the other replica leads", lambda: second.leading)
+        await wait_for(lambda: second.leading, WAIT_S, what="the other replica leads")
         assert await asyncio.to_thread(submit) == job_id
         assert second.service.cluster.job_ids() == [job_id]
     finally:

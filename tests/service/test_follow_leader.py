@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -30,6 +29,7 @@ from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent.session import AgentConfig, NodeAgent
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+from tests._helpers import free_port
 
 WAIT_S = 30.0
 SPEC = JobSpec(entrypoint=["python", "train.py"], nproc_per_node=1, min_nodes=1, max_nodes=1)
@@ -104,9 +104,7 @@ class Standby(grpc.GenericRpcHandler):
 
 def _closed_port() -> str:
     """An address nothing listens on (a replica that is down)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 @pytest.fixture

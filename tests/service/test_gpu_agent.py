@@ -12,6 +12,7 @@ from client.model import JobSpec, JobState
 from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent.session import AgentConfig, NodeAgent
 from tests._fake_nvml import FakeNvml
+from tests._helpers import wait_for
 
 WAIT_S = 60.0
 
@@ -24,14 +25,6 @@ deadline = time.monotonic() + 60
 while not os.path.exists(go) and time.monotonic() < deadline:
     time.sleep(0.05)
 """
-
-
-async def _until(pred: object, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not pred():  # type: ignore[operator]
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def test_workers_see_their_own_gpus_and_a_lost_gpu_quarantines_the_node(
@@ -72,7 +65,11 @@ async def test_workers_see_their_own_gpus_and_a_lost_gpu_quarantines_the_node(
                     env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
                 )
                 jobs[name] = await c.service.submit(spec)
-                await _until(lambda out=out: len(list(out.iterdir())) == 2, f"job {name}'s workers")
+                await wait_for(
+                    lambda out=out: len(list(out.iterdir())) == 2,
+                    WAIT_S,
+                    what=f"job {name}'s workers",
+                )
             seen = {
                 name: [(tmp_path / name / str(lr)).read_text() for lr in (0, 1)] for name in jobs
             }
@@ -81,12 +78,15 @@ async def test_workers_see_their_own_gpus_and_a_lost_gpu_quarantines_the_node(
             assert seen == {name: [want[name]] * 2 for name in jobs}
             go.touch()
             cluster = c.service.cluster
-            await _until(
+            await wait_for(
                 lambda: all(cluster.job_state(j) == JobState.SUCCEEDED for j in jobs.values()),
-                "both jobs to succeed",
+                WAIT_S,
+                what="both jobs to succeed",
             )
             assert cluster.nodes()[0].gpus_used == ()
 
             nvml.gpus[3].lost = True
-            await _until(lambda: cluster.nodes()[0].state == "quarantined", "the quarantine")
+            await wait_for(
+                lambda: cluster.nodes()[0].state == "quarantined", WAIT_S, what="the quarantine"
+            )
             assert f"GPU 3 ({uuids[3]}) is lost" in cluster.nodes()[0].quarantine_reason

@@ -13,6 +13,7 @@ import pytest
 from client import Client, GelasticError, JobSpec, JobState
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
+from tests._helpers import wait_for
 
 from ._fakes import FakeNode
 
@@ -38,14 +39,6 @@ def _spec(nodes: int, nproc: int) -> JobSpec:
         max_nodes=nodes,
         last_call_timeout=0,
     )
-
-
-async def _until(pred: object, what: str) -> None:
-    for _ in range(int(STEP / 0.02)):
-        if pred():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def _assigned(master: FakeNode, *others: FakeNode) -> list[pb.Assign]:
@@ -97,8 +90,10 @@ async def test_two_jobs_on_one_node_get_their_own_gpus_in_their_assignments(
                     ],
                 )
             )
-            await _until(
-                lambda: c.service.cluster.nodes()[0].gpu_health, "the GPU sample to arrive"
+            await wait_for(
+                lambda: c.service.cluster.nodes()[0].gpu_health,
+                STEP,
+                what="the GPU sample to arrive",
             )
             status = await asyncio.to_thread(client.job(second.job_id).status)
             rank0 = status.workers[0]
@@ -222,7 +217,9 @@ async def test_a_quarantine_ends_by_itself_when_its_ttl_passes(tmp_path: Path) -
             heartbeat=pb.Heartbeat(seq=1, gpus=[pb.GpuHealth(index=0, uncorrectable_ecc=1)])
         )
         cluster = c.service.cluster
-        await _until(lambda: cluster.nodes()[0].state == "quarantined", "the quarantine")
+        await wait_for(
+            lambda: cluster.nodes()[0].state == "quarantined", STEP, what="the quarantine"
+        )
         job_id = await c.service.submit(_spec(1, 1))
         assert cluster.job_state(job_id) == JobState.QUEUED
         # Placed once the TTL passes, and the accepted count does not quarantine it again.
@@ -230,9 +227,10 @@ async def test_a_quarantine_ends_by_itself_when_its_ttl_passes(tmp_path: Path) -
         assert asg.job_id == job_id and list(asg.gpus) == [0]
         sample = pb.GpuHealth(index=0, utilization_percent=33.0, uncorrectable_ecc=1)
         await node.send(heartbeat=pb.Heartbeat(seq=2, gpus=[sample]))
-        await _until(
+        await wait_for(
             lambda: [h.utilization_percent for h in cluster.nodes()[0].gpu_health] == [33.0],
-            "the second sample",
+            STEP,
+            what="the second sample",
         )
         assert cluster.nodes()[0].state == "live"
         assert cluster.job_state(job_id) == JobState.RUNNING

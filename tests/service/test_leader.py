@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from protos.etcd import rpc_pb2_grpc as epb_grpc
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 from tests._etcd import EtcdServer
+from tests._helpers import free_port, wait_for
 from tests.service._fakes import FakeNode
 
 SPEC = JobSpec(entrypoint=["python", "train.py"], nproc_per_node=1, min_nodes=1, max_nodes=1)
@@ -45,20 +45,6 @@ def _config(url: str, tmp_path: Path, **kw: object) -> CoordinatorConfig:
     }
     settings.update(kw)
     return CoordinatorConfig(**settings)  # type: ignore[arg-type]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-async def _until(what: str, check: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager
@@ -80,7 +66,7 @@ def _leader(coords: list[Coordinator]) -> Coordinator:
 
 
 async def _leader_elected(coords: list[Coordinator]) -> Coordinator:
-    await _until("one replica leads", lambda: sum(c.leading for c in coords) == 1)
+    await wait_for(lambda: sum(c.leading for c in coords) == 1, WAIT_S, what="one replica leads")
     return _leader(coords)
 
 
@@ -172,7 +158,7 @@ async def test_a_revoked_lease_elects_another_replica_which_loads_the_state(
         assert (await watch.read()).job.job_id == job
         # Expiry, as etcd sees it: the lease goes; the leader learns it at its next keepalive.
         await asyncio.to_thread(_revoke_leader_lease, etcd_server, etcd_url)
-        await _until("the first leader steps down", lambda: not first.leading)
+        await wait_for(lambda: not first.leading, WAIT_S, what="the first leader steps down")
         with pytest.raises(grpc.aio.AioRpcError) as err:
             while (await asyncio.wait_for(watch.read(), WAIT_S)) is not grpc.aio.EOF:
                 pass
@@ -184,12 +170,13 @@ async def test_a_revoked_lease_elects_another_replica_which_loads_the_state(
         assert isinstance(got, pb.Job) and got.job_id == job
         # The old leader now points at the new one.
         if first is not second:
-            await _until(
-                "the old leader knows the new one",
+            await wait_for(
                 lambda: (
                     first.leadership is not None
                     and first.leadership.leader_addr == second.advertised()
                 ),
+                WAIT_S,
+                what="the old leader knows the new one",
             )
             code, _, md = await _refusal(first.address)
             assert code == grpc.StatusCode.UNAVAILABLE
@@ -205,7 +192,7 @@ async def test_a_clean_stop_hands_over_at_once(
         other = next(c for c in coords if c is not first)
         stopped = time.monotonic()
         await first.stop()
-        await _until("the standby leads", lambda: other.leading)
+        await wait_for(lambda: other.leading, WAIT_S, what="the standby leads")
         # Revoked on the way out: no wait for the TTL to run out.
         assert time.monotonic() - stopped < TTL
         got = await _call(other.address, lambda s: s.GetJob(pb.GetJobRequest(job_id=job)))
@@ -228,27 +215,28 @@ async def test_a_deposed_leader_write_is_fenced_and_it_stops_sending(
         with etcd_server.channel() as ch:
             epb_grpc.KVStub(ch).DeleteRange(epb.DeleteRangeRequest(key=key), timeout=5)
         other = next(c for c in coords if c is not old)
-        await _until(
-            "the other replica leads",
+        await wait_for(
             lambda: (
                 other.leadership is not None
                 and other.leadership.terms > 0
                 and other.service.epoch > 0
             ),
+            WAIT_S,
+            what="the other replica leads",
         )
         assert old.leading
         # A write (a submit) is refused by etcd: the old leader steps down at once.
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await _submit(old.address, "r-old")
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        await _until("the fenced leader steps down", lambda: not old.leading)
+        await wait_for(lambda: not old.leading, WAIT_S, what="the fenced leader steps down")
         assert not term.may_send()
         # Its session with the node is closed, and nothing of the refused submit went out.
         kinds = await _drain(node)
         assert "reserve_port" not in kinds and "assign" not in kinds, kinds
         await node.close()
         # The refused job is nowhere: not in etcd, not on the new leader.
-        await _until("the new leader serves", lambda: other.leading)
+        await wait_for(lambda: other.leading, WAIT_S, what="the new leader serves")
         listed = await _call(
             other.address, lambda s: s.ListJobs(pb.ListJobsRequest(include_finished=True))
         )
@@ -271,7 +259,7 @@ async def test_the_leader_steps_down_on_its_own_timer_before_the_ttl(
             frozen = time.monotonic()
             etcd.proc.send_signal(signal.SIGSTOP)  # etcd answers nothing, keepalives included
             try:
-                await _until("the leader steps down", lambda: not c.leading, timeout=3 * TTL)
+                await wait_for(lambda: not c.leading, 3 * TTL, what="the leader steps down")
                 assert c.leadership.last_step_down is not None
                 at, confirmed = c.leadership.last_step_down
                 # Before etcd could have expired the lease: etcd counts the TTL from when it
@@ -286,7 +274,7 @@ async def test_the_leader_steps_down_on_its_own_timer_before_the_ttl(
                 etcd.proc.send_signal(signal.SIGCONT)
             await node.close()
             # etcd answers again: the replica campaigns again and leads a new term.
-            await _until("it leads again", lambda: c.leading, timeout=3 * TTL + 10)
+            await wait_for(lambda: c.leading, 3 * TTL + 10, what="it leads again")
             assert c.leadership.epoch > epoch
     finally:
         etcd.stop()
@@ -330,13 +318,15 @@ async def test_an_agent_that_comes_while_no_leader_is_known_is_held_then_served(
             assert etcd.proc is not None
             etcd.proc.send_signal(signal.SIGSTOP)
             try:
-                await _until("the leader steps down", lambda: not c.leading, timeout=3 * TTL)
+                await wait_for(lambda: not c.leading, 3 * TTL, what="the leader steps down")
                 assert c.leadership.leader_addr == ""
                 # Long enough that the test does not race the take-over on a slow host.
                 c._gate.hold_s = WAIT_S
                 node = FakeNode(c.address, "node-h", "127.0.0.1", slots=1)
                 welcome = asyncio.ensure_future(node.connect())
-                await _until("the session is held", lambda: c._gate is not None and c._gate.held)
+                await wait_for(
+                    lambda: c._gate is not None and c._gate.held, WAIT_S, what="the session is held"
+                )
                 assert not welcome.done()
             finally:
                 etcd.proc.send_signal(signal.SIGCONT)
@@ -365,8 +355,10 @@ async def test_the_standby_an_agent_waits_on_takes_over_and_serves_it_without_a_
         node = FakeNode(waiting_on.address, "node-w", "127.0.0.1", slots=1)
         gone = ((UNREACHABLE_HEADER, first.advertised()),)
         welcome = asyncio.ensure_future(node.connect(metadata=gone))
-        await _until(
-            "the session is held", lambda: bool(waiting_on._gate and waiting_on._gate.held)
+        await wait_for(
+            lambda: bool(waiting_on._gate and waiting_on._gate.held),
+            WAIT_S,
+            what="the session is held",
         )
         await asyncio.to_thread(_revoke_leader_lease, etcd_server, etcd_url)
         msg = await asyncio.wait_for(welcome, WAIT_S)
@@ -418,7 +410,7 @@ async def test_a_coordinator_restarted_at_the_leaders_address_takes_over_at_once
     etcd_server: EtcdServer, etcd_url: str, tmp_path: Path
 ) -> None:
     # What a coordinator killed with SIGKILL leaves: the leader key on a lease still alive.
-    port = _free_port()
+    port = free_port()
     key = (parse_etcd_url(etcd_url)[1] + "/leader").encode()
     with etcd_server.channel() as ch:
         lease = epb_grpc.LeaseStub(ch).LeaseGrant(epb.LeaseGrantRequest(TTL=60), timeout=5).ID
@@ -434,11 +426,12 @@ async def test_a_coordinator_restarted_at_the_leaders_address_takes_over_at_once
         async with Coordinator(_config(etcd_url, tmp_path, port=port)) as c:
             assert c.leading and c.advertised() == f"127.0.0.1:{port}"
             assert time.monotonic() - started < 10
-            await _until(
-                "the other replica knows the leader",
+            await wait_for(
                 lambda: (
                     other.leadership is not None and other.leadership.leader_addr == c.advertised()
                 ),
+                WAIT_S,
+                what="the other replica knows the leader",
             )
     finally:
         await other.stop()
@@ -501,7 +494,7 @@ async def test_the_dashboard_and_metrics_of_a_standby_say_so(
 ) -> None:
     coords = [
         Coordinator(
-            _config(etcd_url, tmp_path, dashboard_port=_free_port(), metrics_port=_free_port())
+            _config(etcd_url, tmp_path, dashboard_port=free_port(), metrics_port=free_port())
         )
         for _ in range(2)
     ]

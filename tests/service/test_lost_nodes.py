@@ -13,6 +13,7 @@ from client import Client, GelasticError, JobSpec
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+from tests._helpers import wait_for
 
 from ._fakes import FakeNode, run_round
 
@@ -21,14 +22,6 @@ STEP = 10.0
 
 def _config(state_dir: Path) -> CoordinatorConfig:
     return CoordinatorConfig(state_dir=str(state_dir), port=0, heartbeat_interval=0.2, lease=1.0)
-
-
-async def _until(pred: object, what: str) -> None:
-    for _ in range(int(STEP / 0.02)):
-        if pred():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_a_stopping_coordinator_does_not_report_its_nodes_lost(tmp_path: Path) -> None:
@@ -62,9 +55,10 @@ async def test_forget_node_over_the_wire(tmp_path: Path) -> None:
         await live.connect()
         await gone.connect()
         await gone.close()
-        await _until(
+        await wait_for(
             lambda: any(n.name == "gone" and n.state == "lost" for n in c.service.cluster.nodes()),
-            "the closed node to be lost",
+            STEP,
+            what="the closed node to be lost",
         )
         lost_at = next(n.last_seen for n in c.service.cluster.nodes() if n.name == "gone")
         client = Client(c.address, timeout=10)

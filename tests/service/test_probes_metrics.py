@@ -30,6 +30,7 @@ from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent._metrics import AgentMetrics
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+from tests._helpers import free_port
 from tests.service._fakes import FakeNode, run_round, worker_exit
 
 STEP = 10.0
@@ -41,12 +42,6 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 # ---- helpers -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _scrape(port: int) -> Samples:

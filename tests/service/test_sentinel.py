@@ -16,37 +16,22 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from nodeagent import _process as process_module
 from nodeagent._process import Sentinel
 from nodeagent._reaper import PidRegistry, reap_previous
 from nodeagent._sentinel import MARK_ENV, start_ticks
+from tests._helpers import gone, wait_for
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
 ORPHANS = str(ROOT / "tests" / "workloads" / "orphans.py")
 BOUND = 3.0
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-async def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -100,7 +85,7 @@ async def test_a_worker_that_exits_takes_its_children_with_it(
         await asyncio.to_thread(worker.wait, 30)
         assert not any(gone(c) for c in children), "children died before the worker's exit"
         sentinel.forget(worker.pid)
-        await wait_for(lambda: all(gone(c) for c in children), BOUND, "the children to die")
+        await wait_for(lambda: all(gone(c) for c in children), BOUND, what="the children to die")
         assert sentinel.watched == {}
     finally:
         await sentinel.stop()
@@ -118,7 +103,7 @@ async def test_stop_kills_the_workers_still_watched(tmp_path: Path, started: lis
     sentinel.watch(worker.pid, start_ticks(worker.pid) or 0, mark)
     await sentinel.stop()
     await asyncio.to_thread(worker.wait, BOUND)
-    await wait_for(lambda: all(gone(p) for p in started), BOUND, "every process to die")
+    await wait_for(lambda: all(gone(p) for p in started), BOUND, what="every process to die")
 
 
 async def test_a_sentinel_that_dies_is_replaced_and_told_every_worker(
@@ -136,7 +121,7 @@ async def test_a_sentinel_that_dies_is_replaced_and_told_every_worker(
         sentinel.watch(worker.pid, start_ticks(worker.pid) or 0, mark)
         os.kill(first, signal.SIGKILL)
         await wait_for(
-            lambda: sentinel.pid not in (None, first), 10, "a new sentinel to be started"
+            lambda: sentinel.pid not in (None, first), 10, what="a new sentinel to be started"
         )
         assert sentinel.pid is not None
         started.append(sentinel.pid)
@@ -144,7 +129,7 @@ async def test_a_sentinel_that_dies_is_replaced_and_told_every_worker(
     finally:
         await sentinel.stop()  # the new one sweeps the replayed worker
     await asyncio.to_thread(worker.wait, BOUND)
-    await wait_for(lambda: all(gone(p) for p in started), BOUND, "every process to die")
+    await wait_for(lambda: all(gone(p) for p in started), BOUND, what="every process to die")
 
 
 AGENT = textwrap.dedent(
@@ -198,7 +183,7 @@ async def test_a_sigkilled_agent_takes_every_process_of_its_workers(
     agent.kill()
     await asyncio.to_thread(agent.wait, 10)
     agent.stdout.close()
-    await wait_for(lambda: all(gone(p) for p in started), BOUND, "every process to die")
+    await wait_for(lambda: all(gone(p) for p in started), BOUND, what="every process to die")
 
 
 async def test_a_restarted_agent_reaps_what_a_dead_sentinel_left(
@@ -213,7 +198,7 @@ async def test_a_restarted_agent_reaps_what_a_dead_sentinel_left(
     registry.add(worker.pid, job_id="job1", global_rank=0)
     killed = await asyncio.to_thread(reap_previous, registry.path)
     await asyncio.to_thread(worker.wait, BOUND)
-    await wait_for(lambda: all(gone(p) for p in started), BOUND, "every process to die")
+    await wait_for(lambda: all(gone(p) for p in started), BOUND, what="every process to die")
     # The leader's group went with the leader; only the mark finds the setsid child.
     assert worker.pid in killed and children[1] in killed
     assert not registry.path.exists()
@@ -234,15 +219,17 @@ async def test_a_worker_that_exits_while_no_sentinel_runs_is_swept_by_the_next(
         started.extend([worker.pid, *children])
         sentinel.watch(worker.pid, start_ticks(worker.pid) or 0, mark)
         os.kill(first, signal.SIGKILL)
-        await wait_for(lambda: sentinel.pid is None, BOUND, "the agent to see the sentinel die")
+        await wait_for(
+            lambda: sentinel.pid is None, BOUND, what="the agent to see the sentinel die"
+        )
         worker.kill()
         await asyncio.to_thread(worker.wait, BOUND)
         sentinel.forget(worker.pid)
         assert not any(gone(c) for c in children)  # nobody swept them yet
-        await wait_for(lambda: sentinel.pid is not None, 10, "a new sentinel")
+        await wait_for(lambda: sentinel.pid is not None, 10, what="a new sentinel")
         assert sentinel.pid is not None
         started.append(sentinel.pid)
-        await wait_for(lambda: all(gone(c) for c in children), BOUND, "the children to die")
+        await wait_for(lambda: all(gone(c) for c in children), BOUND, what="the children to die")
     finally:
         await sentinel.stop()
 
@@ -271,7 +258,7 @@ async def test_a_full_pipe_never_blocks_the_agent_and_nothing_is_lost(
         sentinel.forget(worker.pid)  # queued behind the rest
         assert not any(gone(c) for c in children)
         os.kill(sentinel.pid, signal.SIGCONT)
-        await wait_for(lambda: all(gone(c) for c in children), 15, "the children to die")
+        await wait_for(lambda: all(gone(c) for c in children), 15, what="the children to die")
         assert sentinel.backlog == 0
     finally:
         await sentinel.stop()

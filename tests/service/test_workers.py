@@ -11,7 +11,6 @@ import os
 import pickle
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,7 +19,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from client.assignment import RoundAssignment, WorkerRanks
@@ -29,18 +27,12 @@ from client.results import verified_load
 from nodeagent._reaper import reap_previous, record_workers
 from nodeagent._sentinel import MARK_ENV
 from nodeagent._workers import WorkerExit, WorkerGroup
+from tests._helpers import free_port, gone
 
 PY = sys.executable
 TESTS_DIR = Path(__file__).resolve().parents[1]
 DEADLINE = 30.0
 TORCH_DEADLINE = 90.0  # a first `import torch` can be slow on a busy machine
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 async def poll_until(pred: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
@@ -103,12 +95,6 @@ class Console:
         await asyncio.wait_for(until(), timeout)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Harness:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp = tmp_path
@@ -140,7 +126,7 @@ class Harness:
             group_rank=0,
             group_world_size=1,
             master_addr="127.0.0.1",
-            master_port=_free_port(),  # a python job's store host binds it: one per group
+            master_port=free_port(),  # a python job's store host binds it: one per group
             workers=tuple(WorkerRanks(i, i, i, n, n) for i in range(n)),
             run_id="run1",
         )

@@ -25,6 +25,7 @@ from nodeagent._launch import build_standby_launch
 from nodeagent._process import spawn
 from nodeagent._standby import MAX_HANDOFF_BYTES, StandbyPool, encode_handoff
 from nodeagent._workers import WorkerExit, WorkerGroup
+from tests._helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = ROOT / "tests" / "workloads" / "standby_probe.py"
@@ -226,7 +227,6 @@ def test_discarded_standbys_are_gone_and_an_oversized_handoff_starts_cold(tmp_pa
 
 
 def test_a_warm_store_host_serves_the_round_it_is_handed(tmp_path: Path) -> None:
-    import socket
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -234,9 +234,7 @@ def test_a_warm_store_host_serves_the_round_it_is_handed(tmp_path: Path) -> None
     from nodeagent._launch import STORE_HOST_PATH, StoreHostLaunch
     from nodeagent._store_host import StoreHost, WarmStoreHost
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     launch = StoreHostLaunch(
         argv=(sys.executable, STORE_HOST_PATH),

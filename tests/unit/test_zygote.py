@@ -19,6 +19,7 @@ from typing import Any
 
 from nodeagent._launch import BOOTSTRAP_PATH, StandbyLaunch
 from nodeagent._zygote import MAX_MESSAGE, ForkedProcess, Zygote
+from tests._helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PRELOAD = ("tests.workloads.preload_marker",)
@@ -213,7 +214,6 @@ def _zombie(pid: int) -> bool:
 def test_a_warm_store_host_forked_from_the_zygote_serves_the_round_it_is_handed(
     tmp_path: Path,
 ) -> None:
-    import socket as socketlib
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -221,9 +221,7 @@ def test_a_warm_store_host_forked_from_the_zygote_serves_the_round_it_is_handed(
     from nodeagent._launch import STORE_HOST_PATH, StoreHostLaunch
     from nodeagent._store_host import StoreHost, WarmStoreHost
 
-    with socketlib.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     zygote_launch = _launch(tmp_path)
     env = {**zygote_launch.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     launch = StoreHostLaunch(

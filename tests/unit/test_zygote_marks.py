@@ -14,7 +14,10 @@ from pathlib import Path
 
 from nodeagent._process import Sentinel
 from nodeagent._zygote import Zygote
-from tests.unit.test_zygote import _launch, _zombie
+from tests._helpers import gone, wait_for
+from tests.unit.test_zygote import _launch
+
+WAIT_S = 20.0
 
 # Starts a child in its session and one that leaves it (setsid), records them, exits 3.
 PARENT = """
@@ -31,18 +34,6 @@ import os, time
 open(os.environ["OUT"], "w").write(str(os.getpid()))
 time.sleep(120)
 """
-
-
-def _gone(pid: int) -> bool:
-    return not os.path.exists(f"/proc/{pid}") or _zombie(pid)
-
-
-async def _until(cond: object, what: str, bound: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + bound
-    while not cond():  # type: ignore[operator]
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def test_a_forked_workers_exit_sweeps_its_own_children_and_never_a_sibling(
@@ -67,11 +58,15 @@ def test_a_forked_workers_exit_sweeps_its_own_children_and_never_a_sibling(
                 forks[name] = handle
             assert await asyncio.wait_for(forks["parent"].wait(), 30) == 3
             children = json.loads((tmp_path / "parent").read_text())
-            await _until(lambda: (tmp_path / "sibling").exists(), "the sibling to start")
+            await wait_for(
+                lambda: (tmp_path / "sibling").exists(), WAIT_S, what="the sibling to start"
+            )
             # Both of its children go: one in its session, one by its mark across setsid.
-            await _until(lambda: all(_gone(c) for c in children), "the fork's children to go")
+            await wait_for(
+                lambda: all(gone(c) for c in children), WAIT_S, what="the fork's children to go"
+            )
             sibling = forks["sibling"]
-            assert sibling.is_alive() and not _gone(sibling.pid)
+            assert sibling.is_alive() and not gone(sibling.pid)
             assert int((tmp_path / "sibling").read_text()) == sibling.pid
         finally:
             z.kill()

@@ -1,0 +1,48 @@
+"""What tests of every tier share: one bounded wait, a free loopback port, whether a pid is gone.
+
+`wait_for` is the wait of async tests (the event loop keeps running while it polls); sync tests
+use `client._local.poll_until`. Neither is a fixed sleep: both return the moment the condition
+holds and fail naming what they waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable
+
+import psutil
+
+__all__ = ["free_port", "gone", "wait_for"]
+
+POLL_S = 0.02
+"""How often `wait_for` looks, unless told otherwise."""
+
+
+async def wait_for(
+    predicate: Callable[[], object], timeout: float, interval: float = POLL_S, *, what: str
+) -> None:
+    """Return as soon as `predicate()` is true; after `timeout` seconds raise an AssertionError
+    naming `what` ("the worker to start")."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago (the OS picked it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for its parent counts as gone)."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return True
