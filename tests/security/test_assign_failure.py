@@ -10,8 +10,7 @@ from disk would be.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -26,18 +25,11 @@ from coordinator._cluster import AssignRound, Cluster, ClusterConfig, RequestPor
 from coordinator._service import MAX_NODE_MESSAGE_BYTES, CoordinatorService
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
+from tests._helpers import wait_for
 from tests.service._fakes import FakeNode
 from tests.unit import test_cluster_fuzz as cluster_fuzz
 
 WAIT_S = 20.0
-
-
-async def poll_until(pred: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -64,7 +56,9 @@ async def test_an_unsendable_assignment_fails_the_job_and_keeps_the_node(
     svc.apply(svc.cluster.submit(job_id, spec, svc.now()))
     rp = (await node.expect("reserve_port")).reserve_port
     await node.send(port_reserved=pb.PortReserved(job_id=rp.job_id, round=rp.round, port=40000))
-    await poll_until(lambda: svc.cluster.job_state(job_id).is_terminal())
+    await wait_for(
+        lambda: svc.cluster.job_state(job_id).is_terminal(), WAIT_S, what="the job to end"
+    )
 
     assert svc.cluster.job_state(job_id) == JobState.FAILED
     status = svc.cluster.job_status(job_id)

@@ -9,8 +9,7 @@ exit: a FIFO planted at the path or a flood of rewrites never hangs it and gives
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -20,20 +19,13 @@ from client.wire import failure_to_pb
 from coordinator._cluster import MAX_FAILURE_TEXT
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
+from tests._helpers import wait_for
 from tests.service._fakes import FakeNode, run_round
 from tests.service.test_workers import DEADLINE, PY, Harness, h
 
 __all__ = ["h"]
 
 WAIT_S = 20.0
-
-
-async def poll_until(pred: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -90,7 +82,11 @@ async def test_forged_and_oversized_notices_are_fenced_and_clipped(
         assert (await a.expect("stop")).stop.round == aa.round
         assert (await b.expect("stop")).stop.round == ab.round
         # No restart left: FAILED at once, while both nodes still stop.
-        await poll_until(lambda: svc.cluster.job_state(job.job_id) == JobState.FAILED)
+        await wait_for(
+            lambda: svc.cluster.job_state(job.job_id) == JobState.FAILED,
+            WAIT_S,
+            what="the job to fail",
+        )
         failures = svc.cluster._jobs[job.job_id].failures
         assert list(failures) == [1]
         assert len(failures[1].message) <= MAX_FAILURE_TEXT + 100

@@ -15,7 +15,7 @@ import asyncio
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -32,6 +32,7 @@ from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent.session import AgentConfig, NodeAgent
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+from tests._helpers import wait_for
 from tests.service._fakes import FakeNode
 
 WAIT_S = 30.0
@@ -45,14 +46,6 @@ WRITER = (
     "    out.write(b'%07d:' % i + b'x' * 1015 + b'\\n')\n"
     "out.flush()\n"
 )
-
-
-async def poll_until(pred: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -76,7 +69,11 @@ async def _job_on(c: Coordinator, node: FakeNode) -> str:
             workers=[pb.WorkerPid(local_rank=0, pid=4242, global_rank=0)],
         )
     )
-    await poll_until(lambda: c.service.cluster.log_location(job_id, 0, None) is not None)
+    await wait_for(
+        lambda: c.service.cluster.log_location(job_id, 0, None) is not None,
+        WAIT_S,
+        what="rank 0's log location",
+    )
     return job_id
 
 
@@ -103,7 +100,11 @@ async def test_three_megabytes_through_a_slow_reader_arrive_byte_for_byte(
                     max_nodes=1,
                 )
             )
-            await poll_until(lambda: c.service.cluster.job_state(job_id).is_terminal(), 60.0)
+            await wait_for(
+                lambda: c.service.cluster.job_state(job_id).is_terminal(),
+                60.0,
+                what="the job to end",
+            )
             (path,) = (tmp_path / "logs").glob(f"{job_id}/attempt_0*/0/stdout.log")
             expected = path.read_bytes()
             assert len(expected) == LOG_BYTES
@@ -124,7 +125,11 @@ async def test_three_megabytes_through_a_slow_reader_arrive_byte_for_byte(
             assert len(got) == len(expected)
             assert got == expected
             # The agent served it through a bounded outbox and holds nothing of it now.
-            await poll_until(lambda: not agent._log_tasks and not agent._log_requests)
+            await wait_for(
+                lambda: not agent._log_tasks and not agent._log_requests,
+                WAIT_S,
+                what="the agent's log tasks to end",
+            )
 
 
 async def _stream(address: str, job_id: str, follow: bool) -> tuple[grpc.aio.Channel, object]:
@@ -185,7 +190,7 @@ async def test_more_chunks_than_granted_end_the_stream_with_data_loss(
         await node.send(log_chunk=pb.LogChunk(request_id=rid, data=b"%d\n" % i))
     assert await asyncio.wait_for(first, WAIT_S) == b"0\n"
     stream = svc._log_streams[rid]
-    await poll_until(lambda: bool(stream.lost))
+    await wait_for(lambda: bool(stream.lost), WAIT_S, what="the stream to be lost")
     got = []
     with pytest.raises(service_module.RequestError) as err:
         while True:
@@ -194,7 +199,7 @@ async def test_more_chunks_than_granted_end_the_stream_with_data_loss(
     assert got == [b"%d\n" % i for i in range(1, window)]
     assert err.value.code == grpc.StatusCode.DATA_LOSS
     assert "node-a" in err.value.message and "granted" in err.value.message
-    await poll_until(lambda: not svc._log_streams)
+    await wait_for(lambda: not svc._log_streams, WAIT_S, what="every log stream to close")
     await node.close()
 
 
@@ -216,7 +221,9 @@ async def test_a_node_gone_mid_read_is_data_loss_and_mid_follow_unavailable(
     assert code == want, (follow, code, details)
     assert "node node-a disconnected" in details
     await ch.close()
-    await poll_until(lambda: not coordinator.service._log_streams)
+    await wait_for(
+        lambda: not coordinator.service._log_streams, WAIT_S, what="every log stream to close"
+    )
 
 
 async def test_follow_ends_when_the_node_is_lost_by_its_lease() -> None:
@@ -249,7 +256,11 @@ def test_cli_follow_of_a_node_that_goes_says_so(capfd: pytest.CaptureFixture[str
             await node.send(log_chunk=pb.LogChunk(request_id=rid, data=b"hello from rank 0\n"))
             stream = c.service._log_streams[rid]
             # The coordinator has the chunk and passed it on; then the node goes.
-            await poll_until(lambda: stream.window < LOG_WINDOW and stream.queue.empty())
+            await wait_for(
+                lambda: stream.window < LOG_WINDOW and stream.queue.empty(),
+                WAIT_S,
+                what="the window to reopen and the queue to drain",
+            )
             await node.close()
             await asyncio.to_thread(finished.wait, WAIT_S)
 
@@ -276,7 +287,7 @@ async def test_log_streams_are_capped_per_client_and_in_all(
     svc = coordinator.service
     cap = service_module.LOG_STREAMS_PER_CLIENT
     opened = [await _stream(coordinator.address, job_id, follow=True) for _ in range(cap)]
-    await poll_until(lambda: len(svc._log_streams) == cap)
+    await wait_for(lambda: len(svc._log_streams) == cap, WAIT_S, what=f"{cap} log streams")
     ch, extra = await _stream(coordinator.address, job_id, follow=True)
     _, code, details = await asyncio.wait_for(_drain(extra), WAIT_S)
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and f"at most {cap}" in details
@@ -286,7 +297,7 @@ async def test_log_streams_are_capped_per_client_and_in_all(
     req = pb.ReadLogsRequest(job_id=job_id, rank=0, stream="stdout", attempt=-1, follow=True)
     other = svc.read_logs(req, client="ipv4:10.0.0.7")
     first = asyncio.create_task(anext(other))  # type: ignore[arg-type]
-    await poll_until(lambda: len(svc._log_streams) == cap + 1)
+    await wait_for(lambda: len(svc._log_streams) == cap + 1, WAIT_S, what=f"{cap + 1} log streams")
     third = svc.read_logs(req, client="ipv4:10.0.0.8")
     with pytest.raises(service_module.RequestError) as err:
         await anext(third)  # type: ignore[arg-type]
@@ -299,13 +310,13 @@ async def test_log_streams_are_capped_per_client_and_in_all(
     ch0, call0 = opened.pop()
     call0.cancel()  # type: ignore[attr-defined]
     await ch0.close()
-    await poll_until(lambda: len(svc._log_streams) == cap - 1)
+    await wait_for(lambda: len(svc._log_streams) == cap - 1, WAIT_S, what=f"{cap - 1} log streams")
     ch, again = await _stream(coordinator.address, job_id, follow=True)
-    await poll_until(lambda: len(svc._log_streams) == cap)
+    await wait_for(lambda: len(svc._log_streams) == cap, WAIT_S, what=f"{cap} log streams")
     for c, call in [*opened, (ch, again)]:
         call.cancel()  # type: ignore[attr-defined]
         await c.close()
-    await poll_until(lambda: not svc._log_streams)
+    await wait_for(lambda: not svc._log_streams, WAIT_S, what="every log stream to close")
     await node.close()
 
 
@@ -349,7 +360,9 @@ async def test_a_reader_that_takes_nothing_stalls_the_agents_file_reading_not_it
                     max_nodes=1,
                 )
             )
-            await poll_until(lambda: svc.cluster.job_state(job_id).is_terminal(), 60.0)
+            await wait_for(
+                lambda: svc.cluster.job_state(job_id).is_terminal(), 60.0, what="the job to end"
+            )
             kinds: list[str] = []
             on_node_message = svc.on_node_message
 
@@ -362,16 +375,30 @@ async def test_a_reader_that_takes_nothing_stalls_the_agents_file_reading_not_it
             reader = svc.read_logs(req, client="ipv4:10.0.0.7")
             assert len(await asyncio.wait_for(anext(reader), WAIT_S)) > 0  # type: ignore[arg-type]
             # The reader takes nothing more: the agent uses up its credit and waits for more.
-            await poll_until(lambda: len(agent._log_requests) == 1)
+            await wait_for(
+                lambda: len(agent._log_requests) == 1,
+                WAIT_S,
+                what="the agent to serve one log request",
+            )
             (served,) = agent._log_requests.values()
-            await poll_until(lambda: served.credit == 0 and served.logs.empty())
+            await wait_for(
+                lambda: served.credit == 0 and served.logs.empty(),
+                WAIT_S,
+                what="the served request's credit to run out",
+            )
             # And every chunk the agent sent has arrived: none is still on its way.
             (stream,) = svc._log_streams.values()
-            await poll_until(lambda: stream.window == 0)
+            await wait_for(lambda: stream.window == 0, WAIT_S, what="every chunk sent to arrive")
             sent = kinds.count("log_chunk")
             assert sent <= service_module.LOG_WINDOW_CHUNKS
             beats = kinds.count("heartbeat")
-            await poll_until(lambda: kinds.count("heartbeat") >= beats + 3)
+            await wait_for(
+                lambda: kinds.count("heartbeat") >= beats + 3, WAIT_S, what="three more heartbeats"
+            )
             assert kinds.count("log_chunk") == sent  # nothing read meanwhile
             await reader.aclose()
-            await poll_until(lambda: not agent._log_requests and not svc._log_streams)
+            await wait_for(
+                lambda: not agent._log_requests and not svc._log_streams,
+                WAIT_S,
+                what="every log request and stream to close",
+            )

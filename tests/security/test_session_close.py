@@ -10,8 +10,7 @@ call stayed open, and the agent, if it read again, never saw the end.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 import grpc.aio
@@ -21,19 +20,12 @@ import coordinator._service as service_module
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+from tests._helpers import wait_for
 
 BIG = (
     2 * 1024 * 1024
 )  # a few of these are more than the transport holds for a peer that reads nothing
 WAIT_S = 10.0
-
-
-async def poll_until(pred: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 def _big(i: int) -> pb.CoordinatorMessage:
@@ -90,12 +82,12 @@ async def test_a_burst_that_fills_the_outbox_ends_the_session(coordinator: Coord
     svc = coordinator.service
     ch, call, done = await _agent_that_never_reads(coordinator.address)
     try:
-        await poll_until(lambda: "n1" in svc._sessions)
+        await wait_for(lambda: "n1" in svc._sessions, WAIT_S, what="n1's session")
         session = svc._sessions["n1"]
         for i in range(20):  # no await in between: the outbox overflows at once
             session.send(_big(i))
         assert session.closed
-        await poll_until(lambda: "n1" not in svc._sessions)
+        await wait_for(lambda: "n1" not in svc._sessions, WAIT_S, what="n1's session to close")
         assert _node_state(coordinator) == "lost"
         await _assert_the_call_ends(call)
     finally:
@@ -110,17 +102,19 @@ async def test_a_write_the_agent_never_reads_does_not_hold_a_closed_session(
     svc = coordinator.service
     ch, call, done = await _agent_that_never_reads(coordinator.address)
     try:
-        await poll_until(lambda: "n1" in svc._sessions)
+        await wait_for(lambda: "n1" in svc._sessions, WAIT_S, what="n1's session")
         session = svc._sessions["n1"]
         for i in range(7):
             session.send(_big(i))
         # The loop has begun writing what the agent will never read; the transport takes only a
         # few MB of it, so the loop is held in a write (or soon will be) when the close comes.
-        await poll_until(lambda: session.outbox.qsize() < 7)
+        await wait_for(
+            lambda: session.outbox.qsize() < 7, WAIT_S, what="the outbox to drain below 7"
+        )
         for i in range(7, 7 + service_module.OUTBOX_LIMIT + 1):
             session.send(_big(i))
         assert session.closed
-        await poll_until(lambda: "n1" not in svc._sessions)
+        await wait_for(lambda: "n1" not in svc._sessions, WAIT_S, what="n1's session to close")
         assert _node_state(coordinator) == "lost"
         await _assert_the_call_ends(call)
     finally:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -28,17 +28,10 @@ from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent.session import AgentConfig, NodeAgent
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+from tests._helpers import wait_for
 from tests.service._fakes import FakeNode
 
 WAIT_S = 30.0
-
-
-async def poll_until(pred: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -87,7 +80,7 @@ async def test_a_second_hello_for_a_live_session_is_refused_whatever_its_incarna
     await owner.send(heartbeat=pb.Heartbeat(seq=1))
     # Once it is gone, the name is free again.
     await owner.close()
-    await poll_until(lambda: "node-a" not in svc._sessions)
+    await wait_for(lambda: "node-a" not in svc._sessions, WAIT_S, what="node-a's session to end")
     again = FakeNode(coordinator.address, "node-a", "127.0.0.1", incarnation="inc-other")
     await again.connect()
     await again.close()
@@ -158,7 +151,11 @@ async def test_the_name_is_free_once_the_reconnect_grace_ends(tmp_path: Path) ->
     await node.close()
     async with Coordinator(CoordinatorConfig(**{**config.__dict__, "port": port})) as c2:
         assert [n.state for n in c2.service.cluster.nodes()] == ["reconnecting"]
-        await poll_until(lambda: [n.state for n in c2.service.cluster.nodes()] == ["lost"])
+        await wait_for(
+            lambda: [n.state for n in c2.service.cluster.nodes()] == ["lost"],
+            WAIT_S,
+            what="node-a to be lost",
+        )
         new = FakeNode(c2.address, "node-a", "127.0.0.1", incarnation="inc-new")
         await new.connect()
         assert c2.service.cluster.node_is_live("node-a", "inc-new")
@@ -180,7 +177,11 @@ async def _one_rank_job(c: Coordinator, owner: FakeNode) -> str:
             workers=[pb.WorkerPid(local_rank=0, pid=4242, global_rank=0)],
         )
     )
-    await poll_until(lambda: c.service.cluster.log_location(job_id, 0, None) is not None)
+    await wait_for(
+        lambda: c.service.cluster.log_location(job_id, 0, None) is not None,
+        WAIT_S,
+        what="rank 0's log location",
+    )
     return job_id
 
 
@@ -201,7 +202,11 @@ async def test_a_chunk_sent_by_another_node_for_a_request_is_not_delivered(
         rid = (await owner.expect("start_logs")).start_logs.request_id
         dropped = coordinator.service.stray_log_chunks
         await other.send(log_chunk=pb.LogChunk(request_id=rid, data=b"forged\n", eof=True))
-        await poll_until(lambda: coordinator.service.stray_log_chunks == dropped + 1)
+        await wait_for(
+            lambda: coordinator.service.stray_log_chunks == dropped + 1,
+            WAIT_S,
+            what="the stray chunk to be dropped",
+        )
         await owner.send(log_chunk=pb.LogChunk(request_id=rid, data=b"genuine\n", eof=True))
         got = []
         while (m := await call.read()) is not grpc.aio.EOF:
@@ -210,7 +215,11 @@ async def test_a_chunk_sent_by_another_node_for_a_request_is_not_delivered(
         assert await call.code() == grpc.StatusCode.OK
     # The node without the job goes first: nothing is left to assign when the owner goes.
     await other.close()
-    await poll_until(lambda: "node-b" not in coordinator.service._sessions)
+    await wait_for(
+        lambda: "node-b" not in coordinator.service._sessions,
+        WAIT_S,
+        what="node-b's session to end",
+    )
     await owner.close()
 
 

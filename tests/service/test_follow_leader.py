@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -29,7 +29,7 @@ from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent.session import AgentConfig, NodeAgent
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
-from tests._helpers import free_port
+from tests._helpers import free_port, gone, wait_for
 
 WAIT_S = 30.0
 SPEC = JobSpec(entrypoint=["python", "train.py"], nproc_per_node=1, min_nodes=1, max_nodes=1)
@@ -39,14 +39,6 @@ _STREAMING = {
     "/gelastic.v1.Coordinator/GetResult": "unary_stream",
     "/gelastic.v1.NodeSession/Session": "stream_stream",
 }
-
-
-async def poll_until(pred: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 class Standby(grpc.GenericRpcHandler):
@@ -260,7 +252,9 @@ async def test_an_agent_names_the_replica_it_could_not_reach_to_the_others(
     async with Standby() as standby:
         agent = _agent(f"{gone},{standby.address}", tmp_path)
         async with agent:
-            await poll_until(lambda: len(standby.metadata) >= 3)
+            await wait_for(
+                lambda: len(standby.metadata) >= 3, WAIT_S, what="three calls to the standby"
+            )
         assert [md.get(UNREACHABLE_HEADER) for md in standby.metadata[:3]] == [gone] * 3
     async with Standby(leader.address) as first:
         agent = _agent(f"{gone},{first.address},{leader.address}", tmp_path)
@@ -288,7 +282,11 @@ async def test_an_agent_hunting_for_a_leader_over_a_list_retries_at_a_short_paus
             )
         )
         async with agent:
-            await poll_until(lambda: len(first.times) + len(second.times) >= 12)
+            await wait_for(
+                lambda: len(first.times) + len(second.times) >= 12,
+                WAIT_S,
+                what="twelve calls to the standbys",
+            )
         times = sorted(first.times + second.times)
     gaps = [b - a for a, b in itertools.pairwise(times)]
     # Between two standbys' tries the third (down) replica's is a fast failure, so a gap may
@@ -407,7 +405,11 @@ async def test_an_agent_refuses_a_message_of_an_older_epoch_and_reconnects(
             assert list(hello.running) == []
             await outbox.put(_welcome(5))
             await outbox.put(_assign("job-new-0000000001", 5))
-            await poll_until(lambda: bool(_started(received, "job-new-0000000001")))
+            await wait_for(
+                lambda: bool(_started(received, "job-new-0000000001")),
+                WAIT_S,
+                what="the new job's worker to start",
+            )
             (started,) = _started(received, "job-new-0000000001")
             pid = started.workers[0].pid
             assert psutil.pid_exists(pid)
@@ -450,8 +452,4 @@ async def test_an_agent_refuses_a_message_of_an_older_epoch_and_reconnects(
     finally:
         await fake.server.stop(None)
     if pid:
-        await poll_until(
-            lambda: (
-                not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-            )
-        )
+        await wait_for(lambda: gone(pid), WAIT_S, what="the worker to exit")
