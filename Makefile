@@ -1,6 +1,7 @@
 # gelastic: `make demo` runs a real multi-node job on this host; `make test` runs every test;
+# `make check` only the fast tiers (lint, types, unit and service tests), for every change;
 # `make fuzz` hunts with the property tests for longer, at random.
-# Both create their own virtualenv in .venv and install what they need.
+# Each creates its own virtualenv in .venv and installs what it needs.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -9,7 +10,7 @@ STAMP  := $(VENV)/.installed
 PROTO  := protos/gelastic/v1/gelastic.proto
 ETCD_PROTO := protos/etcd/rpc.proto
 
-.PHONY: setup netns-tools etcd-server slurm browser protos check-protos fmt lint typecheck test test-fast test-gpu fuzz demo bench clean
+.PHONY: setup netns-tools etcd-server slurm browser protos check-protos fmt lint typecheck check test test-fast test-gpu fuzz demo bench clean
 
 setup: $(STAMP) netns-tools etcd-server slurm browser
 
@@ -89,6 +90,11 @@ test: $(STAMP) netns-tools etcd-server slurm browser check-protos lint typecheck
 	GELASTIC_HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -rsx --durations=25 -p no:cacheprovider $(PYTEST_ARGS); \
 		rc=$$?; [ $$rc -ne 5 ] || echo "make test: pytest collected no tests (exit 5): failing"; \
 		exit $$rc
+
+# The fast tiers, for every change: lint, types, tests/unit and tests/service (in-process
+# servers, a real etcd), in under 3 minutes on 2 cores. `make test` (CI) runs the whole suite.
+check: $(STAMP) etcd-server lint typecheck
+	$(PY) -m pytest -q -rsx -p no:cacheprovider tests/unit tests/service
 
 # The GPU end-to-end test alone (2+ NVIDIA GPUs, NCCL); without them it skips and says why.
 test-gpu: $(STAMP)
