@@ -1,0 +1,485 @@
+"""The node session's one codec: `client.node_protocol` values to protobuf and back.
+
+Both ends use it: the agent encodes what it says and decodes what it is told; the coordinator
+the other way round. Decoding is where a message from the other side is first bounded: a
+field that no honest peer sends (too many GPUs, an unprintable uuid, an empty message) raises
+`MessageError` naming it, and texts are cut to the length the receiver keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from client.assignment import RoundAssignment, WorkerRanks
+from client.model import GpuDevice, GpuHealth, JobSpec
+from client.node_protocol import (
+    Assign,
+    CancelLogs,
+    CoordinatorMsg,
+    GroupHealth,
+    GroupStopped,
+    GroupUnknown,
+    Heartbeat,
+    Hello,
+    LogChunk,
+    LogCredit,
+    NodeMsg,
+    PortReserved,
+    Release,
+    ReservePort,
+    RunningGroup,
+    StartLogs,
+    Stop,
+    Welcome,
+    WorkerExit,
+    WorkerExited,
+    WorkerFailing,
+    WorkerHealthSample,
+    WorkersStarted,
+)
+from client.wire import (
+    failure_from_pb,
+    failure_to_pb,
+    gpu_device_to_pb,
+    gpu_health_to_pb,
+    group_state_from_pb,
+    group_state_to_pb,
+    spec_from_pb,
+    spec_to_pb,
+)
+from protos.gelastic.v1 import gelastic_pb2 as pb
+
+__all__ = [
+    "MAX_GPUS",
+    "MAX_GPU_TEXT",
+    "MAX_REASON_TEXT",
+    "MessageError",
+    "decode_coordinator",
+    "decode_node",
+    "encode_coordinator",
+    "encode_node",
+    "exit_from_pb",
+    "exit_to_pb",
+    "ranks_from_pb",
+    "ranks_to_pb",
+]
+
+MAX_GPUS = 64
+"""Most GPUs one node offers (NVML's own limit per host is lower in practice)."""
+MAX_GPU_TEXT = 96
+"""Longest GPU name or uuid."""
+MAX_REASON_TEXT = 4000
+"""Longest reason a GroupUnknown keeps."""
+
+
+class MessageError(ValueError):
+    """A node session message no honest peer sends; the text names the field."""
+
+
+# ---- parts ---------------------------------------------------------------------------------------
+
+
+def exit_to_pb(e: WorkerExit) -> pb.WorkerExit:
+    msg = pb.WorkerExit(
+        local_rank=e.local_rank,
+        global_rank=e.global_rank,
+        pid=e.pid,
+        exitcode=e.exitcode,
+        stopped_by_agent=e.stopped_by_agent,
+        timestamp=e.timestamp,
+    )
+    if e.failure is not None:
+        msg.failure.CopyFrom(failure_to_pb(e.failure))
+        msg.has_failure = True
+    if e.return_value is not None:
+        msg.return_value = e.return_value
+        msg.has_return_value = True
+    return msg
+
+
+def exit_from_pb(m: pb.WorkerExit) -> WorkerExit:
+    return WorkerExit(
+        local_rank=m.local_rank,
+        global_rank=m.global_rank,
+        pid=m.pid,
+        exitcode=m.exitcode,
+        stopped_by_agent=m.stopped_by_agent,
+        failure=failure_from_pb(m.failure) if m.has_failure else None,
+        return_value=bytes(m.return_value) if m.has_return_value else None,
+        timestamp=m.timestamp,
+    )
+
+
+def ranks_to_pb(w: WorkerRanks) -> pb.WorkerRanks:
+    return pb.WorkerRanks(
+        local_rank=w.local_rank,
+        global_rank=w.global_rank,
+        role_rank=w.role_rank,
+        world_size=w.world_size,
+        role_world_size=w.role_world_size,
+        role=w.role,
+    )
+
+
+def ranks_from_pb(m: pb.WorkerRanks) -> WorkerRanks:
+    return WorkerRanks(
+        m.local_rank, m.global_rank, m.role_rank, m.world_size, m.role_world_size, role=m.role
+    )
+
+
+def _pids_to_pb(pids: tuple[tuple[int, int], ...], ranks: tuple[int, ...]) -> list[pb.WorkerPid]:
+    known = len(ranks) == len(pids)
+    return [
+        pb.WorkerPid(local_rank=lr, pid=pid, global_rank=ranks[i] if known else -1)
+        for i, (lr, pid) in enumerate(pids)
+    ]
+
+
+def _pids_from_pb(
+    workers: Iterable[pb.WorkerPid],
+) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+    listed = list(workers)
+    return tuple((w.local_rank, w.pid) for w in listed), tuple(w.global_rank for w in listed)
+
+
+def _running_to_pb(g: RunningGroup) -> pb.RunningGroup:
+    return pb.RunningGroup(
+        job_id=g.job_id,
+        round=g.round,
+        attempt=g.attempt,
+        workers=_pids_to_pb(g.pids, g.global_ranks),
+        exits=[exit_to_pb(e) for e in g.exits],
+        stopped=g.stopped,
+    )
+
+
+def _running_from_pb(g: pb.RunningGroup) -> RunningGroup:
+    pids, ranks = _pids_from_pb(g.workers)
+    return RunningGroup(
+        job_id=g.job_id,
+        round=g.round,
+        attempt=g.attempt,
+        pids=pids,
+        global_ranks=ranks,
+        exits=tuple(exit_from_pb(e) for e in g.exits),
+        stopped=g.stopped,
+    )
+
+
+def _gpus_from_hello(hello: pb.Hello) -> tuple[GpuDevice, ...]:
+    """The GPUs a hello offers, checked: MessageError naming the field otherwise."""
+    if len(hello.gpus) > MAX_GPUS:
+        raise MessageError(f"hello.gpus: at most {MAX_GPUS} GPUs, got {len(hello.gpus)}")
+    seen: set[int] = set()
+    out = []
+    for g in hello.gpus:
+        bad = ""
+        if not 0 <= g.index < 1024 or g.index in seen:
+            bad = f"index {g.index} is out of range or given twice"
+        elif not g.uuid or len(g.uuid) > MAX_GPU_TEXT or not g.uuid.isprintable() or "," in g.uuid:
+            bad = f"GPU {g.index}: uuid must be 1-{MAX_GPU_TEXT} printable characters, no comma"
+        elif len(g.name) > MAX_GPU_TEXT or not g.name.isprintable():
+            bad = f"GPU {g.index}: name must be at most {MAX_GPU_TEXT} printable characters"
+        elif g.memory_total < 0:
+            bad = f"GPU {g.index}: memory_total must be >= 0"
+        if bad:
+            raise MessageError(f"hello.gpus: {bad}")
+        seen.add(g.index)
+        out.append(GpuDevice(g.index, g.uuid, g.name, g.memory_total))
+    return tuple(out)
+
+
+def _gpu_health_from_pb(g: pb.GpuHealth) -> GpuHealth:
+    return GpuHealth(
+        index=g.index,
+        utilization_percent=min(100.0, max(0.0, g.utilization_percent)),
+        memory_used=max(0, g.memory_used),
+        temperature_c=g.temperature_c,
+        uncorrectable_ecc=max(0, g.uncorrectable_ecc),
+        lost=g.lost,
+    )
+
+
+def _group_health_to_pb(g: GroupHealth) -> pb.GroupHealth:
+    return pb.GroupHealth(
+        job_id=g.job_id,
+        round=g.round,
+        workers=[
+            pb.WorkerHealth(
+                local_rank=s.local_rank,
+                global_rank=s.global_rank,
+                pid=s.pid,
+                cpu_percent=s.cpu_percent,
+                rss_bytes=s.rss_bytes,
+                proc_state=s.proc_state,
+            )
+            for s in g.workers
+        ],
+        state=group_state_to_pb(g.state),  # type: ignore[arg-type]
+        reason=g.reason,
+    )
+
+
+def _group_health_from_pb(g: pb.GroupHealth) -> GroupHealth:
+    return GroupHealth(
+        job_id=g.job_id,
+        round=g.round,
+        workers=tuple(
+            WorkerHealthSample(
+                w.local_rank, w.pid, w.cpu_percent, w.rss_bytes, w.proc_state, w.global_rank
+            )
+            for w in g.workers
+        ),
+        state=group_state_from_pb(g.state),
+        reason=g.reason,
+    )
+
+
+# ---- agent to coordinator ------------------------------------------------------------------------
+
+
+def encode_node(msg: NodeMsg) -> pb.NodeMessage:
+    """What an agent writes to its session."""
+    if isinstance(msg, Heartbeat):
+        return pb.NodeMessage(
+            heartbeat=pb.Heartbeat(
+                seq=msg.seq,
+                groups=[_group_health_to_pb(g) for g in msg.groups],
+                gpus=[gpu_health_to_pb(g) for g in msg.gpus],
+            )
+        )
+    if isinstance(msg, WorkerExited):
+        return pb.NodeMessage(
+            worker_exited=pb.WorkerExited(
+                job_id=msg.job_id, round=msg.round, exit=exit_to_pb(msg.exit)
+            )
+        )
+    if isinstance(msg, LogChunk):
+        return pb.NodeMessage(
+            log_chunk=pb.LogChunk(
+                request_id=msg.request_id, data=msg.data, eof=msg.eof, error=msg.error
+            )
+        )
+    if isinstance(msg, WorkersStarted):
+        return pb.NodeMessage(
+            workers_started=pb.WorkersStarted(
+                job_id=msg.job_id,
+                round=msg.round,
+                workers=_pids_to_pb(msg.pids, msg.global_ranks),
+            )
+        )
+    if isinstance(msg, PortReserved):
+        return pb.NodeMessage(
+            port_reserved=pb.PortReserved(
+                job_id=msg.job_id, round=msg.round, port=msg.port, error=msg.error
+            )
+        )
+    if isinstance(msg, WorkerFailing):
+        f = msg.failure
+        return pb.NodeMessage(
+            worker_failing=pb.WorkerFailing(
+                job_id=msg.job_id,
+                round=msg.round,
+                local_rank=f.local_rank,
+                global_rank=f.global_rank,
+                pid=f.pid,
+                failure=failure_to_pb(f),
+            )
+        )
+    if isinstance(msg, GroupStopped):
+        return pb.NodeMessage(
+            group_stopped=pb.GroupStopped(
+                job_id=msg.job_id, round=msg.round, unkillable_pids=list(msg.unkillable_pids)
+            )
+        )
+    if isinstance(msg, GroupUnknown):
+        return pb.NodeMessage(
+            group_unknown=pb.GroupUnknown(job_id=msg.job_id, round=msg.round, reason=msg.reason)
+        )
+    if isinstance(msg, Hello):
+        return pb.NodeMessage(
+            hello=pb.Hello(
+                name=msg.name,
+                addr=msg.addr,
+                slots=msg.slots,
+                incarnation=msg.incarnation,
+                version=msg.version,
+                running=[_running_to_pb(g) for g in msg.running],
+                gpus=[gpu_device_to_pb(d) for d in msg.gpus],
+            )
+        )
+    raise TypeError(f"not a node message: {type(msg).__name__}")
+
+
+def decode_node(m: pb.NodeMessage) -> NodeMsg:
+    """What a coordinator reads from a session; MessageError for one no agent sends."""
+    kind = m.WhichOneof("kind")
+    if kind == "heartbeat":
+        h = m.heartbeat
+        return Heartbeat(
+            seq=h.seq,
+            groups=tuple(_group_health_from_pb(g) for g in h.groups),
+            gpus=tuple(_gpu_health_from_pb(g) for g in h.gpus[:MAX_GPUS]),
+        )
+    if kind == "worker_exited":
+        e = m.worker_exited
+        return WorkerExited(e.job_id, e.round, exit_from_pb(e.exit))
+    if kind == "log_chunk":
+        c = m.log_chunk
+        return LogChunk(c.request_id, bytes(c.data), c.eof, c.error)
+    if kind == "workers_started":
+        w = m.workers_started
+        pids, ranks = _pids_from_pb(w.workers)
+        return WorkersStarted(w.job_id, w.round, pids, ranks)
+    if kind == "port_reserved":
+        p = m.port_reserved
+        return PortReserved(p.job_id, p.round, p.port, p.error)
+    if kind == "worker_failing":
+        f = m.worker_failing
+        failure = replace(
+            failure_from_pb(f.failure),
+            local_rank=f.local_rank,
+            global_rank=f.global_rank,
+            pid=f.pid,
+        )
+        return WorkerFailing(f.job_id, f.round, failure)
+    if kind == "group_stopped":
+        g = m.group_stopped
+        return GroupStopped(g.job_id, g.round, tuple(g.unkillable_pids))
+    if kind == "group_unknown":
+        u = m.group_unknown
+        return GroupUnknown(u.job_id, u.round, u.reason[:MAX_REASON_TEXT])
+    if kind == "hello":
+        hello = m.hello
+        return Hello(
+            name=hello.name,
+            addr=hello.addr,
+            slots=hello.slots,
+            incarnation=hello.incarnation,
+            version=hello.version,
+            running=tuple(_running_from_pb(g) for g in hello.running),
+            gpus=_gpus_from_hello(hello),
+        )
+    raise MessageError("empty node message")
+
+
+# ---- coordinator to agent ------------------------------------------------------------------------
+
+
+def _assign_to_pb(a: RoundAssignment) -> pb.Assign:
+    return pb.Assign(
+        job_id=a.job_id,
+        round=a.round,
+        attempt=a.attempt,
+        spec=spec_to_pb(a.spec),
+        group_rank=a.group_rank,
+        group_world_size=a.group_world_size,
+        master_addr=a.master_addr,
+        master_port=a.master_port,
+        workers=[ranks_to_pb(w) for w in a.workers],
+        run_id=a.run_id,
+        gpus=list(a.gpus),
+        gpu_uuids=list(a.gpu_uuids),
+    )
+
+
+def _assign_from_pb(m: pb.Assign) -> Assign:
+    spec, error = JobSpec(), ""
+    try:
+        spec = spec_from_pb(m.spec)
+    except (ValueError, TypeError) as exc:
+        error = str(exc)
+    assignment = RoundAssignment(
+        job_id=m.job_id,
+        round=m.round,
+        attempt=m.attempt,
+        spec=spec,
+        group_rank=m.group_rank,
+        group_world_size=m.group_world_size,
+        master_addr=m.master_addr,
+        master_port=m.master_port,
+        workers=tuple(ranks_from_pb(w) for w in m.workers),
+        run_id=m.run_id,
+        gpus=tuple(m.gpus),
+        gpu_uuids=tuple(m.gpu_uuids),
+    )
+    return Assign(assignment, spec_error=error)
+
+
+def encode_coordinator(msg: CoordinatorMsg, epoch: int = 0) -> pb.CoordinatorMessage:
+    """What a coordinator writes to a session, under its leader epoch (0: no election)."""
+    if isinstance(msg, Assign):
+        out = pb.CoordinatorMessage(assign=_assign_to_pb(msg.assignment))
+    elif isinstance(msg, Stop):
+        out = pb.CoordinatorMessage(
+            stop=pb.Stop(
+                job_id=msg.job_id,
+                round=msg.round,
+                grace_ms=round(msg.grace * 1000),
+                reason=msg.reason,
+                replaced=msg.replaced,
+            )
+        )
+    elif isinstance(msg, ReservePort):
+        out = pb.CoordinatorMessage(reserve_port=pb.ReservePort(job_id=msg.job_id, round=msg.round))
+    elif isinstance(msg, Release):
+        out = pb.CoordinatorMessage(release=pb.Release(job_id=msg.job_id, round=msg.round))
+    elif isinstance(msg, LogCredit):
+        out = pb.CoordinatorMessage(
+            log_credit=pb.LogCredit(request_id=msg.request_id, chunks=msg.chunks)
+        )
+    elif isinstance(msg, StartLogs):
+        out = pb.CoordinatorMessage(
+            start_logs=pb.StartLogs(
+                request_id=msg.request_id,
+                job_id=msg.job_id,
+                attempt=msg.attempt,
+                rank=msg.rank,
+                stream=msg.stream,
+                follow=msg.follow,
+                credit_chunks=msg.credit_chunks,
+            )
+        )
+    elif isinstance(msg, CancelLogs):
+        out = pb.CoordinatorMessage(cancel_logs=pb.CancelLogs(request_id=msg.request_id))
+    elif isinstance(msg, Welcome):
+        out = pb.CoordinatorMessage(
+            welcome=pb.Welcome(
+                heartbeat_interval_ms=round(msg.heartbeat_interval * 1000),
+                lease_ms=round(msg.lease * 1000),
+                coordinator_id=msg.coordinator_id,
+            )
+        )
+    else:
+        raise TypeError(f"not a coordinator message: {type(msg).__name__}")
+    if epoch:
+        out.epoch = epoch
+    return out
+
+
+def decode_coordinator(m: pb.CoordinatorMessage) -> CoordinatorMsg:
+    """What an agent reads from its session (its epoch is `m.epoch`); MessageError if empty."""
+    kind = m.WhichOneof("kind")
+    if kind == "assign":
+        return _assign_from_pb(m.assign)
+    if kind == "stop":
+        s = m.stop
+        return Stop(s.job_id, s.round, s.grace_ms / 1000, s.reason, s.replaced)
+    if kind == "reserve_port":
+        return ReservePort(m.reserve_port.job_id, m.reserve_port.round)
+    if kind == "release":
+        return Release(m.release.job_id, m.release.round)
+    if kind == "log_credit":
+        return LogCredit(m.log_credit.request_id, m.log_credit.chunks)
+    if kind == "start_logs":
+        lg = m.start_logs
+        return StartLogs(
+            lg.request_id, lg.job_id, lg.attempt, lg.rank, lg.stream, lg.follow, lg.credit_chunks
+        )
+    if kind == "cancel_logs":
+        return CancelLogs(m.cancel_logs.request_id)
+    if kind == "welcome":
+        w = m.welcome
+        return Welcome(w.heartbeat_interval_ms / 1000, w.lease_ms / 1000, w.coordinator_id)
+    raise MessageError("empty coordinator message")
