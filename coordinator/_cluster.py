@@ -4,19 +4,22 @@
 assignment, stop that round, the job changed). It never touches the network, the disk or the
 clock (`now` is a parameter), so every decision is tested directly with a fake clock. Its inputs:
 
+- node sessions: `step(node, incarnation, msg, now)` takes every message of an agent's session
+  (`client.node_protocol`: heartbeats, reserved ports, started workers, exits, failure notices,
+  stopped and unknown groups, log chunks); the session's opening and end are
+  `node_connected` and `node_disconnected`, and `assign_undeliverable` says an assignment could
+  not be sent;
 - clients: `submit`, `confirm_written`, `withdraw`, `cancel`, `forget_node`, `clear_quarantine`;
-- node sessions: `node_connected`, `node_disconnected`, `heartbeat`, `port_reserved`,
-  `workers_started`, `worker_exited`, `worker_failing`, `group_stopped`, `group_unknown`,
-  `assign_undeliverable`;
 - time: `tick`; the store: `restore` (and `dump_job`, `dump_nodes`, `dump_node` out).
 
 Everything else public is a read: `job_ids`, `has_job`, `job_spec`, `job_state`, `job_status`,
 `job_result`, `job_attempts`, `job_events`, `job_for_request`, `job_submitted_at`,
 `round_progress`, `failure`, `log_location`, `nodes`, `node_is_live`, `event_seq`.
 
-Rounds are fenced: every node message names its job and round, and a message from any round but
-the job's current one is refused. Restart accounting is one budget per job; a change of membership
-(a node lost, a node joined) re-forms the job without spending it.
+`step` checks once what every node message needs: that it comes from the node's live session,
+and, for a message about a round, that the round is the job's current one (any other is refused
+and that round stopped on the node). Restart accounting is one budget per job; a change of
+membership (a node lost, a node joined) re-forms the job without spending it.
 
 The class is a facade over rooms, each a module of its own, stacked from the bottom:
 `_cluster_core` (state, fencing, transitions, events), `_cluster_outcome` (stops, restarts, the
@@ -28,7 +31,6 @@ and forming rounds, with `_placement`), `_cluster_nodes` (sessions, leases, adop
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
 
 from client.model import (
     FailureCategory,
@@ -36,6 +38,19 @@ from client.model import (
     JobState,
     ProcessFailure,
     WorkerState,
+)
+from client.node_protocol import (
+    GroupStopped,
+    GroupUnknown,
+    Heartbeat,
+    Hello,
+    LogChunk,
+    NodeMsg,
+    PortReserved,
+    WorkerExited,
+    WorkerFailing,
+    WorkerHealthSample,
+    WorkersStarted,
 )
 from coordinator._cluster_failures import (
     _sanitized,
@@ -63,8 +78,9 @@ from coordinator._cluster_records import (
     RunningGroupReport,
     StopRound,
     WorkerExitReport,
-    WorkerHealthSample,
     _Job,
+    _Member,
+    _Node,
     _StopKind,
     _WorkerPhase,
 )
@@ -174,54 +190,68 @@ class Cluster(_Views):
             self._begin_stop(job, _StopKind.CANCEL, "canceled by the user", now)
         return self._finish(now)
 
-    def port_reserved(
-        self,
-        name: str,
-        incarnation: str,
-        job_id: str,
-        round_: int,
-        port: int,
-        error: str,
-        now: float,
-    ) -> list[Effect]:
-        self._reschedule = True
+    def step(self, name: str, incarnation: str, msg: NodeMsg, now: float) -> list[Effect]:
+        """One message of node `name`'s session, from the agent process `incarnation`.
+
+        A message of any session but the node's live one is dropped here, once. Any other
+        proves the node alive. A message about a job round that has moved on is refused (and
+        the node told to stop that round) before it reaches its handler, except the two that
+        answer a request of the coordinator's (a reserved port, a confirmed stop), which
+        check their own round.
+        """
+        if isinstance(msg, PortReserved | GroupStopped | GroupUnknown):
+            self._reschedule = True
         node = self._live(name, incarnation)
-        job = self._jobs.get(job_id)
-        if node is None or job is None or job.round != round_ or job.port_deadline is None:
-            return self._finish(now)
+        if node is None:
+            return self._finish(now) if isinstance(msg, PortReserved) else []
         node.last_seen = now
+        if isinstance(msg, Heartbeat):
+            return self._on_heartbeat(node, msg, now)
+        if isinstance(msg, LogChunk):
+            return self._finish(now) if self._effects else []
+        if isinstance(msg, Hello):
+            raise ValueError(f"node {name} said hello twice on one session")
+        if isinstance(msg, PortReserved):
+            self._on_port_reserved(node, msg, now)
+        elif isinstance(msg, GroupStopped):
+            self._on_group_stopped(node, msg, now)
+        else:
+            job, member = self._fenced(node, msg.job_id, msg.round, now)
+            if job is not None and member is not None:
+                if isinstance(msg, WorkersStarted):
+                    self._on_workers_started(job, member, msg, now)
+                elif isinstance(msg, WorkerExited):
+                    self._apply_exit(job, member, msg.exit, now)
+                elif isinstance(msg, WorkerFailing):
+                    self._on_worker_failing(job, member, msg, now)
+                else:
+                    self._on_group_unknown(job, member, msg, now)
+        return self._finish(now)
+
+    def _on_port_reserved(self, node: _Node, msg: PortReserved, now: float) -> None:
+        name, port, error = node.name, msg.port, msg.error
+        job = self._jobs.get(msg.job_id)
+        if job is None or job.round != msg.round or job.port_deadline is None:
+            return
         if job.members[0].node != name:
-            return self._finish(now)
+            return
         job.port_deadline = None
         if error or not 0 < port < 65536:
             # Back off, doubling, so an agent that cannot bind does not spin the rendezvous.
             job.port_failures += 1
             job.not_before = now + min(PORT_RETRY_MAX_S, 0.25 * 2 ** (job.port_failures - 1))
             self._reform(job, f"node {name} could not reserve a master port: {error or port}", now)
-            return self._finish(now)
+            return
         job.port_failures = 0
         job.master_port = port
         self._assign(job, now)
-        return self._finish(now)
 
-    def workers_started(
-        self,
-        name: str,
-        incarnation: str,
-        job_id: str,
-        round_: int,
-        pids: Iterable[tuple[int, int]],
-        now: float,
-    ) -> list[Effect]:
-        node = self._live(name, incarnation)
-        if node is None:
-            return []
-        node.last_seen = now
-        job, member = self._fenced(node, job_id, round_, now)
-        if job is None or member is None:
-            return self._finish(now)
+    def _on_workers_started(
+        self, job: _Job, member: _Member, msg: WorkersStarted, now: float
+    ) -> None:
+        name = member.node
         started = []
-        for local_rank, pid in pids:
+        for local_rank, pid in msg.pids:
             w = member.workers.get(local_rank)
             if w is None:
                 continue
@@ -249,55 +279,22 @@ class Cluster(_Views):
                 now,
             )
         self._changed(job)
-        return self._finish(now)
 
-    def worker_exited(
-        self,
-        name: str,
-        incarnation: str,
-        job_id: str,
-        round_: int,
-        report: WorkerExitReport,
-        now: float,
-    ) -> list[Effect]:
-        node = self._live(name, incarnation)
-        if node is None:
-            return []
-        node.last_seen = now
-        job, member = self._fenced(node, job_id, round_, now)
-        if job is None or member is None:
-            return self._finish(now)
-        self._apply_exit(job, member, report, now)
-        return self._finish(now)
-
-    def worker_failing(
-        self,
-        name: str,
-        incarnation: str,
-        job_id: str,
-        round_: int,
-        local_rank: int,
-        failure: ProcessFailure,
-        now: float,
-    ) -> list[Effect]:
+    def _on_worker_failing(
+        self, job: _Job, member: _Member, msg: WorkerFailing, now: float
+    ) -> None:
         """A worker recorded its failure and is still tearing down: it failed, now.
 
         The round starts stopping at once, as for a failed exit. The exit that follows completes
         this failure (exit code, signal) and counts no second failure nor a second restart; a
         notice for a worker already gone, or for another round, changes nothing.
         """
-        node = self._live(name, incarnation)
-        if node is None:
-            return []
-        node.last_seen = now
-        job, member = self._fenced(node, job_id, round_, now)
-        if job is None or member is None:
-            return self._finish(now)
+        failure, local_rank = msg.failure, msg.local_rank
         w = member.workers.get(local_rank)
         if w is None or w.early or w.phase not in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
-            return self._finish(now)
+            return
         if failure.pid and w.pid and failure.pid != w.pid:
-            return self._finish(now)  # not the process this round started
+            return  # not the process this round started
         report = _sanitized(
             WorkerExitReport(
                 local_rank=local_rank,
@@ -312,29 +309,16 @@ class Cluster(_Views):
         assert report.failure is not None
         w.early = True
         self._record_failure(job, member, w, report.failure, now)
-        return self._finish(now)
 
-    def group_stopped(
-        self,
-        name: str,
-        incarnation: str,
-        job_id: str,
-        round_: int,
-        unkillable: Sequence[int],
-        now: float,
-    ) -> list[Effect]:
-        self._reschedule = True
-        node = self._live(name, incarnation)
-        if node is None:
-            return []
-        node.last_seen = now
-        node.fenced.pop(f"{job_id}#{round_}", None)
-        job = self._jobs.get(job_id)
-        if job is None or job.round != round_:
-            return self._finish(now)
+    def _on_group_stopped(self, node: _Node, msg: GroupStopped, now: float) -> None:
+        name, unkillable = node.name, msg.unkillable_pids
+        node.fenced.pop(f"{msg.job_id}#{msg.round}", None)
+        job = self._jobs.get(msg.job_id)
+        if job is None or job.round != msg.round:
+            return
         member = job.member(name)
         if member is None:
-            return self._finish(now)
+            return
         if unkillable:
             self._event(
                 job,
@@ -345,35 +329,26 @@ class Cluster(_Views):
                 node=name,
             )
         self._member_stopped(job, member, now)
-        return self._finish(now)
 
-    def group_unknown(
-        self, name: str, incarnation: str, job_id: str, round_: int, reason: str, now: float
-    ) -> list[Effect]:
-        """The agent of `name` can no longer supervise its workers of the round: UNKNOWN.
+    def _on_group_unknown(self, job: _Job, member: _Member, msg: GroupUnknown, now: float) -> None:
+        """The member's agent can no longer supervise its workers of the round: UNKNOWN.
 
         It killed what it could before saying so. As for a lost node, the workers that were
         starting or running there are INFRA failures; unlike a lost node the agent is still
         here and may fail the same way again, so the round ends as a failure: the job restarts
         within its budget, or fails when none is left.
         """
-        self._reschedule = True
-        node = self._live(name, incarnation)
-        if node is None:
-            return []
-        node.last_seen = now
-        job, member = self._fenced(node, job_id, round_, now)
-        if job is None or member is None or member.group_state == WorkerState.UNKNOWN:
-            return self._finish(now)
+        if member.group_state == WorkerState.UNKNOWN:
+            return
+        name = member.node
         member.group_state = WorkerState.UNKNOWN
-        why = _clip(" ".join(reason.split()), 1000) or "no reason given"
+        why = _clip(" ".join(msg.reason.split()), 1000) or "no reason given"
         message = f"node {name}: worker group UNKNOWN (the agent cannot supervise it): {why}"
         self._event(job, now, "group_unknown", message, node=name)
         if job.state == JobState.RUNNING and not member.done:  # done: nothing of it runs
             self._infra_failures(job, member, message, now)
             self._begin_stop(job, _StopKind.FAILURE, f"{message}; {_then(job)}", now)
         self._changed(job)
-        return self._finish(now)
 
     def assign_undeliverable(
         self, name: str, job_id: str, round_: int, why: str, now: float

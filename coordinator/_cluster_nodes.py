@@ -13,6 +13,7 @@ from client.model import (
     JobState,
     WorkerState,
 )
+from client.node_protocol import Heartbeat
 from coordinator._cluster_records import (
     STALE_HOLD_S,
     Effect,
@@ -22,7 +23,6 @@ from coordinator._cluster_records import (
     ReleaseRound,
     RunningGroupReport,
     StopRound,
-    WorkerHealthSample,
     _Node,
     _replaced,
     _StopKind,
@@ -149,19 +149,10 @@ class _Nodes(_Rounds):
         self._lose_node(node, "its stream to the coordinator ended", now)
         return self._finish(now)
 
-    def heartbeat(
-        self,
-        name: str,
-        incarnation: str,
-        now: float,
-        health: Sequence[tuple[str, int, Sequence[WorkerHealthSample]]] = (),
-        group_states: Sequence[tuple[str, int, WorkerState]] = (),
-        gpus: Sequence[GpuHealth] = (),
-    ) -> list[Effect]:
-        node = self._live(name, incarnation)
-        if node is None:
-            return []
-        node.last_seen = now
+    def _on_heartbeat(self, node: _Node, beat: Heartbeat, now: float) -> list[Effect]:
+        """A live node's heartbeat: its groups' states, its workers' and GPUs' health."""
+        name = node.name
+        group_states = [(g.job_id, g.round, g.state) for g in beat.groups if g.state is not None]
         for job_id, round_, state in group_states:
             job = self._jobs.get(job_id)
             if job is None or job.round != round_:
@@ -174,19 +165,19 @@ class _Nodes(_Rounds):
                 continue  # stopped after it failed or finished: that is how it ended
             m.group_state = state
             self._changed(job, durable=False)
-        if gpus and node.gpus:
-            problem = self._gpu_samples(node, gpus)
+        if beat.gpus and node.gpus:
+            problem = self._gpu_samples(node, beat.gpus)
             if problem and not node.quarantine_reason:
                 self._quarantine(node, problem, now)
                 return self._finish(now)
-        for job_id, round_, samples in health:
-            job = self._jobs.get(job_id)
-            if job is None or job.round != round_:
+        for g in beat.groups:
+            job = self._jobs.get(g.job_id)
+            if job is None or job.round != g.round:
                 continue
             m = job.member(name)
             if m is None:
                 continue
-            for s in samples:
+            for s in g.workers:
                 w = m.workers.get(s.local_rank)
                 if w is not None and w.pid == s.pid:
                     w.cpu_percent, w.rss_bytes, w.proc_state = (

@@ -20,47 +20,27 @@ from client.model import (
     RunResult,
     WorkerState,
 )
+from client.node_protocol import RunningGroup, WorkerExit
 from coordinator._ranks import GroupRanks
 
 logger = logging.getLogger("coordinator._cluster")
 
 
 PORT_TIMEOUT_S = 10.0
-
-PORT_TIMEOUT_S = 10.0
-MAX_FAILURE_TEXT = 64 * 1024
-
 MAX_FAILURE_TEXT = 64 * 1024
 PORT_RETRY_MAX_S = 10.0
-
-PORT_RETRY_MAX_S = 10.0
-STALE_HOLD_S = 60.0
-
 STALE_HOLD_S = 60.0
 STOP_MARGIN_S = 15.0
-
-STOP_MARGIN_S = 15.0
-NODE_RETENTION_EVERY_S = 60.0
-
 NODE_RETENTION_EVERY_S = 60.0
 MAX_EVENTS_PER_JOB = 10_000
 """Events kept per job: the first EVENTS_HEAD, a note of how many were cut, then the latest."""
-
-"""Events kept per job: the first EVENTS_HEAD, a note of how many were cut, then the latest."""
-EVENTS_HEAD = 100
-
 EVENTS_HEAD = 100
 MAX_ATTEMPTS_KEPT = 100
 """Attempt summaries kept per job: the first, a note of how many were cut, then the latest."""
-
-"""Attempt summaries kept per job: the first, a note of how many were cut, then the latest."""
 MAX_FAILURES_PER_ATTEMPT = 32
 """Failures an attempt's summary keeps (root cause first); the count of the rest is said."""
-
-"""Failures an attempt's summary keeps (root cause first); the count of the rest is said."""
 MAX_NODES_NAMED = 8
-
-MAX_NODES_NAMED = 8
+"""Nodes a round's text names; the rest are counted ("... and 9,992 more")."""
 MAX_NODES_KEPT = 1_000
 """Nodes an attempt's summary lists."""
 
@@ -77,39 +57,10 @@ class NodeNameInUse(ValueError):
     """A different live agent already uses this node name."""
 
 
-@dataclass(frozen=True)
-class WorkerExitReport:
-    """One worker's exit as its agent saw it."""
-
-    local_rank: int
-    global_rank: int
-    pid: int
-    exitcode: int
-    stopped_by_agent: bool = False
-    failure: ProcessFailure | None = None
-    return_value: bytes | None = None
-    timestamp: float = 0.0
-
-
-@dataclass(frozen=True)
-class RunningGroupReport:
-    """What a (re)connecting agent still holds for one job round."""
-
-    job_id: str
-    round: int
-    attempt: int
-    pids: tuple[tuple[int, int], ...]  # (local_rank, pid)
-    exits: tuple[WorkerExitReport, ...] = ()
-    stopped: bool = False
-
-
-@dataclass(frozen=True)
-class WorkerHealthSample:
-    local_rank: int
-    pid: int
-    cpu_percent: float
-    rss_bytes: int
-    proc_state: str
+WorkerExitReport = WorkerExit
+"""One worker's exit as its agent saw it (the node protocol's one exit type)."""
+RunningGroupReport = RunningGroup
+"""What a (re)connecting agent still holds for one job round."""
 
 
 @dataclass(frozen=True)

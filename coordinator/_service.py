@@ -15,32 +15,41 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
 
 from client.assignment import RoundAssignment
 from client.model import (
-    GpuDevice,
-    GpuHealth,
     JobSpec,
     SpecError,
     is_host,
     is_job_id,
     is_name,
 )
+from client.node_codec import MessageError, decode_node, encode_coordinator
+from client.node_protocol import (
+    Assign,
+    CancelLogs,
+    CoordinatorMsg,
+    Hello,
+    LogChunk,
+    LogCredit,
+    Release,
+    ReservePort,
+    StartLogs,
+    Stop,
+    Welcome,
+)
 from client.spec_diff import spec_differences
 from client.wire import (
     attempt_to_pb,
     check_spec_size,
     event_to_pb,
-    failure_from_pb,
-    group_state_from_pb,
     job_to_pb,
     node_to_pb,
     spec_from_pb,
-    spec_to_pb,
 )
 from coordinator import _faults as faults
 from coordinator._auth import RefusalLog, cert_node_name_refusal
@@ -60,10 +69,7 @@ from coordinator._cluster import (
     NodeNameInUse,
     ReleaseRound,
     RequestPort,
-    RunningGroupReport,
     StopRound,
-    WorkerExitReport,
-    WorkerHealthSample,
 )
 from coordinator._codec import encode
 from coordinator._errors import RequestError, status_for
@@ -76,10 +82,6 @@ __all__ = ["CoordinatorService"]
 logger = logging.getLogger(__name__)
 
 MAX_SLOTS = 4096
-MAX_GPUS = 64
-"""Most GPUs one node may offer."""
-MAX_GPU_TEXT = 96
-"""Longest GPU uuid or name a hello may carry."""
 TICK_S = 0.1
 OUTBOX_LIMIT = 10_000
 FLUSH_INTERVAL_S = 0.05
@@ -128,7 +130,7 @@ class _LogStream:
     node: str
     session: _Session
     client: str
-    queue: asyncio.Queue[pb.LogChunk] = field(
+    queue: asyncio.Queue[LogChunk] = field(
         default_factory=lambda: asyncio.Queue(LOG_WINDOW_CHUNKS + 1)
     )
     window: int = LOG_WINDOW_CHUNKS
@@ -517,50 +519,7 @@ class CoordinatorService:
         if s is None:
             logger.info("node %s has no session; dropping %s", eff.node, type(eff).__name__)
             return
-        if isinstance(eff, RequestPort):
-            msg = pb.CoordinatorMessage(
-                reserve_port=pb.ReservePort(job_id=eff.job_id, round=eff.round)
-            )
-        elif isinstance(eff, AssignRound):
-            a = eff.assignment
-            msg = pb.CoordinatorMessage(
-                assign=pb.Assign(
-                    job_id=a.job_id,
-                    round=a.round,
-                    attempt=a.attempt,
-                    spec=spec_to_pb(a.spec),
-                    group_rank=a.group_rank,
-                    group_world_size=a.group_world_size,
-                    master_addr=a.master_addr,
-                    master_port=a.master_port,
-                    workers=[
-                        pb.WorkerRanks(
-                            local_rank=w.local_rank,
-                            global_rank=w.global_rank,
-                            role_rank=w.role_rank,
-                            world_size=w.world_size,
-                            role_world_size=w.role_world_size,
-                            role=w.role,
-                        )
-                        for w in a.workers
-                    ],
-                    run_id=a.run_id,
-                    gpus=list(a.gpus),
-                    gpu_uuids=list(a.gpu_uuids),
-                )
-            )
-        elif isinstance(eff, StopRound):
-            msg = pb.CoordinatorMessage(
-                stop=pb.Stop(
-                    job_id=eff.job_id,
-                    round=eff.round,
-                    grace_ms=round(eff.grace * 1000),
-                    reason=eff.reason,
-                    replaced=eff.replaced,
-                )
-            )
-        else:
-            msg = pb.CoordinatorMessage(release=pb.Release(job_id=eff.job_id, round=eff.round))
+        msg = encode_coordinator(_command(eff))
         if (
             isinstance(eff, AssignRound)
             and _assign_size_bound(eff.assignment) > MAX_NODE_MESSAGE_BYTES
@@ -689,7 +648,7 @@ class CoordinatorService:
 
     # ---- node sessions ---------------------------------------------------------------------
 
-    def open_session(self, hello: pb.Hello) -> _Session:
+    def open_session(self, hello: Hello) -> _Session:
         if not is_name(hello.name):
             raise RequestError(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -715,21 +674,21 @@ class CoordinatorService:
                 f"node name {hello.name!r} already has a live session; "
                 "a new one is refused until that one ends"
             )
-        gpus = _gpus_from_hello(hello)
-        running = [_running_from_pb(g) for g in hello.running]
         effects = self.cluster.node_connected(
-            hello.name, hello.addr, hello.slots, hello.incarnation, self.now(), running, gpus
+            hello.name,
+            hello.addr,
+            hello.slots,
+            hello.incarnation,
+            self.now(),
+            list(hello.running),
+            list(hello.gpus),
         )
         session = _Session(hello.name, hello.incarnation)
         self._sessions[hello.name] = session
         self._dirty_nodes.add(hello.name)
         session.send(
-            pb.CoordinatorMessage(
-                welcome=pb.Welcome(
-                    heartbeat_interval_ms=round(self.config.heartbeat_interval * 1000),
-                    lease_ms=round(self.config.lease * 1000),
-                    coordinator_id=self.coordinator_id,
-                )
+            encode_coordinator(
+                Welcome(self.config.heartbeat_interval, self.config.lease, self.coordinator_id)
             )
         )
         self.apply(effects)
@@ -747,80 +706,21 @@ class CoordinatorService:
             )
 
     def on_node_message(self, session: _Session, msg: pb.NodeMessage) -> None:
-        name, inc, now = session.name, session.incarnation, self.now()
-        kind = msg.WhichOneof("kind")
-        c = self.cluster
-        if kind == "heartbeat":
-            health = [
-                (
-                    g.job_id,
-                    g.round,
-                    [
-                        WorkerHealthSample(
-                            w.local_rank, w.pid, w.cpu_percent, w.rss_bytes, w.proc_state
-                        )
-                        for w in g.workers
-                    ],
-                )
-                for g in msg.heartbeat.groups
-            ]
-            states = []
-            for gh in msg.heartbeat.groups:
-                state = group_state_from_pb(gh.state)
-                if state is not None:  # not reported (an agent from before group states)
-                    states.append((gh.job_id, gh.round, state))
-            gpus = [
-                GpuHealth(
-                    index=g.index,
-                    utilization_percent=min(100.0, max(0.0, g.utilization_percent)),
-                    memory_used=max(0, g.memory_used),
-                    temperature_c=g.temperature_c,
-                    uncorrectable_ecc=max(0, g.uncorrectable_ecc),
-                    lost=g.lost,
-                )
-                for g in msg.heartbeat.gpus[:MAX_GPUS]
-            ]
-            effects = c.heartbeat(name, inc, now, health, states, gpus)
-        elif kind == "port_reserved":
-            p = msg.port_reserved
-            effects = c.port_reserved(name, inc, p.job_id, p.round, p.port, p.error, now)
-        elif kind == "workers_started":
-            w = msg.workers_started
-            effects = c.workers_started(
-                name, inc, w.job_id, w.round, [(x.local_rank, x.pid) for x in w.workers], now
-            )
-        elif kind == "worker_exited":
-            e = msg.worker_exited
-            effects = c.worker_exited(name, inc, e.job_id, e.round, _exit_from_pb(e.exit), now)
-        elif kind == "worker_failing":
-            f = msg.worker_failing
-            failure = replace(
-                failure_from_pb(f.failure),
-                local_rank=f.local_rank,
-                global_rank=f.global_rank,
-                pid=f.pid,
-            )
-            effects = c.worker_failing(name, inc, f.job_id, f.round, f.local_rank, failure, now)
-        elif kind == "group_stopped":
-            g = msg.group_stopped
-            effects = c.group_stopped(name, inc, g.job_id, g.round, list(g.unkillable_pids), now)
-        elif kind == "group_unknown":
-            u = msg.group_unknown
-            effects = c.group_unknown(name, inc, u.job_id, u.round, u.reason[:4000], now)
-        elif kind == "log_chunk":
-            self._on_log_chunk(session, msg.log_chunk)
-            effects = c.heartbeat(name, inc, now)
-        elif kind == "hello":
+        try:
+            decoded = decode_node(msg)
+        except MessageError as exc:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        if isinstance(decoded, Hello):
             raise RequestError(
                 grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one session"
             )
-        else:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "empty node message")
-        self.apply(effects)
+        if isinstance(decoded, LogChunk):
+            self._on_log_chunk(session, decoded)
+        self.apply(self.cluster.step(session.name, session.incarnation, decoded, self.now()))
 
     # ---- logs ------------------------------------------------------------------------------
 
-    def _on_log_chunk(self, session: _Session, chunk: pb.LogChunk) -> None:
+    def _on_log_chunk(self, session: _Session, chunk: LogChunk) -> None:
         ls = self._log_streams.get(chunk.request_id)
         if ls is None or ls.session is not session:
             # Not a request this node was asked (another node's, or one that ended): dropped.
@@ -897,14 +797,14 @@ class CoordinatorService:
         gone = asyncio.get_running_loop().create_task(session.ended.wait())
         gone.add_done_callback(lambda _t: ls.wake.set())
         session.send(
-            pb.CoordinatorMessage(
-                start_logs=pb.StartLogs(
-                    request_id=request_id,
-                    job_id=req.job_id,
-                    attempt=found_attempt,
-                    rank=req.rank,
-                    stream=req.stream,
-                    follow=req.follow,
+            encode_coordinator(
+                StartLogs(
+                    request_id,
+                    req.job_id,
+                    found_attempt,
+                    req.rank,
+                    req.stream,
+                    req.follow,
                     credit_chunks=LOG_WINDOW_CHUNKS,
                 )
             )
@@ -943,11 +843,7 @@ class CoordinatorService:
                     consumed += 1
                     if consumed >= LOG_WINDOW_CHUNKS // 4 and not session.closed:
                         ls.window += consumed
-                        session.send(
-                            pb.CoordinatorMessage(
-                                log_credit=pb.LogCredit(request_id=request_id, chunks=consumed)
-                            )
-                        )
+                        session.send(encode_coordinator(LogCredit(request_id, consumed)))
                         consumed = 0
                 if chunk.eof:
                     return
@@ -955,59 +851,18 @@ class CoordinatorService:
             gone.cancel()
             del self._log_streams[request_id]
             if not session.closed:
-                session.send(
-                    pb.CoordinatorMessage(cancel_logs=pb.CancelLogs(request_id=request_id))
-                )
+                session.send(encode_coordinator(CancelLogs(request_id)))
 
 
-def _exit_from_pb(m: pb.WorkerExit) -> WorkerExitReport:
-    return WorkerExitReport(
-        local_rank=m.local_rank,
-        global_rank=m.global_rank,
-        pid=m.pid,
-        exitcode=m.exitcode,
-        stopped_by_agent=m.stopped_by_agent,
-        failure=failure_from_pb(m.failure) if m.has_failure else None,
-        return_value=bytes(m.return_value) if m.has_return_value else None,
-        timestamp=m.timestamp,
-    )
-
-
-def _gpus_from_hello(hello: pb.Hello) -> list[GpuDevice]:
-    """The GPUs a hello offers, checked: RequestError naming the field otherwise."""
-    if len(hello.gpus) > MAX_GPUS:
-        raise RequestError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"hello.gpus: at most {MAX_GPUS} GPUs, got {len(hello.gpus)}",
-        )
-    seen: set[int] = set()
-    out = []
-    for g in hello.gpus:
-        bad = ""
-        if not 0 <= g.index < 1024 or g.index in seen:
-            bad = f"index {g.index} is out of range or given twice"
-        elif not g.uuid or len(g.uuid) > MAX_GPU_TEXT or not g.uuid.isprintable() or "," in g.uuid:
-            bad = f"GPU {g.index}: uuid must be 1-{MAX_GPU_TEXT} printable characters, no comma"
-        elif len(g.name) > MAX_GPU_TEXT or not g.name.isprintable():
-            bad = f"GPU {g.index}: name must be at most {MAX_GPU_TEXT} printable characters"
-        elif g.memory_total < 0:
-            bad = f"GPU {g.index}: memory_total must be >= 0"
-        if bad:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"hello.gpus: {bad}")
-        seen.add(g.index)
-        out.append(GpuDevice(g.index, g.uuid, g.name, g.memory_total))
-    return out
-
-
-def _running_from_pb(g: pb.RunningGroup) -> RunningGroupReport:
-    return RunningGroupReport(
-        job_id=g.job_id,
-        round=g.round,
-        attempt=g.attempt,
-        pids=tuple((w.local_rank, w.pid) for w in g.workers),
-        exits=tuple(_exit_from_pb(e) for e in g.exits),
-        stopped=g.stopped,
-    )
+def _command(eff: RequestPort | AssignRound | StopRound | ReleaseRound) -> CoordinatorMsg:
+    """The message that carries an effect to its node."""
+    if isinstance(eff, RequestPort):
+        return ReservePort(eff.job_id, eff.round)
+    if isinstance(eff, AssignRound):
+        return Assign(eff.assignment)
+    if isinstance(eff, StopRound):
+        return Stop(eff.job_id, eff.round, eff.grace, eff.reason, eff.replaced)
+    return Release(eff.job_id, eff.round)
 
 
 async def _abort_for(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
@@ -1257,7 +1112,13 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
                 return
         try:
-            session = svc.open_session(first.hello)
+            hello = decode_node(first)
+            assert isinstance(hello, Hello)
+            session = svc.open_session(hello)
+        except MessageError as exc:
+            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
         except NodeNameInUse as exc:
             svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
             # How long a gone holder can keep the name: the agent retries that long, no longer.

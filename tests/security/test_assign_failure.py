@@ -21,6 +21,7 @@ import coordinator._service as service_module
 from client import Client, JobSpec, JobState
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import MAX_STRING, FailureCategory
+from client.node_protocol import PortReserved
 from coordinator._cluster import AssignRound, Cluster, ClusterConfig, RequestPort, StopRound
 from coordinator._service import MAX_NODE_MESSAGE_BYTES, CoordinatorService
 from coordinator.server import Coordinator, CoordinatorConfig
@@ -92,7 +93,7 @@ def test_the_state_machine_fails_the_job_once_every_assignment_is_undeliverable(
     spec = JobSpec(entrypoint=["true"], min_nodes=2, max_nodes=2, max_restarts=3)
     submitted = c.submit("j1", spec, now)
     rp = next(e for e in submitted + c.tick(now + 1) if isinstance(e, RequestPort))
-    effects = c.port_reserved(rp.node, f"inc-{rp.node}", "j1", rp.round, 40000, "", now + 1)
+    effects = c.step(rp.node, f"inc-{rp.node}", PortReserved("j1", rp.round, 40000, ""), now + 1)
     assigned = [e.node for e in effects if isinstance(e, AssignRound)]
     assert sorted(assigned) == ["a", "b"]
 

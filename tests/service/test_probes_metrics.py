@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from client import Client, JobSpec, WorkerState
 from client.model import FailureCategory, ProcessFailure
+from client.node_protocol import GroupStopped, PortReserved, WorkerExited, WorkersStarted
 from coordinator._cluster import Cluster, ClusterConfig, RunningGroupReport, WorkerExitReport
 from coordinator._metrics import CoordinatorMetrics
 from coordinator.server import Coordinator, CoordinatorConfig
@@ -401,23 +402,23 @@ def test_durations_come_from_the_clock_of_the_effects() -> None:
     now = 102.0
     metrics.observe(cluster.node_connected("n1", "127.0.0.1", 1, "inc", now))
     now = 103.0
-    metrics.observe(cluster.port_reserved("n1", "inc", "j1", 1, 40000, "", now))
+    metrics.observe(cluster.step("n1", "inc", PortReserved("j1", 1, 40000, ""), now))
     assert _sample(metrics, "gelastic_rendezvous_duration_seconds_sum") == 3.0
-    metrics.observe(cluster.workers_started("n1", "inc", "j1", 1, [(0, 100)], now))
+    metrics.observe(cluster.step("n1", "inc", WorkersStarted("j1", 1, ((0, 100),)), now))
 
     now = 110.0
     crash = WorkerExitReport(local_rank=0, global_rank=0, pid=100, exitcode=1, timestamp=now)
-    metrics.observe(cluster.worker_exited("n1", "inc", "j1", 1, crash, now))
+    metrics.observe(cluster.step("n1", "inc", WorkerExited("j1", 1, crash), now))
     now = 111.0
-    metrics.observe(cluster.group_stopped("n1", "inc", "j1", 1, [], now))
+    metrics.observe(cluster.step("n1", "inc", GroupStopped("j1", 1, ()), now))
     assert _sample(metrics, "gelastic_restarts_total") == 1
     assert _sample(metrics, "gelastic_failures_total", category="USER") == 1
     now = 112.0
-    metrics.observe(cluster.port_reserved("n1", "inc", "j1", 2, 40001, "", now))
+    metrics.observe(cluster.step("n1", "inc", PortReserved("j1", 2, 40001, ""), now))
     assert _sample(metrics, "gelastic_rendezvous_duration_seconds_sum") == 3.0 + 1.0
     assert _sample(metrics, "gelastic_failure_to_restart_seconds_count") == 0
     now = 114.0
-    metrics.observe(cluster.workers_started("n1", "inc", "j1", 2, [(0, 101)], now))
+    metrics.observe(cluster.step("n1", "inc", WorkersStarted("j1", 2, ((0, 101),)), now))
     assert _sample(metrics, "gelastic_failure_to_restart_seconds_count") == 1
     assert _sample(metrics, "gelastic_failure_to_restart_seconds_sum") == 4.0
     assert metrics.job_counts()["RUNNING"] == 1
@@ -432,8 +433,8 @@ def test_the_category_is_found_when_the_same_batch_ended_the_round() -> None:
     spec = JobSpec(entrypoint=["x"], nproc_per_node=1, min_nodes=1, max_nodes=1, max_restarts=2)
     metrics.observe(cluster.submit("j1", spec, now))
     metrics.observe(cluster.node_connected("n1", "127.0.0.1", 1, "inc", now))
-    metrics.observe(cluster.port_reserved("n1", "inc", "j1", 1, 40000, "", now))
-    metrics.observe(cluster.workers_started("n1", "inc", "j1", 1, [(0, 100)], now))
+    metrics.observe(cluster.step("n1", "inc", PortReserved("j1", 1, 40000, ""), now))
+    metrics.observe(cluster.step("n1", "inc", WorkersStarted("j1", 1, ((0, 100),)), now))
     failure = ProcessFailure(
         global_rank=0,
         local_rank=0,

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from client.assignment import RoundAssignment
 from client.model import GpuDevice, JobSpec, ProcessFailure
+from client.node_protocol import GroupStopped, Heartbeat, PortReserved, WorkerExited, WorkersStarted
 from coordinator._cluster import (
     AssignRound,
     Cluster,
@@ -98,7 +99,7 @@ class Driver:
     def heartbeat_all(self) -> None:
         for n in self.nodes.values():
             if not n.mute:
-                self.cluster.heartbeat(n.name, n.incarnation, self.now)
+                self.cluster.step(n.name, n.incarnation, Heartbeat(), self.now)
 
     # ---- the cluster's inputs ------------------------------------------------------------------
 
@@ -172,7 +173,7 @@ class Driver:
             timestamp=self.now if timestamp is None else timestamp,
         )
         return self._take(
-            self.cluster.worker_exited(name, n.incarnation, a.job_id, round_, report, self.now)
+            self.cluster.step(name, n.incarnation, WorkerExited(a.job_id, round_, report), self.now)
         )
 
     def finish(self, name: str, job_id: str | None = None, values: bool = False) -> list[Effect]:
@@ -189,7 +190,9 @@ class Driver:
     ) -> list[Effect]:
         n = self.nodes[name]
         return self._take(
-            self.cluster.port_reserved(name, n.incarnation, job_id, round_, port, error, self.now)
+            self.cluster.step(
+                name, n.incarnation, PortReserved(job_id, round_, port, error), self.now
+            )
         )
 
     def group_stopped(self, name: str, job_id: str, round_: int) -> list[Effect]:
@@ -209,10 +212,12 @@ class Driver:
                 timestamp=self.now,
             )
             out += self._take(
-                self.cluster.worker_exited(name, n.incarnation, job_id, round_, report, self.now)
+                self.cluster.step(
+                    name, n.incarnation, WorkerExited(job_id, round_, report), self.now
+                )
             )
         out += self._take(
-            self.cluster.group_stopped(name, n.incarnation, job_id, round_, [], self.now)
+            self.cluster.step(name, n.incarnation, GroupStopped(job_id, round_, ()), self.now)
         )
         return out
 
@@ -245,8 +250,11 @@ class Driver:
             port = BASE_PORT + eff.round if n.port is None else n.port
             error = "" if port else "no free port"
             self._take(
-                self.cluster.port_reserved(
-                    n.name, n.incarnation, eff.job_id, eff.round, port, error, self.now
+                self.cluster.step(
+                    n.name,
+                    n.incarnation,
+                    PortReserved(eff.job_id, eff.round, port, error),
+                    self.now,
                 )
             )
         elif isinstance(eff, AssignRound):
@@ -258,8 +266,8 @@ class Driver:
                 pids.append((w.local_rank, self._next_pid))
             n.running[(a.job_id, a.round)] = dict(pids)
             self._take(
-                self.cluster.workers_started(
-                    n.name, n.incarnation, a.job_id, a.round, pids, self.now
+                self.cluster.step(
+                    n.name, n.incarnation, WorkersStarted(a.job_id, a.round, tuple(pids)), self.now
                 )
             )
         elif isinstance(eff, StopRound) and n.auto_stop:

@@ -14,6 +14,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from client.model import FailureCategory, JobState, ProcessFailure, WorkerState
+from client.node_protocol import (
+    GroupHealth,
+    GroupStopped,
+    Heartbeat,
+    PortReserved,
+    WorkerExited,
+    WorkersStarted,
+)
 from coordinator._cluster import (
     AssignRound,
     CloseSession,
@@ -147,7 +155,7 @@ def test_port_reserved_assigns_every_node_its_ranks_and_the_master() -> None:
     d.connect("a", addr="10.0.0.2", slots=2)
     d.clear()
 
-    effects = d.cluster.port_reserved("c", d.nodes["c"].incarnation, "j", 1, 29555, "", d.now)
+    effects = d.cluster.step("c", d.nodes["c"].incarnation, PortReserved("j", 1, 29555, ""), d.now)
 
     assigns = {e.node: e.assignment for e in of_type(effects, AssignRound)}
     assert sorted(assigns) == ["a", "b", "c"]
@@ -220,21 +228,11 @@ def test_worker_health_shows_in_the_status() -> None:
     d = running_job(nodes=1, nproc=2)
     inc = d.nodes["n0"].incarnation
     pids = d.nodes["n0"].running[("j", 1)]
-    d.cluster.heartbeat(
-        "n0",
-        inc,
-        d.now,
-        [
-            (
-                "j",
-                1,
-                [
-                    WorkerHealthSample(0, pids[0], 99.0, 1 << 20, "disk-sleep"),
-                    WorkerHealthSample(1, 4242, 50.0, 1, "running"),  # not our pid: ignored
-                ],
-            )
-        ],
+    samples = (
+        WorkerHealthSample(0, pids[0], 99.0, 1 << 20, "disk-sleep"),
+        WorkerHealthSample(1, 4242, 50.0, 1, "running"),  # not our pid: ignored
     )
+    d.cluster.step("n0", inc, Heartbeat(groups=(GroupHealth("j", 1, samples),)), d.now)
     w0, w1 = d.cluster.job_status("j").workers
     assert (w0.state, w0.cpu_percent, w0.rss_bytes) == (WorkerState.UNHEALTHY, 99.0, 1 << 20)
     assert (w1.state, w1.cpu_percent) == (WorkerState.HEALTHY, 0.0)
@@ -750,11 +748,11 @@ def test_messages_from_an_old_round_are_refused_with_a_stop_for_that_round() -> 
     inc = d.nodes["n0"].incarnation
 
     late_exit = WorkerExitReport(local_rank=0, global_rank=0, pid=1, exitcode=1, timestamp=d.now)
-    effects = d.cluster.worker_exited("n0", inc, "j", old.round, late_exit, d.now)
+    effects = d.cluster.step("n0", inc, WorkerExited("j", old.round, late_exit), d.now)
     assert [e for e in effects if isinstance(e, StopRound)] == [
         StopRound("n0", "j", 1, 0.0, "stale round: the job has moved on")
     ]
-    effects = d.cluster.workers_started("n0", inc, "j", old.round, [(0, 77)], d.now)
+    effects = d.cluster.step("n0", inc, WorkersStarted("j", old.round, ((0, 77),)), d.now)
     assert nodes_of(effects, StopRound) == ["n0"]
     assert of_type(effects, StopRound)[0].round == 1
 
@@ -769,7 +767,7 @@ def test_messages_for_an_unknown_job_are_refused() -> None:
     d = Driver()
     d.connect("a")
     report = WorkerExitReport(local_rank=0, global_rank=0, pid=1, exitcode=1)
-    effects = d.cluster.worker_exited("a", d.nodes["a"].incarnation, "nope", 3, report, d.now)
+    effects = d.cluster.step("a", d.nodes["a"].incarnation, WorkerExited("nope", 3, report), d.now)
     assert of_type(effects, StopRound) == [
         StopRound("a", "nope", 3, 0.0, "stale round: the job has moved on")
     ]
@@ -778,7 +776,7 @@ def test_messages_for_an_unknown_job_are_refused() -> None:
 def test_messages_from_a_stale_incarnation_are_ignored() -> None:
     d = running_job(nodes=1, nproc=1)
     report = WorkerExitReport(local_rank=0, global_rank=0, pid=1, exitcode=1)
-    assert d.cluster.worker_exited("n0", "someone-else", "j", 1, report, d.now) == []
+    assert d.cluster.step("n0", "someone-else", WorkerExited("j", 1, report), d.now) == []
     assert d.state("j") == JobState.RUNNING
 
 
@@ -799,7 +797,7 @@ def test_a_node_that_reconnects_with_a_new_incarnation_after_being_lost_is_a_new
     assert d.assignment("n1").round == 3
     # The old incarnation is gone for good.
     report = WorkerExitReport(local_rank=0, global_rank=1, pid=1, exitcode=1)
-    assert d.cluster.worker_exited("n1", old_inc, "j", 3, report, d.now) == []
+    assert d.cluster.step("n1", old_inc, WorkerExited("j", 3, report), d.now) == []
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1427,7 +1425,7 @@ def test_a_node_back_with_a_stale_round_gets_no_new_work_until_it_stopped() -> N
     stops = [e for e in effects if isinstance(e, StopRound)]
     assert [(e.job_id, e.round) for e in stops] == [("old-job", 3)]
     assert not [e for e in effects if isinstance(e, RequestPort)]
-    effects = c.group_stopped("a", "ia", "old-job", 3, [], 3.0)
+    effects = c.step("a", "ia", GroupStopped("old-job", 3, ()), 3.0)
     assert [e.job_id for e in effects if isinstance(e, RequestPort)] == ["j"]
 
 

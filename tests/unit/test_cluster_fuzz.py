@@ -12,6 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client.model import JobSpec, JobState, ProcessFailure, WorkerState
+from client.node_protocol import (
+    GroupHealth,
+    GroupStopped,
+    Heartbeat,
+    PortReserved,
+    WorkerExited,
+    WorkersStarted,
+)
 from coordinator._cluster import (
     STOP_MARGIN_S,
     AssignRound,
@@ -128,19 +136,20 @@ class _Driver:
             c.node_disconnected(a[1], a[2], now)
         elif kind == "port":
             _, name, jid, r, port, err = a
-            c.port_reserved(name, self.inc.get(name, ""), jid, r, port, err, now)
+            c.step(name, self.inc.get(name, ""), PortReserved(jid, r, port, err), now)
         elif kind == "started":
             _, name, jid, r, pids = a
-            c.workers_started(name, self.inc.get(name, ""), jid, r, pids, now)
+            c.step(name, self.inc.get(name, ""), WorkersStarted(jid, r, tuple(pids)), now)
         elif kind == "exited":
             _, name, jid, r, rep = a
-            c.worker_exited(name, self.inc.get(name, ""), jid, r, rep, now)
+            c.step(name, self.inc.get(name, ""), WorkerExited(jid, r, rep), now)
         elif kind == "stopped":
             _, name, jid, r, unk = a
-            c.group_stopped(name, self.inc.get(name, ""), jid, r, unk, now)
+            c.step(name, self.inc.get(name, ""), GroupStopped(jid, r, tuple(unk)), now)
         elif kind == "heartbeat":
             _, name, jid, r, samples = a
-            c.heartbeat(name, self.inc.get(name, ""), now, [(jid, r, samples)])
+            beat = Heartbeat(groups=(GroupHealth(jid, r, tuple(samples)),))
+            c.step(name, self.inc.get(name, ""), beat, now)
         elif kind == "submit":
             _, lo, hi, restarts = a
             if self.submitted < 2:
@@ -229,13 +238,25 @@ def _start_round(d: _Driver) -> int:
     assert len(ports) == 1
     assigns = [
         e
-        for e in c.port_reserved(ports[0].node, "a", "j0", ports[0].round, 4000, "", d.now)
+        for e in c.step(ports[0].node, "a", PortReserved("j0", ports[0].round, 4000, ""), d.now)
         if isinstance(e, AssignRound)
     ]
     assert len(assigns) == 2
     rnd = assigns[0].assignment.round
     for e in assigns:
-        c.workers_started(e.node, "a", "j0", rnd, [(0, 10), (1, 11)], d.now)
+        c.step(
+            e.node,
+            "a",
+            WorkersStarted(
+                "j0",
+                rnd,
+                (
+                    (0, 10),
+                    (1, 11),
+                ),
+            ),
+            d.now,
+        )
     return rnd
 
 
@@ -245,7 +266,7 @@ def _run_out_the_deadlines(d: _Driver) -> None:
     for _ in range(2):
         d.now += max(spec.exit_barrier_timeout, spec.stop_grace + STOP_MARGIN_S) + 1
         for name in NODES[:2]:
-            d.c.heartbeat(name, "a", d.now, [])
+            d.c.step(name, "a", Heartbeat(), d.now)
         d.c.tick(d.now)
         d.check()
 
@@ -260,7 +281,7 @@ def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(
     rnd = _start_round(d)
     stops: set[str] = set()
     for i, rep in enumerate(reports):
-        out = c.worker_exited(NODES[i % 2], "a", "j0", rnd, rep, d.now)
+        out = c.step(NODES[i % 2], "a", WorkerExited("j0", rnd, rep), d.now)
         stops |= {e.node for e in out if isinstance(e, StopRound)}
         d.check()
         _assert_ends_or_waits(c, "j0")
@@ -269,12 +290,12 @@ def test_a_well_behaved_round_with_hostile_exits_ends_or_waits(
     for w in c.job_status("j0").workers:
         if w.state in _RUNNING_WORKER and not c.job_state("j0").is_terminal():
             ok = WorkerExitReport(w.local_rank, w.global_rank, w.pid + 100, 0, timestamp=d.now)
-            out = c.worker_exited(w.node, "a", "j0", rnd, ok, d.now)
+            out = c.step(w.node, "a", WorkerExited("j0", rnd, ok), d.now)
             stops |= {e.node for e in out if isinstance(e, StopRound)}
             d.check()
             _assert_ends_or_waits(c, "j0")
     for name in sorted(stops):
-        c.group_stopped(name, "a", "j0", rnd, [], d.now)
+        c.step(name, "a", GroupStopped("j0", rnd, ()), d.now)
         d.check()
     # What may be left is a bounded wait: the exit barrier or the stop deadline.
     _run_out_the_deadlines(d)
@@ -291,7 +312,7 @@ def test_an_unasked_stopped_by_agent_exit_does_not_wedge_the_job() -> None:
     for i, name in enumerate(NODES[:2]):
         for local_rank in (0, 1):
             rep = WorkerExitReport(local_rank, 2 * i + local_rank, 10 + local_rank, 0, True)
-            d.c.worker_exited(name, "a", "j0", rnd, rep, d.now)
+            d.c.step(name, "a", WorkerExited("j0", rnd, rep), d.now)
             d.check()
     _run_out_the_deadlines(d)
     status = d.c.job_status("j0")
@@ -305,11 +326,13 @@ def test_an_oversized_return_value_is_a_failure_that_names_the_limit() -> None:
     c.submit("j", JobSpec(entrypoint="pkg.mod:fn", nproc_per_node=1), 0.0)
     effects = c.node_connected("a", "127.0.0.1", 1, "i", 0.0)
     (port,) = [e for e in effects if isinstance(e, RequestPort)]
-    c.port_reserved("a", "i", "j", port.round, 4000, "", 0.1)
-    c.workers_started("a", "i", "j", port.round, [(0, 7)], 0.2)
+    c.step("a", "i", PortReserved("j", port.round, 4000, ""), 0.1)
+    c.step("a", "i", WorkersStarted("j", port.round, ((0, 7),)), 0.2)
     big = b"x" * (MAX_RETURN_VALUE_BYTES + 1)
-    c.worker_exited("a", "i", "j", port.round, WorkerExitReport(0, 0, 7, 0, return_value=big), 0.3)
-    c.group_stopped("a", "i", "j", port.round, [], 0.4)
+    c.step(
+        "a", "i", WorkerExited("j", port.round, WorkerExitReport(0, 0, 7, 0, return_value=big)), 0.3
+    )
+    c.step("a", "i", GroupStopped("j", port.round, ()), 0.4)
     result = c.job_result("j")
     assert result is not None and result.is_failed()
     assert result.return_values == {}

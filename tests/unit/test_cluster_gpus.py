@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
 from client.model import FailureCategory, GpuDevice, GpuHealth, JobState
+from client.node_protocol import Heartbeat
 from coordinator._cluster import (
     AssignRound,
     ClusterConfig,
@@ -40,7 +41,7 @@ def assigns(d: Driver, job: str) -> dict[str, AssignRound]:
 
 def beat(d: Driver, node: str, *samples: GpuHealth) -> None:
     n = d.nodes[node]
-    d._take(d.cluster.heartbeat(node, n.incarnation, d.now, (), gpus=samples))
+    d._take(d.cluster.step(node, n.incarnation, Heartbeat(gpus=tuple(samples)), d.now))
 
 
 def test_two_jobs_on_one_node_get_disjoint_gpus_and_free_them_when_done() -> None:
@@ -260,7 +261,9 @@ class GpuClusterHistories(ClusterHistories):
             return
         self.ecc[name] = self.ecc.get(name, 0) + (0 if lost else 1)
         samples = [GpuHealth(0, uncorrectable_ecc=self.ecc[name], lost=lost)]
-        self.d._take(self.d.cluster.heartbeat(name, n.incarnation, self.d.now, (), gpus=samples))
+        self.d._take(
+            self.d.cluster.step(name, n.incarnation, Heartbeat(gpus=tuple(samples)), self.d.now)
+        )
 
     @rule(name=st.sampled_from(_NAMES))
     def clear(self, name: str) -> None:

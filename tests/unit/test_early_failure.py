@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from client.model import JobState, ProcessFailure
+from client.node_protocol import GroupStopped, WorkerExited, WorkerFailing
 from coordinator._cluster import Cluster, RunningGroupReport, StopRound, WorkerExitReport
 from coordinator._codec import encode
 
@@ -22,9 +23,7 @@ def failing(d: Driver, name: str, local_rank: int, f: ProcessFailure, round_: in
     round_ = a.round if round_ is None else round_
     pid = n.running.get((a.job_id, round_), {}).get(local_rank, 0)
     f = replace(f, pid=pid, local_rank=local_rank)
-    return d._take(
-        d.cluster.worker_failing(name, n.incarnation, a.job_id, round_, local_rank, f, d.now)
-    )
+    return d._take(d.cluster.step(name, n.incarnation, WorkerFailing(a.job_id, round_, f), d.now))
 
 
 def test_an_early_failure_stops_the_round_at_once_and_its_exit_only_adds_the_code() -> None:
@@ -114,7 +113,7 @@ def test_an_early_notice_from_another_process_of_the_rank_is_ignored() -> None:
     d = running_job(nodes=1, nproc=1)
     n = d.nodes["n0"]
     f = replace(failure(0, 0, ts=d.now), pid=999_999)
-    d._take(d.cluster.worker_failing("n0", n.incarnation, "j", 1, 0, f, d.now))
+    d._take(d.cluster.step("n0", n.incarnation, WorkerFailing("j", 1, f), d.now))
     assert d.state("j") == JobState.RUNNING
 
 
@@ -142,11 +141,13 @@ def test_an_early_failure_survives_a_coordinator_restart_and_the_exit_completes_
     )
     # The agent replays its notice (ignored), then the exit comes.
     f = replace(failure(1, 1, ts=d.now, msg="RuntimeError: x"), pid=pids[1])
-    c2.worker_failing("n0", n.incarnation, "j", 1, 1, f, d.now)
+    c2.step("n0", n.incarnation, WorkerFailing("j", 1, f), d.now)
     exit_report = WorkerExitReport(1, 1, pids[1], 1, failure=replace(f, exitcode=1))
-    c2.worker_exited("n0", n.incarnation, "j", 1, exit_report, d.now)
-    c2.worker_exited("n0", n.incarnation, "j", 1, WorkerExitReport(0, 0, pids[0], -15, True), d.now)
-    c2.group_stopped("n0", n.incarnation, "j", 1, [], d.now)
+    c2.step("n0", n.incarnation, WorkerExited("j", 1, exit_report), d.now)
+    c2.step(
+        "n0", n.incarnation, WorkerExited("j", 1, WorkerExitReport(0, 0, pids[0], -15, True)), d.now
+    )
+    c2.step("n0", n.incarnation, GroupStopped("j", 1, ()), d.now)
     assert c2.job_state("j") == JobState.FAILED
     result = c2.job_result("j")
     assert result is not None and sorted(result.failures) == [1]

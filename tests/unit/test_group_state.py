@@ -11,6 +11,7 @@ import pytest
 
 from client._tables import status_text, to_jsonable
 from client.model import FailureCategory, JobState, WorkerState
+from client.node_protocol import GroupHealth, GroupUnknown, Heartbeat
 from client.wire import job_status_from_pb, job_to_pb
 from nodeagent import _faults
 
@@ -21,7 +22,7 @@ from .test_cluster import running_job
 def _unknown(d: Driver, name: str, reason: str = "health monitor raised") -> None:
     n = d.nodes[name]
     a = d.assignment(name)
-    d._take(d.cluster.group_unknown(name, n.incarnation, a.job_id, a.round, reason, d.now))
+    d._take(d.cluster.step(name, n.incarnation, GroupUnknown(a.job_id, a.round, reason), d.now))
 
 
 def _groups(d: Driver) -> dict[str, WorkerState | None]:
@@ -67,7 +68,7 @@ def test_a_second_unknown_or_one_for_a_stale_round_changes_nothing() -> None:
     assert d.attempt("j") == 1
     assert d.event_kinds("j").count("group_unknown") == 1
     n = d.nodes["n0"]
-    d.cluster.group_unknown("n0", n.incarnation, "j", a.round, "late", d.now)  # the old round
+    d.cluster.step("n0", n.incarnation, GroupUnknown("j", a.round, "late"), d.now)  # the old round
     d.settle()
     assert d.attempt("j") == 1 and d.state("j") == JobState.RUNNING
 
@@ -89,7 +90,9 @@ def test_heartbeats_carry_the_group_state_and_unknown_sticks() -> None:
     a = d.assignment("n0")
 
     def beat(state: WorkerState) -> None:
-        d.cluster.heartbeat("n0", n.incarnation, d.now, [], [("j", a.round, state)])
+        d.cluster.step(
+            "n0", n.incarnation, Heartbeat(groups=(GroupHealth("j", a.round, state=state),)), d.now
+        )
 
     beat(WorkerState.UNHEALTHY)
     assert _groups(d) == {"n0": WorkerState.UNHEALTHY}
