@@ -6,8 +6,6 @@ no decision code ever sees a protobuf message.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from client.model import (
     MAX_ROLES,
     MAX_SPEC_BYTES,
@@ -572,7 +570,3 @@ def event_from_pb(m: pb.Event) -> JobEvent:
         node=m.node,
         rank=m.rank,
     )
-
-
-def mapping_of(values: Mapping[int, bytes]) -> dict[int, bytes]:
-    return {int(k): bytes(v) for k, v in values.items()}

@@ -17,8 +17,8 @@ from client.model import (
 )
 from coordinator._cluster_failures import (
     _exit_text,
-    _first_line,
     _label_failures,
+    _last_line,
     _sanitized,
     _stamp,
     _within_result_budget,
@@ -133,7 +133,7 @@ class _Exits(_Outcome):
             job,
             now,
             "worker_failed",
-            f"rank {w.global_rank} failed on {member.node} ({how}): {_first_line(failure.message)}",
+            f"rank {w.global_rank} failed on {member.node} ({how}): {_last_line(failure.message)}",
             node=member.node,
             rank=w.global_rank,
         )

@@ -167,6 +167,7 @@ def _bare_message(message: str) -> str:
     return _PID.sub("pid", _RAN_NOTE.sub("", message.strip()))
 
 
-def _first_line(text: str) -> str:
+def _last_line(text: str) -> str:
+    """The last non-blank line, at most 300 characters: a traceback's exception line."""
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1][:300] if lines else ""

@@ -19,10 +19,10 @@ from coordinator._cluster_core import _Core
 from coordinator._cluster_failures import (
     JOB_FAILURE_RANK,
     _bare_message,
-    _first_line,
     _jittered,
     _job_failure,
     _label_failures,
+    _last_line,
     _stamp,
 )
 from coordinator._cluster_records import (
@@ -314,7 +314,7 @@ class _Outcome(_Core):
                 node,
                 f"flaky: {len(node.failed_rounds)} rounds failed first on this node within "
                 f"{cfg.flaky_window:g} s while their other nodes were healthy (the last: rank "
-                f"{failure.global_rank} of job {job_id}: {_first_line(failure.message)})",
+                f"{failure.global_rank} of job {job_id}: {_last_line(failure.message)})",
                 now,
             )
 
