@@ -1,0 +1,240 @@
+"""The outcome of a job: `RunResult`, its `ProcessFailure`s and `AttemptSummary`s, and the
+failure table every report of a failed job prints (`format_failures`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+import signal as _signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from client._status import WorkerState
+from client.errors import (
+    NOT_AVAILABLE,
+    format_failure_block,
+    format_failure_table,
+    indent_continuation,
+)
+
+
+class FailureCategory(enum.Enum):
+    """torchelastic's error categories: who is to blame for a failure."""
+
+    USER = "USER"  # the worker failed
+    PLATFORM = "PLATFORM"  # the agent failed
+    INFRA = "INFRA"  # the host or the network failed
+    INPUT = "INPUT"  # the spec was invalid
+
+
+def signal_message(signum: int, pid: int) -> str:
+    """torchelastic's wording for a death by signal: `Signal 9 (SIGKILL) received by PID 1234`."""
+    return f"Signal {signum} ({signal_name(signum)}) received by PID {pid}"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return "<N/A>"
+
+
+@dataclass(frozen=True)
+class ProcessFailure:
+    """One worker's failure, as torchelastic reports it, plus where and when."""
+
+    global_rank: int
+    local_rank: int
+    pid: int
+    exitcode: int
+    message: str
+    timestamp: float
+    """Seconds since the epoch; sub-second when gelastic's own writer or agent set it."""
+    node: str = ""
+    signal: str = ""
+    error_file: str = "<N/A>"
+    traceback: str = ""
+    attempt: int = 0
+    round: int = 0
+    root_cause: bool = False
+    category: FailureCategory = FailureCategory.USER
+    stderr_tail: str = ""
+    role: str = ""
+    role_rank: int = -1
+
+    def signal_name(self) -> str:
+        return self.signal or "<N/A>"
+
+    def timestamp_iso(self) -> str:
+        return datetime.fromtimestamp(self.timestamp).isoformat(sep="_", timespec="seconds")
+
+
+@dataclass(frozen=True)
+class AttemptSummary:
+    """One attempt (restart count) and why it ended."""
+
+    attempt: int
+    round: int
+    nodes: tuple[str, ...]
+    end_reason: str
+    failures: tuple[ProcessFailure, ...] = ()
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The outcome of a job: torchelastic's RunResult, for every node of the job.
+
+    `return_values` and `failures` are keyed by global rank and never share a key; workers
+    that gelastic stopped on purpose are in neither.
+
+    `return_values` holds loaded values only when they were verified: the result of a `Job`
+    that this process submitted (it holds the job's key). A result fetched without the key (a
+    job looked up by id, `gelastic result`) is never unpickled: `return_values` is empty and
+    `raw_return_values` holds the tagged bytes; `client.results.trusted_load` loads one, and
+    `client.results.verified_load` checks it against the key first.
+    """
+
+    state: WorkerState
+    return_values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, ProcessFailure] = field(default_factory=dict)
+    attempts: tuple[AttemptSummary, ...] = ()
+    reason: str = ""
+    job_id: str = ""
+    name: str = ""
+    raw_return_values: dict[int, bytes] = field(default_factory=dict, repr=False)
+    """The return values as the workers wrote them (tag + pickle), by global rank; not loaded."""
+    return_value_sizes: dict[int, int] = field(default_factory=dict)
+    """Size in bytes of each rank's return value, as jobs, lists and watches report it."""
+
+    def is_failed(self) -> bool:
+        return self.state == WorkerState.FAILED
+
+    @property
+    def root_cause(self) -> ProcessFailure | None:
+        """The first failure observed across all nodes (smallest timestamp)."""
+        marked = [f for f in self.failures.values() if f.root_cause]
+        if marked:
+            return marked[0]
+        return first_failure(self.failures)
+
+    def format_failures(self, name: str = "") -> str:
+        """A report shaped like torchelastic's ChildFailedError table, root cause first."""
+        return format_failures(self, name or self.name or self.job_id)
+
+
+def first_failure(failures: Mapping[int, ProcessFailure]) -> ProcessFailure | None:
+    """Root cause: smallest timestamp; ties go to the smallest global rank."""
+    if not failures:
+        return None
+    return min(failures.values(), key=lambda f: (f.timestamp, f.global_rank))
+
+
+# --- the failure table ---------------------------------------------------------------------
+# The shape of torchelastic's ChildFailedError message (same frame, width rule, rows and
+# indentation) with the root cause first, plus where (node, executable) and when (attempt,
+# round) each failure happened, and how each other failure relates to the root cause in time.
+# Every report of a failed job (`gelastic run`, `submit --watch`, `result`, `wait`) is this one.
+
+
+def format_failures(result: RunResult, name: str) -> str:
+    """The failure table of `result`: root cause first, then the other failures by time."""
+    title = f"{_one_line(name or result.name or result.job_id or 'job')} FAILED"
+    root = result.root_cause
+    # The same failure order as first_failure: time, then global rank.
+    ordered = sorted(result.failures.values(), key=lambda f: (_sort_time(f), f.global_rank))
+    others = [f for f in ordered if f is not root]
+    root_block = format_failure_block(0, _rows(root, None)) if root is not None else ""
+    other_blocks = [
+        format_failure_block(idx, _rows(f, root))
+        for idx, f in enumerate(others, start=1 if root is not None else 0)
+    ]
+    return format_failure_table(title, root_block, other_blocks)
+
+
+def _rows(failure: ProcessFailure, root: ProcessFailure | None) -> list[tuple[str, str]]:
+    rows = [("time", _time(failure.timestamp))]
+    if root is not None:
+        rows.append(("order", _order(failure, root)))
+    signame = _one_line(failure.signal) or (
+        signal_name(-failure.exitcode) if failure.exitcode < 0 else ""
+    )
+    signame_part = f" ({signame})" if signame and signame != NOT_AVAILABLE else ""
+    # The agent's note on the message says which executable ran where: a row of its own, as
+    # the node has, never part of the message or traceback shown.
+    message, executable = _split_executable_note(failure.message)
+    rows += [
+        ("node", _one_line(failure.node) or NOT_AVAILABLE),
+        ("attempt", f"{failure.attempt} (round: {failure.round})"),
+        ("rank", f"{failure.global_rank} (local_rank: {failure.local_rank})"),
+        # torchelastic's spacing, kept so the table reads the same: one space after the pid,
+        # then " (SIGNAME)" only for a death by signal.
+        ("exitcode", f"{failure.exitcode} (pid: {failure.pid}) {signame_part}"),
+        ("error_file", _one_line(failure.error_file) or NOT_AVAILABLE),
+    ]
+    if executable:
+        rows.append(("executable", _one_line(executable)))
+    rows.append(("traceback", indent_continuation(failure.traceback or message or NOT_AVAILABLE)))
+    tail = failure.stderr_tail.rstrip("\n")
+    if tail.strip() and not failure.traceback:
+        count = tail.count("\n") + 1
+        noun = "line" if count == 1 else "lines"
+        rows.append(("stderr", f"last {count} {noun}" + indent_continuation("\n" + tail, "    ")))
+    return rows
+
+
+_RAN_NOTE = re.compile(
+    r"(?s)(?P<message>.*) \(ran (?P<executable>[^\n]+) on node (?P<node>[^\s()]+)\)"
+)
+
+
+def executable_note(executable: str, node: str) -> str:
+    """What the agent appends to a worker's own failure message: which executable ran it on
+    which node (e.g. a bare "python" that the agent's PATH resolved to the system's)."""
+    return f"(ran {executable} on node {node})"
+
+
+def _split_executable_note(message: str) -> tuple[str, str]:
+    """(the message without its `executable_note`, the executable); "" when it has none."""
+    m = _RAN_NOTE.fullmatch(message)
+    if m is None:
+        return message, ""
+    return m.group("message"), m.group("executable")
+
+
+def _one_line(text: str) -> str:
+    # A newline in a one-line field would start a line that reads as a new row or entry.
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _order(failure: ProcessFailure, root: ProcessFailure) -> str:
+    t, root_t = _sort_time(failure), _sort_time(root)
+    if t > root_t:
+        later = f"{t - root_t:.3f} s after" if math.isfinite(t - root_t) else "after"
+        if _split_executable_note(failure.message)[0] == _split_executable_note(root.message)[0]:
+            # The same error on its own (every rank ran the same bad line), not a consequence.
+            return f"also failed, {later} the root cause, with the same error"
+        return f"failed {later} the root cause, perhaps because of it"
+    if t == root_t:
+        return "failed at the same time as the root cause"
+    # Possible when the coordinator chose the root cause and nodes' clocks disagree.
+    return "failed before the root cause by its node's clock (the root cause was seen first)"
+
+
+def _sort_time(failure: ProcessFailure) -> float:
+    # NaN would make every comparison false and the order depend on the input order.
+    t = failure.timestamp
+    return t if t == t else float("inf")
+
+
+def _time(timestamp: float) -> str:
+    # Milliseconds, because the root cause is decided below one second.
+    try:
+        return datetime.fromtimestamp(timestamp).isoformat(sep="_", timespec="milliseconds")
+    except (ValueError, OverflowError, OSError, TypeError):
+        return repr(timestamp)
