@@ -14,34 +14,29 @@ an HttpOnly, SameSite=Strict cookie (Secure over TLS), or a request carries it i
 cookie. Everything is bounded: request bodies, header lines, sessions, event streams. The
 pages are static files of this package; they insert data with textContent only, and the
 Content-Security-Policy allows no inline script.
+
+This module is the HTTP app: its routes, the middleware (names, authentication, headers), the
+pages and the streams. What the pages read is built in `_dashboard_views`, the token and the
+sessions are `_dashboard_auth`'s, the event stream's plumbing is `_dashboard_sse`'s, and the
+connection limits are `_dashboard_guard`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
-import secrets
 import ssl
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from client.model import (
-    AttemptSummary,
-    JobEvent,
-    JobState,
-    ProcessFailure,
-    first_failure,
-)
 from client.model import is_job_id as _is_job_id
-from client.wire import shown_spec
-from coordinator._cluster import Effect, JobNotFound
+from coordinator._cluster import JobNotFound
+from coordinator._dashboard_auth import SESSION_COOKIE, SESSION_TTL_S, DashboardAuth
 from coordinator._dashboard_guard import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -51,6 +46,8 @@ from coordinator._dashboard_guard import (
     HostCheck,
     wildcard_names,
 )
+from coordinator._dashboard_sse import ChangeFeed, sse_event, with_keepalive
+from coordinator._dashboard_views import DashboardModel
 from coordinator._errors import RequestError
 from protos.gelastic.v1 import gelastic_pb2 as pb
 
@@ -62,16 +59,10 @@ __all__ = ["Dashboard", "DashboardAuth", "server_ssl_context"]
 logger = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "dashboard_static"
-SESSION_COOKIE = "gelastic_session"
-SESSION_TTL_S = 8 * 3600.0
-"""A session lasts this long from its login, used or not."""
-MAX_SESSIONS = 64
-"""Sessions kept at once; a login beyond ends the oldest (only token holders can log in)."""
 MAX_SSE_STREAMS = 32
 """Event streams (all pages of all browsers) served at once; one more is refused with 503."""
 MAX_BODY_BYTES = 16 * 1024
 """The largest request body: the login form is the only one."""
-MAX_TOKEN_CHARS = 4096
 MAX_LINE_BYTES = 8 * 1024
 """The request line and each header line."""
 MAX_HEADERS = 64
@@ -82,19 +73,6 @@ SSE_MIN_INTERVAL_S = 0.5
 LOG_TAIL_BYTES = 64 * 1024
 """The most of a rank's log one update carries (the end of it); the page keeps about this much."""
 LOG_FLUSH_S = 0.2
-TEXT_MAX = 4096
-"""One-line fields (reasons, messages) are cut to this many characters."""
-TRACEBACK_MAX = 64 * 1024
-EVENTS_SHOWN = 500
-"""The latest events of a job the page shows."""
-JOBS_SHOWN = 1000
-"""The most recent jobs the jobs page lists."""
-RANKS_SHOWN = 2000
-"""Ranks a job page lists (the lowest global ranks)."""
-ATTEMPTS_SHOWN = 20
-"""The latest attempts a job's timeline draws."""
-NODES_PER_ATTEMPT_SHOWN = 64
-"""Nodes of one attempt the timeline draws a bar for."""
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -104,331 +82,6 @@ _PUBLIC = frozenset({"/login", "/static/style.css", "/static/login.css"})
 _STATIC_FILES = {"app.js": "text/javascript", "style.css": "text/css"}
 _WHO = web.RequestKey("who", str)
 """Who a request is: "bearer", "open" or its session id (the log relay's client key)."""
-
-
-class DashboardAuth:
-    """The token check and the sessions it hands out. The clock is passed in (tests)."""
-
-    def __init__(
-        self,
-        token: str,
-        clock: Callable[[], float] = time.monotonic,
-        ttl: float = SESSION_TTL_S,
-        max_sessions: int = MAX_SESSIONS,
-    ) -> None:
-        self._token = token
-        self._clock = clock
-        self._ttl = ttl
-        self._max = max_sessions
-        self._sessions: dict[str, float] = {}
-        """Session id -> when it expires; insertion order is login order."""
-
-    @property
-    def required(self) -> bool:
-        """False when the coordinator has no client token: the dashboard is as open as gRPC."""
-        return bool(self._token)
-
-    def token_matches(self, presented: str) -> bool:
-        if not self._token or len(presented) > MAX_TOKEN_CHARS:
-            return False
-        return hmac.compare_digest(presented.encode(), self._token.encode())
-
-    def login(self, presented: str) -> str | None:
-        """A new session id for the right token, else None."""
-        if not self.token_matches(presented):
-            return None
-        self._expire()
-        while len(self._sessions) >= self._max:
-            self._sessions.pop(next(iter(self._sessions)))
-        sid = secrets.token_urlsafe(32)
-        self._sessions[sid] = self._clock() + self._ttl
-        return sid
-
-    def logout(self, sid: str) -> None:
-        self._sessions.pop(sid, None)
-
-    def session_valid(self, sid: str) -> bool:
-        expires = self._sessions.get(sid) if len(sid) <= 128 else None
-        if expires is None:
-            return False
-        if self._clock() >= expires:
-            del self._sessions[sid]
-            return False
-        return True
-
-    def session_count(self) -> int:
-        self._expire()
-        return len(self._sessions)
-
-    def authorized(self, request: web.Request) -> str | None:
-        """Who the request is ("bearer", "open" or its session id), or None: not allowed."""
-        if not self.required:
-            return "open"
-        header = request.headers.get("Authorization", "")
-        if header.startswith("Bearer "):
-            return "bearer" if self.token_matches(header[len("Bearer ") :]) else None
-        sid = request.cookies.get(SESSION_COOKIE, "")
-        return sid if sid and self.session_valid(sid) else None
-
-    def _expire(self) -> None:
-        now = self._clock()
-        for sid in [s for s, t in self._sessions.items() if now >= t]:
-            del self._sessions[sid]
-
-
-class ChangeFeed:
-    """Wakes the cluster-wide streams on every batch of effects the service applies."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self._event = asyncio.Event()
-
-    def observe(self, effects: list[Effect]) -> None:
-        # Every apply, even one without effects: a heartbeat moves a node's last-seen time.
-        self.version += 1
-        self._event.set()
-
-    async def wait(self, seen: int, timeout: float) -> int:
-        if self.version == seen:
-            self._event.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await self._event.wait()
-        return self.version
-
-
-# ---- the JSON the pages read -------------------------------------------------------------------
-
-
-def _cut(text: str, most: int = TEXT_MAX) -> str:
-    return text if len(text) <= most else text[:most] + " [...]"
-
-
-def _one_line(text: str) -> str:
-    return _cut(" ".join(text.split()))
-
-
-def failure_json(f: ProcessFailure) -> dict[str, Any]:
-    return {
-        "rank": f.global_rank,
-        "local_rank": f.local_rank,
-        "node": f.node,
-        "pid": f.pid,
-        "exitcode": f.exitcode,
-        "signal": f.signal,
-        "message": _cut(f.message),
-        "traceback": _cut(f.traceback, TRACEBACK_MAX),
-        "stderr_tail": _cut(f.stderr_tail, TRACEBACK_MAX),
-        "attempt": f.attempt,
-        "round": f.round,
-        "root_cause": f.root_cause,
-        "category": f.category.value,
-        "timestamp": f.timestamp,
-    }
-
-
-def _attempt_json(a: AttemptSummary) -> dict[str, Any]:
-    return {
-        "attempt": a.attempt,
-        "round": a.round,
-        "nodes": list(a.nodes[:NODES_PER_ATTEMPT_SHOWN]),
-        "nodes_total": len(a.nodes),
-        "end_reason": _one_line(a.end_reason),
-        "started_at": a.started_at,
-        "ended_at": a.ended_at,
-        "failed_ranks": [{"rank": f.global_rank, "node": f.node} for f in a.failures],
-    }
-
-
-def _event_json(e: JobEvent) -> dict[str, Any]:
-    return {
-        "seq": e.seq,
-        "timestamp": e.timestamp,
-        "kind": e.kind,
-        "reason": _cut(e.reason),
-        "attempt": e.attempt,
-        "round": e.round,
-        "node": e.node,
-        "rank": e.rank,
-    }
-
-
-class DashboardModel:
-    """Builds what the pages show from the service's state (the gRPC servicers' own objects)."""
-
-    def __init__(self, svc: CoordinatorService) -> None:
-        self.svc = svc
-        self.standby: Callable[[], str] = lambda: ""
-        """What a replica that does not lead says ("" while it leads, and with SQLite)."""
-
-    def root_cause_line(self, job_id: str) -> str:
-        c = self.svc.cluster
-        result = c.job_result(job_id)
-        if result is not None:
-            root = result.root_cause
-            if root is not None:
-                first = (root.message or root.traceback or "").strip().splitlines()
-                text = first[-1] if first else f"exit code {root.exitcode}"
-                return _one_line(f"rank {root.global_rank} on {root.node or '?'}: {text}")
-            if result.is_failed():
-                return _one_line(result.reason)
-        return ""
-
-    def job_row(self, job_id: str, now: float) -> dict[str, Any]:
-        c = self.svc.cluster
-        s = c.job_status(job_id)
-        end = s.finished_at if s.state.is_terminal() and s.finished_at else now
-        return {
-            "job_id": s.job_id,
-            "name": s.name,
-            "state": s.state.value,
-            "reason": _one_line(s.reason),
-            "attempt": s.attempt,
-            "round": s.round,
-            "max_restarts": s.max_restarts,
-            "restarts_left": max(0, s.max_restarts - s.attempt),
-            "submitted_at": s.submitted_at,
-            "finished_at": s.finished_at,
-            "duration": max(0.0, end - s.submitted_at) if s.submitted_at else 0.0,
-            "world_size": s.world_size,
-            "nodes": [m.node for m in s.members],
-            "root_cause": self.root_cause_line(job_id),
-        }
-
-    def overview(self) -> dict[str, Any]:
-        """The cluster and jobs pages: every node and the most recent jobs."""
-        c = self.svc.cluster
-        now = self.svc.now()
-        ids = c.job_ids()
-        rows = [self.job_row(j, now) for j in ids]
-        rows.sort(key=lambda r: (r["state"] in _TERMINAL_NAMES, -r["submitted_at"]))
-        rows = rows[:JOBS_SHOWN]
-        usage: dict[str, list[float]] = {}
-        for j in ids:
-            if c.job_state(j).is_terminal():
-                continue
-            for w in c.job_status(j).workers:
-                u = usage.setdefault(w.node, [0.0, 0.0, 0.0])
-                u[0] += w.cpu_percent
-                u[1] += w.rss_bytes
-                u[2] += 1
-        nodes = []
-        for n in c.nodes():
-            u = usage.get(n.name, [0.0, 0.0, 0.0])
-            nodes.append(
-                {
-                    "name": n.name,
-                    "addr": n.addr,
-                    "slots": n.slots,
-                    "slots_used": n.slots_used,
-                    "slots_free": max(0, n.slots - n.slots_used),
-                    "state": n.state,
-                    "last_seen": n.last_seen,
-                    "heartbeat_age": max(0.0, now - n.last_seen),
-                    "cpu_percent": round(u[0], 1),
-                    "rss_bytes": int(u[1]),
-                    "workers": int(u[2]),
-                    "jobs": list(n.jobs),
-                }
-            )
-        overview: dict[str, Any] = {
-            "now": now,
-            "nodes": nodes,
-            "jobs": rows,
-            "jobs_total": len(ids),
-        }
-        standby = self.standby()
-        if standby:
-            overview["standby"] = standby
-        return overview
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        c = self.svc.cluster
-        now = self.svc.now()
-        s = c.job_status(job_id)
-        spec = shown_spec(c.job_spec(job_id))  # what GetJob shows: no secret in argv or env
-        result = c.job_result(job_id)
-        attempts = [_attempt_json(a) for a in c.job_attempts(job_id)[-ATTEMPTS_SHOWN:]]
-        if s.members and not any(
-            a["attempt"] == s.attempt and a["round"] == s.round for a in attempts
-        ):
-            attempts.append(
-                {
-                    "attempt": s.attempt,
-                    "round": s.round,
-                    "nodes": [m.node for m in s.members[:NODES_PER_ATTEMPT_SHOWN]],
-                    "nodes_total": len(s.members),
-                    "end_reason": "",
-                    "started_at": 0.0,
-                    "ended_at": 0.0,
-                    "failed_ranks": [],
-                }
-            )
-        events = c.job_events(job_id)[-EVENTS_SHOWN:]
-        root = result.root_cause if result is not None else None
-        found: list[ProcessFailure] = list(result.failures.values()) if result is not None else []
-        root_from = "result"
-        if root is None:
-            # A job that recovered (or is still running) shows its latest failed attempt's.
-            for summary in reversed(c.job_attempts(job_id)):
-                if summary.failures:
-                    found = list(summary.failures)
-                    marked = [f for f in found if f.root_cause]
-                    root = (
-                        marked[0] if marked else first_failure({i: f for i, f in enumerate(found)})
-                    )
-                    root_from = f"attempt {summary.attempt}"
-                    break
-        failures = sorted(found, key=lambda f: (f is not root, f.timestamp, f.global_rank))
-        return {
-            "now": now,
-            "job": self.job_row(job_id, now),
-            "spec": {
-                "nproc_per_node": spec.nproc_per_node,
-                "min_nodes": spec.min_nodes,
-                "max_nodes": spec.max_nodes,
-                "max_restarts": spec.max_restarts,
-                "role": ", ".join(r.name for r in spec.roles) or spec.role,
-                "entrypoint": _cut(
-                    spec.function
-                    or " ".join(spec.argv)
-                    # A multi-role job: each role's program (its arguments are not shown).
-                    or "; ".join(f"{r.name}: {r.entrypoint[0]}" for r in spec.roles if r.entrypoint)
-                ),
-            },
-            "workers": [
-                {
-                    "rank": w.global_rank,
-                    "local_rank": w.local_rank,
-                    "node": w.node,
-                    "pid": w.pid,
-                    "state": w.state.value,
-                    "proc_state": w.proc_state,
-                    "cpu_percent": round(w.cpu_percent, 1),
-                    "rss_bytes": w.rss_bytes,
-                    "exitcode": w.exitcode,
-                }
-                for w in s.workers[:RANKS_SHOWN]
-            ],
-            "ranks_total": len(s.workers),
-            "attempts": attempts,
-            "events": [_event_json(e) for e in events],
-            "root_cause": failure_json(root) if root is not None else None,
-            "root_cause_from": root_from if root is not None else "",
-            "failures": [failure_json(f) for f in failures[:50] if f is not root],
-            "result_reason": _one_line(result.reason) if result is not None else "",
-        }
-
-
-_TERMINAL_NAMES = frozenset(s.value for s in JobState if s.is_terminal())
-
-
-# ---- serving -----------------------------------------------------------------------------------
-
-
-def _sse(event: str, data: Any) -> bytes:
-    # json.dumps never writes a newline without indent: the data is one `data:` line.
-    return f"event: {event}\ndata: {json.dumps(data, allow_nan=False)}\n\n".encode()
 
 
 class Dashboard:
@@ -713,7 +366,7 @@ class Dashboard:
     def _overview_message(self) -> bytes:
         version, message = self._overview_cache
         if version != self.feed.version:
-            version, message = self.feed.version, _sse("overview", self.model.overview())
+            version, message = self.feed.version, sse_event("overview", self.model.overview())
             self._overview_cache = (version, message)
         return message
 
@@ -723,7 +376,7 @@ class Dashboard:
         cached = self._job_cache.get(job_id)
         if cached is not None and cached[0] == version:
             return cached[1]
-        message = _sse("job", self.model.job(job_id))
+        message = sse_event("job", self.model.job(job_id))
         if len(self._job_cache) >= self.max_streams:
             self._job_cache.clear()  # at most one entry per open stream is of any use
         self._job_cache[job_id] = (version, message)
@@ -740,7 +393,7 @@ class Dashboard:
                         await self.svc.written(self.svc.cluster.job_ids())
                         await resp.write(self._overview_message())
                     except RequestError as exc:
-                        await resp.write(_sse("problem", {"error": exc.message}))
+                        await resp.write(sse_event("problem", {"error": exc.message}))
                 else:
                     await resp.write(b": keepalive\n\n")
                 await asyncio.sleep(SSE_MIN_INTERVAL_S)
@@ -756,13 +409,13 @@ class Dashboard:
                 try:
                     await svc.written([job_id])
                     if not svc.cluster.has_job(job_id):
-                        await resp.write(_sse("end", {"reason": "the job was deleted"}))
+                        await resp.write(sse_event("end", {"reason": "the job was deleted"}))
                         break
                     await resp.write(self._job_message(job_id))
                 except RequestError as exc:
-                    await resp.write(_sse("problem", {"error": exc.message}))
+                    await resp.write(sse_event("problem", {"error": exc.message}))
                 if svc.cluster.job_state(job_id).is_terminal():
-                    await resp.write(_sse("end", {"reason": "the job finished"}))
+                    await resp.write(sse_event("end", {"reason": "the job finished"}))
                     break
                 # The change stream WatchJob follows; the pause coalesces a burst of changes.
                 await asyncio.sleep(max(SSE_MIN_INTERVAL_S, svc.watch_interval(job_id)))
@@ -795,7 +448,7 @@ class Dashboard:
                 now = loop.time()
                 if pending or dropped:
                     text = bytes(pending).decode("utf-8", errors="replace")
-                    await resp.write(_sse("log", {"text": text, "dropped": dropped}))
+                    await resp.write(sse_event("log", {"text": text, "dropped": dropped}))
                     pending.clear()
                     dropped = 0
                     quiet_since = now
@@ -807,7 +460,7 @@ class Dashboard:
 
             try:
                 logs = self.svc.read_logs(req, client)
-                async for data in _with_keepalive(logs, LOG_FLUSH_S):
+                async for data in with_keepalive(logs, LOG_FLUSH_S):
                     if data is not None:
                         pending += data
                         if len(pending) > LOG_TAIL_BYTES:
@@ -817,42 +470,12 @@ class Dashboard:
                     if loop.time() - last >= LOG_FLUSH_S or data is None:
                         await flush()
                 await flush()
-                await resp.write(_sse("end", {"reason": "the rank's log ended"}))
+                await resp.write(sse_event("end", {"reason": "the rank's log ended"}))
             except (RequestError, JobNotFound) as exc:
                 await flush()
                 message = exc.message if isinstance(exc, RequestError) else "no such job"
-                await resp.write(_sse("end", {"reason": message}))
+                await resp.write(sse_event("end", {"reason": message}))
         return resp
-
-
-async def _with_keepalive(
-    source: AsyncIterator[bytes], interval: float
-) -> AsyncIterator[bytes | None]:
-    """The items of `source`, and None whenever `interval` s pass without one."""
-    it = aiter(source)
-    next_item: asyncio.Task[bytes] | None = None
-    try:
-        while True:
-            if next_item is None:
-                next_item = asyncio.ensure_future(anext(it))
-            done, _ = await asyncio.wait((next_item,), timeout=interval)
-            if not done:
-                yield None
-                continue
-            task, next_item = next_item, None
-            try:
-                item = task.result()
-            except StopAsyncIteration:
-                return
-            yield item
-    finally:
-        if next_item is not None:
-            next_item.cancel()
-            with contextlib.suppress(BaseException):
-                await next_item
-        aclose = getattr(it, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
 
 def _same_origin(request: web.Request) -> bool:
