@@ -16,17 +16,17 @@ import os
 import pickle
 import secrets
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, TextIO, TypeAlias, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import grpc
 
 from client._progress import _Progress
+from client._replica_channels import ReplicaChannels, Stub
 from client.coordinators import (
     LEADER_HEADER,
     is_standby_answer,
@@ -58,7 +58,6 @@ from client.wire import (
     spec_to_pb,
 )
 from protos.gelastic.v1 import gelastic_pb2 as pb
-from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
 __all__ = ["Client", "GelasticError", "Job", "ReturnValueError", "submit"]
 
@@ -76,16 +75,8 @@ LIST_PASSES = 8
 """Passes over a list of several replicas: their pauses (about 7 s in all) outlast a failover
 of the default leader TTL (3 s), within the call's deadline."""
 MAX_PAUSE_S = 2.0
-LIST_CHANNEL_OPTIONS = (
-    # A replica that comes back (or a black-holed one) is noticed within seconds, not the
-    # default 20 s connect timeout and 120 s backoff of a channel that failed.
-    ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.min_reconnect_backoff_ms", 3000),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-)
 MAX_DETAILS_CHARS = 500
 """Of each replica's answer in the error of a call that gave up."""
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_EVENT_PAGES = 1000
 """Most GetEvents pages one `events()` call reads (a job keeps at most 10,000 events)."""
 MAX_ATTEMPT_PAGES = 200
@@ -93,7 +84,6 @@ MAX_ATTEMPT_PAGES = 200
 
 T = TypeVar("T")
 R = TypeVar("R")
-Stub: TypeAlias = pb_grpc.CoordinatorStub
 
 
 def _coordinator_address(address: str | None) -> str:
@@ -153,17 +143,8 @@ class Client:
         for address in self.addresses:
             security.check_target(address)  # no token in plain text to any of them
         self._md = security.metadata
-        self._options: list[tuple[str, object]] = [
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ]
-        if len(self.addresses) > 1:
-            self._options.extend(LIST_CHANNEL_OPTIONS)
-        self._lock = threading.Lock()
-        self._channels: dict[str, grpc.Channel] = {}
-        self._stubs: dict[str, Stub] = {}
+        self._replicas = ReplicaChannels(security, several=len(self.addresses) > 1)
         self._leader = self.addresses[0]
-        self._closed = False
 
     @property
     def address(self) -> str:
@@ -171,35 +152,12 @@ class Client:
         first listed address)."""
         return self._leader
 
-    def _stub_for(self, address: str) -> Stub:
-        with self._lock:
-            stub = self._stubs.get(address)
-            if stub is None:
-                if self._closed:
-                    raise GelasticError(None, "the client is closed")
-                # The TLS name checked is the host dialed (or --tls-server-name for all).
-                channel = self.security.channel(address, options=self._options)
-                self._channels[address] = channel
-                stub = self._stubs[address] = Stub(channel)
-            return stub
-
     @property
     def _channel(self) -> grpc.Channel:
-        self._stub_for(self._leader)
-        return self._channels[self._leader]
-
-    @property
-    def _stub(self) -> Stub:
-        return self._stub_for(self._leader)
+        return self._replicas.channel(self._leader)
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            channels = list(self._channels.values())
-            self._channels.clear()
-            self._stubs.clear()
-        for channel in channels:
-            channel.close()
+        self._replicas.close()
 
     def __enter__(self) -> Client:
         return self
@@ -239,7 +197,7 @@ class Client:
                 break
             tried.add(current)
             try:
-                out = fn(self._stub_for(current), remaining)
+                out = fn(self._replicas.stub(current), remaining)
             except grpc.RpcError as exc:
                 last = exc
                 code = exc.code()
@@ -294,7 +252,7 @@ class Client:
         tried: set[str] = set()
         while True:
             tried.add(current)
-            call = open_call(self._stub_for(current))
+            call = open_call(self._replicas.stub(current))
             got = False
             try:
                 for item in call:
