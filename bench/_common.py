@@ -28,7 +28,7 @@ from typing import Any, TextIO
 import psutil
 
 from client import Job, RunResult
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 
 __all__ = [
     "GELASTIC",

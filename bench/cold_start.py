@@ -32,7 +32,7 @@ from bench._common import (
     worker_env,
 )
 from client import JobSpec, WorkerState
-from client._local import LocalCluster
+from gelastic.local import LocalCluster
 
 SCENARIO = "cold_start"
 TIMEOUT = 60.0

@@ -49,7 +49,7 @@ import psutil
 from bench._common import GELASTIC, Measurement, gelastic_cluster, log
 from bench._simnodes import CoordinatorProcess, SimFleet, sim_job_spec, wait_round_started
 from client import Client, GelasticError, JobSpec, JobState, WorkerState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 
 SCENARIO = "coordinator_restart"
 REAL_NODES = 2

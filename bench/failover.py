@@ -50,7 +50,7 @@ from bench._common import GELASTIC, Measurement, log
 from bench._etcd import EtcdCluster, etcd_binary
 from bench._simnodes import CoordinatorProcess, SimFleet, sim_job_spec, wait_round_started
 from client import Client, GelasticError, JobSpec, JobState
-from client._local import poll_until
+from gelastic.local import poll_until
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 

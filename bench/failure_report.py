@@ -40,7 +40,7 @@ from bench._common import (
     worker_env,
 )
 from client import Job, JobSpec, RunResult
-from client._local import LocalCluster
+from gelastic.local import LocalCluster
 
 SCENARIO = "failure_report"
 TIMEOUT = 60.0

@@ -24,7 +24,7 @@ import psutil
 
 from bench._common import GELASTIC, PY, Measurement, log, warn_leftovers
 from client import JobSpec, JobState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 
 SCENARIO = "footprint"
 SLOTS = 8

@@ -76,7 +76,7 @@ from bench._common import (
     write_event,
 )
 from bench._etcd import EtcdCluster, etcd_binary
-from client._client import Client
+from client import Client
 
 SCENARIO = "multinode"
 WORKER = str(Path(__file__).resolve().parent / "_multinode_worker.py")

@@ -52,7 +52,7 @@ from bench._common import (
     write_event,
 )
 from client import JobSpec, WorkerState
-from client._local import LocalCluster
+from gelastic.local import LocalCluster
 
 SCENARIO = "recovery_agent_kill"
 TIMEOUT = 60.0

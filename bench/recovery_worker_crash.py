@@ -36,7 +36,7 @@ from bench._common import (
     worker_env,
 )
 from client import JobSpec, WorkerState
-from client._local import LocalCluster
+from gelastic.local import LocalCluster
 
 SCENARIO = "recovery_worker_crash"
 TIMEOUT = 60.0

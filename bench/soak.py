@@ -50,7 +50,7 @@ import psutil
 from bench._common import GELASTIC, Measurement, log
 from bench._simnodes import SimFleet, cpu_seconds, sim_job_spec, wait_round_started
 from client import Client, GelasticError, Job, JobSpec, JobState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 
 __all__ = ["Row", "SoakOptions", "SoakReport", "render_rows", "run", "run_soak"]
 

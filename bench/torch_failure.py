@@ -41,7 +41,7 @@ from bench._common import (
     worker_env,
 )
 from client import Job, JobSpec, RunResult
-from client._local import LocalCluster
+from gelastic.local import LocalCluster
 
 SCENARIO = "torch_failure"
 TIMEOUT = 120.0

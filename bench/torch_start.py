@@ -40,7 +40,7 @@ from bench._common import (
     worker_env,
 )
 from client import JobSpec, WorkerState
-from client._local import LocalCluster
+from gelastic.local import LocalCluster
 
 SCENARIO = "torch_start"
 TIMEOUT = 120.0

@@ -43,10 +43,9 @@ from pathlib import Path
 
 import psutil
 
-from client import JobSpec, JobState, WorkerState
-from client._client import GelasticError, Job
-from client._local import AGENT_ENV, CLUSTER_ENV, LocalCluster, poll_until
+from client import GelasticError, Job, JobSpec, JobState, WorkerState
 from client.model import AttemptSummary, ProcessFailure, RunResult
+from gelastic.local import AGENT_ENV, CLUSTER_ENV, LocalCluster, poll_until
 
 HERE = Path(__file__).resolve().parent
 WAIT_S = 120.0

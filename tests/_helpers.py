@@ -1,7 +1,7 @@
 """What tests of every tier share: one bounded wait, a free loopback port, whether a pid is gone.
 
 `wait_for` is the wait of async tests (the event loop keeps running while it polls); sync tests
-use `client._local.poll_until`. Neither is a fixed sleep: both return the moment the condition
+use `gelastic.local.poll_until`. Neither is a fixed sleep: both return the moment the condition
 holds and fail naming what they waited for.
 """
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from client._local import LocalCluster
+from gelastic.local import LocalCluster
 from tests.e2e.conftest import assert_no_leftovers
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from client import JobSpec, JobState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.browser.conftest import DOCS_IMG, SCRIPTS
 
 WAIT_MS = 30_000

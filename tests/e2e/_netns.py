@@ -40,7 +40,7 @@ import psutil
 import pytest
 
 from client._client import Client
-from client._local import (
+from gelastic.local import (
     CLUSTER_ENV,
     KilledProcess,
     StartedProcess,

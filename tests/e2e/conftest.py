@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 import pytest
 
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 PY = sys.executable

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from client._local import poll_until
+from gelastic.local import poll_until
 from tests.e2e.conftest import MARKER_ENV, PY, assert_nothing_left, script
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from client import JobSpec, JobState, WorkerState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, script
 
 TIMEOUT = 120

@@ -19,7 +19,7 @@ import pytest
 
 from bench.__main__ import DEFAULT_SCENARIOS
 from bench._common import TORCHRUN
-from client._local import poll_until
+from gelastic.local import poll_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 180

@@ -22,7 +22,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing import errors as torch_errors
 
 from client import JobSpec, JobState, RunResult, WorkerState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import (
     MARKER_ENV,
     PY,

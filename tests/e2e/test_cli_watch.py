@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from client import JobSpec, JobState, cli
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, assert_no_leftovers
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from client import JobSpec, JobState, WorkerState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, Gate, script
 
 TIMEOUT = 120

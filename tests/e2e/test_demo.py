@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from client._local import poll_until
+from gelastic.local import poll_until
 
 pytestmark = pytest.mark.e2e
 

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from client import JobSpec, WorkerState
-from client._local import LocalCluster
 from client.cli import main as gelastic_main
+from gelastic.local import LocalCluster
 from tests._docs import all_blocks
 from tests.e2e.conftest import assert_no_leftovers
 

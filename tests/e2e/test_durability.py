@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from client import JobEvent, JobSpec, WorkerState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, script
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ import psutil
 import torch
 
 from client import FailureCategory, JobSpec, JobState, WorkerState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, Gate, gone, script, wait_started
 
 TIMEOUT = 120

@@ -17,8 +17,8 @@ import grpc
 import pytest
 
 from client import JobSpec, WorkerState
-from client._local import LocalCluster, poll_until
 from client.wire import spec_to_pb
+from gelastic.local import LocalCluster, poll_until
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 from tests._etcd import EtcdServer

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from client import JobSpec, WorkerState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, script
 
 TIMEOUT = 120

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from client import JobSpec
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, script
 
 TIMEOUT = 120

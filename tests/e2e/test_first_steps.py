@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from client import JobState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, assert_no_leftovers
 
 TIMEOUT = 90

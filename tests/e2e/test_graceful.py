@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from client import JobSpec, JobState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, script
 
 TIMEOUT = 120

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from client import JobSpec
-from client._local import LocalCluster, poll_until
 from client.model import FailureCategory
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY
 from tests.e2e.test_cli import gelastic
 

@@ -13,7 +13,7 @@ import pytest
 
 from client import JobSpec, cli
 from client._client import Job
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, assert_no_leftovers
 
 HELLO = "import os; print('hello from', os.environ['RANK'], flush=True)"

@@ -18,7 +18,7 @@ import os
 import sys
 
 from client import JobSpec
-from client._local import LocalCluster
+from gelastic.local import LocalCluster
 
 MARKER_DIR = os.environ["MARKER_DIR"]
 # Top level: runs in the launcher and once in every worker (as __mp_main__).

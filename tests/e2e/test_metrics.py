@@ -11,7 +11,7 @@ from collections.abc import Callable
 from prometheus_client.parser import text_string_to_metric_families
 
 from client import JobSpec, JobState, WorkerState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY
 
 TIMEOUT = 60

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from client import JobSpec, Role, WorkerState
-from client._local import LocalCluster
+from gelastic.local import LocalCluster
 from tests._torch_ranks import torch_ranks
 from tests.e2e.conftest import PY, script
 

@@ -21,7 +21,7 @@ import pytest
 
 from client import JobSpec, JobState, WorkerState
 from client._client import Job
-from client._local import poll_until
+from gelastic.local import poll_until
 from tests.e2e._netns import IFNAME, Lab, NetnsCluster, require_netns
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from client import JobSpec, JobState, WorkerState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, gone
 
 ROOT = Path(__file__).resolve().parents[2]

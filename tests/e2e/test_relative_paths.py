@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from client import cli
-from client._local import LocalCluster
+from gelastic.local import LocalCluster
 from tests.e2e.conftest import PY, assert_no_leftovers
 
 

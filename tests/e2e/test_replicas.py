@@ -25,7 +25,7 @@ from typing import IO, Any
 import pytest
 
 from client import JobSpec, JobState, WorkerState
-from client._local import LocalCluster, StartedProcess, poll_until, stop_processes
+from gelastic.local import LocalCluster, StartedProcess, poll_until, stop_processes
 from tests._etcd import EtcdServer, etcd_binary
 from tests.e2e.conftest import PY, Gate, script
 

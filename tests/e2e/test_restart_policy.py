@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from client import FailureCategory, JobSpec, JobState
-from client._local import AGENT_ENV, LocalCluster
+from gelastic.local import AGENT_ENV, LocalCluster
 from tests.e2e.conftest import PY
 
 TIMEOUT = 120

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from client._local import poll_until
+from gelastic.local import poll_until
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "browser" / "scripts" / "dash_worker.py"

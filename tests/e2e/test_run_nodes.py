@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from client._client import Client
-from client._local import poll_until
+from gelastic.local import poll_until
 from tests._etcd import EtcdServer
 from tests.e2e.conftest import MARKER_ENV, PY, assert_nothing_left, gone, marked_processes
 

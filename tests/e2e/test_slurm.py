@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from client._local import poll_until
+from gelastic.local import poll_until
 from tests._slurm import KILL_WAIT_S, SlurmCluster, free_port, private_slurm
 from tests.e2e.conftest import MARKER_ENV, assert_nothing_left, gone, marked_processes
 

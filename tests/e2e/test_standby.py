@@ -17,7 +17,7 @@ import psutil
 import torch
 
 from client import JobSpec, WorkerState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from nodeagent._launch import BOOTSTRAP_PATH
 from tests.e2e.conftest import PY, script
 

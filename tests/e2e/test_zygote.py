@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from client import JobSpec, WorkerState
-from client._local import LocalCluster, poll_until
+from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, assert_no_leftovers, gone
 
 TIMEOUT = 120

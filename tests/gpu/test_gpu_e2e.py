@@ -27,7 +27,7 @@ if not torch.distributed.is_nccl_available():
     pytest.skip("tests/gpu needs a torch build with NCCL", allow_module_level=True)
 
 from client import JobSpec, JobState, NodeInfo  # noqa: E402
-from client._local import LocalCluster, poll_until  # noqa: E402
+from gelastic.local import LocalCluster, poll_until  # noqa: E402
 from nodeagent._gpus import FAULT_FILE_ENV  # noqa: E402
 
 WORKER = str(Path(__file__).resolve().parent / "scripts" / "nccl_worker.py")

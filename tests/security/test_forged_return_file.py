@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from client import JobSpec, WorkerState
-from client._local import LocalCluster
 from client.results import ReturnValueError
+from gelastic.local import LocalCluster
 from tests.e2e.conftest import assert_no_leftovers
 
 TIMEOUT = 120

@@ -19,8 +19,8 @@ import grpc
 import psutil
 import pytest
 
-from client._local import LocalCluster, poll_until
 from coordinator.server import Coordinator, CoordinatorConfig
+from gelastic.local import LocalCluster, poll_until
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from client import JobSpec, WorkerState
-from client._local import LocalCluster
+from gelastic.local import LocalCluster
 from nodeagent._launch import without_agent_secrets
 from tests.e2e.conftest import PY, assert_no_leftovers
 

@@ -15,7 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from client._local import poll_until
+from gelastic.local import poll_until
 from nodeagent._launch import BOOTSTRAP_PATH
 
 # An atexit handler runs after the bootstrap's main() returned, as the interpreter ends; a file

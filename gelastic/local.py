@@ -1,8 +1,9 @@
 """A local cluster on this host: a `coordinator serve` and N `nodeagent` processes.
 
-Used by `make demo`, the end-to-end tests and the benchmarks. Every process it starts carries
-`GELASTIC_CLUSTER_ID` in its environment (workers inherit it from their agent), so `leftovers()`
-finds anything the cluster left behind, and `stop()` kills only what it started.
+Public API (`from gelastic import LocalCluster`), used by `make demo`, the end-to-end tests and
+the benchmarks. Every process it starts carries `GELASTIC_CLUSTER_ID` in its environment
+(workers inherit it from their agent), so `leftovers()` finds anything the cluster left behind,
+and `stop()` kills only what it started.
 
 Each agent gets a directory of its own (`node_dir(name)`: its worker logs, its state, its temp
 dir), as separate hosts would have: a request served by the wrong agent then finds nothing.
@@ -34,7 +35,7 @@ from typing import IO
 
 import psutil
 
-from client._client import CALL_TIMEOUT_S, Client
+from client import Client
 from client.model import JobState
 from client.security import new_token_file
 
@@ -231,8 +232,12 @@ class LocalCluster:
         """The dashboard's URL, as the coordinator reports it ("" without a dashboard)."""
         return self.client.dashboard_url() if self.dashboard_port is not None else ""
 
-    def connect(self, timeout: float = CALL_TIMEOUT_S) -> Client:
-        """A new client of this cluster's coordinator, with its token; the caller closes it."""
+    def connect(self, timeout: float | None = None) -> Client:
+        """A new client of this cluster's coordinator, with its token; the caller closes it.
+
+        `timeout`: the deadline of each call (None: the Client's default)."""
+        if timeout is None:
+            return Client(self.address, token_file=self.token_file)
         return Client(self.address, timeout=timeout, token_file=self.token_file)
 
     @property
