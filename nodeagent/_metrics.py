@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psutil
 
 from client.metrics_http import MetricsEndpoint
+from client.node_protocol import GroupHealth
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -68,8 +69,8 @@ class AgentMetrics:
         if endpoint is not None:
             endpoint.stop()
 
-    def observe(self, groups: Iterable[Any]) -> None:
-        """Take the heartbeat's `GroupHealth` messages (job_id, workers with rank/cpu/rss)."""
+    def observe(self, groups: Iterable[GroupHealth]) -> None:
+        """Take the groups of a heartbeat (`client.node_protocol.GroupHealth`)."""
         self.set_samples(
             WorkerSample(g.job_id, w.global_rank, w.cpu_percent, w.rss_bytes)
             for g in groups

@@ -19,17 +19,18 @@ import contextlib
 import logging
 import os
 import random
+import re
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import grpc
 
-from client.assignment import RoundAssignment, WorkerRanks
+from client.assignment import RoundAssignment
 from client.coordinators import (
     UNREACHABLE_HEADER,
     is_standby_answer,
@@ -41,19 +42,37 @@ from client.coordinators import (
 from client.model import (
     MAX_STANDBY_LINGER_S,
     FailureCategory,
-    JobSpec,
     ProcessFailure,
     is_job_id,
     is_name,
 )
-from client.security import Security
-from client.wire import (
-    failure_to_pb,
-    gpu_device_to_pb,
-    gpu_health_to_pb,
-    group_state_to_pb,
-    spec_from_pb,
+from client.node_codec import MessageError, decode_coordinator, encode_node
+from client.node_protocol import (
+    Assign,
+    CancelLogs,
+    CoordinatorMsg,
+    GroupHealth,
+    GroupStopped,
+    GroupUnknown,
+    Heartbeat,
+    Hello,
+    LogChunk,
+    LogCredit,
+    NodeMsg,
+    PortReserved,
+    Release,
+    ReservePort,
+    RunningGroup,
+    StartLogs,
+    Stop,
+    Welcome,
+    WorkerExited,
+    WorkerFailing,
+    WorkerHealthSample,
+    WorkersStarted,
 )
+from client.node_protocol import WorkerExit as ReportedExit
+from client.security import Security
 from nodeagent._dirs import default_agent_dir, fresh_agent_dir, private_dir
 from nodeagent._gpus import (
     FAULT_FILE_ENV,
@@ -195,7 +214,7 @@ class _Held:
     assignment: RoundAssignment
     group: WorkerGroup | None = None
     pids: dict[int, int] = field(default_factory=dict)
-    exits: list[WorkerExit] = field(default_factory=list)
+    exits: list[ReportedExit] = field(default_factory=list)
     failing: dict[int, ProcessFailure] = field(default_factory=dict)
     """Failures recorded by workers still running (local rank -> failure), sent before the exit."""
     stopped: bool = False
@@ -483,7 +502,7 @@ class NodeAgent:
         outbox: asyncio.Queue[pb.NodeMessage] = asyncio.Queue(CONTROL_OUTBOX_LIMIT)
         logs: asyncio.Queue[pb.NodeMessage] = asyncio.Queue(LOG_OUTBOX_CHUNKS)
         self._outbox_full.clear()
-        outbox.put_nowait(pb.NodeMessage(hello=self._hello()))
+        outbox.put_nowait(self._hello())
         async with self.security.aio_channel(
             self.target,
             options=[
@@ -517,15 +536,11 @@ class NodeAgent:
             full = loop.create_task(self._outbox_full.wait())
             full.add_done_callback(lambda _t: call.cancel())
             try:
-                async for msg in call:
-                    # Before anything of it is acted on, the welcome included.
-                    self._check_epoch(msg)
-                    kind = msg.WhichOneof("kind")
-                    if kind == "welcome":
+                async for raw in call:
+                    msg = self._read(raw)
+                    if isinstance(msg, Welcome):
                         self._unreachable = ""
-                        self._heartbeat_interval = max(
-                            0.05, msg.welcome.heartbeat_interval_ms / 1000
-                        )
+                        self._heartbeat_interval = max(0.05, msg.heartbeat_interval)
                         self._outbox, self._log_outbox = outbox, logs
                         # What the hello left out (it must fit one message however big the
                         # results): every held exit, each in a message of its own.
@@ -549,7 +564,7 @@ class NodeAgent:
                             heartbeat.add_done_callback(
                                 lambda t: t.cancelled() or t.exception() is None or call.cancel()
                             )
-                    else:
+                    elif msg is not None:
                         self._dispatch(msg)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
@@ -576,17 +591,32 @@ class NodeAgent:
                 with contextlib.suppress(asyncio.CancelledError):
                     await full
 
-    def _check_epoch(self, msg: pb.CoordinatorMessage) -> None:
+    def _read(self, raw: pb.CoordinatorMessage) -> CoordinatorMsg | None:
+        """A message from the stream, decoded; StaleEpoch before anything of it is acted on
+        (the welcome included) when it comes from an older leader; None for one this agent
+        does not know."""
+        msg: CoordinatorMsg | None = None
+        error = ""
+        try:
+            msg = decode_coordinator(raw)
+        except MessageError as exc:
+            error = str(exc)
+        self._check_epoch(raw.epoch, msg)
+        if msg is None:
+            logger.warning("ignoring an unknown message from the coordinator: %s", error)
+        return msg
+
+    def _check_epoch(self, epoch: int, msg: CoordinatorMsg | None) -> None:
         """Raise StaleEpoch for a message from a leader older than the newest seen; a newer
         epoch becomes the newest. Epoch 0 (one coordinator, no election) passes only while
         no coordinator has spoken with a higher one."""
-        epoch = int(msg.epoch)
+        epoch = int(epoch)
         if epoch >= self.epoch:
             self.epoch = epoch
             return
         when, refused = self._stale_logged
         now = time.monotonic()
-        kind = msg.WhichOneof("kind") or "message"
+        kind = _kind(msg)
         if now - when >= STALE_LOG_EVERY_S:
             logger.warning(
                 "refused %s from %s: it carries leader epoch %d, older than epoch %d seen "
@@ -605,6 +635,9 @@ class NodeAgent:
             f"its {kind} was not acted on"
         )
 
+    def _tell(self, msg: NodeMsg) -> None:
+        self._send(encode_node(msg))
+
     def _send(self, msg: pb.NodeMessage) -> None:
         if self._outbox is not None:
             self._put(self._outbox, msg)
@@ -619,56 +652,45 @@ class NodeAgent:
                 logger.error("the outbox to the coordinator is full; dropping the session")
             self._outbox_full.set()
 
-    def _hello(self) -> pb.Hello:
-        running = []
-        for (job_id, round_), h in self._held.items():
-            running.append(
-                pb.RunningGroup(
-                    job_id=job_id,
-                    round=round_,
-                    attempt=h.assignment.attempt,
-                    workers=[
-                        pb.WorkerPid(local_rank=lr, pid=pid, global_rank=_global(h, lr))
-                        for lr, pid in h.pids.items()
-                    ],
-                    # The exits follow the welcome (see _replay); a stopped group with exits
-                    # to report says so after them, so they are not fenced off.
-                    stopped=h.stopped and not h.exits,
-                )
+    def _hello(self) -> pb.NodeMessage:
+        running = tuple(
+            RunningGroup(
+                job_id=job_id,
+                round=round_,
+                attempt=h.assignment.attempt,
+                pids=tuple(h.pids.items()),
+                global_ranks=tuple(_global(h, lr) for lr in h.pids),
+                # The exits follow the welcome (see _replay); a stopped group with exits
+                # to report says so after them, so they are not fenced off.
+                stopped=h.stopped and not h.exits,
             )
-        return pb.Hello(
+            for (job_id, round_), h in self._held.items()
+        )
+        hello = Hello(
             name=self.config.name,
             addr=self.addr,
             slots=self.slots,
             incarnation=self.incarnation,
             version=VERSION,
             running=running,
-            gpus=[gpu_device_to_pb(d) for d in self.gpus],
+            gpus=tuple(self.gpus),
         )
+        return encode_node(hello)
 
     def _replay(self) -> list[pb.NodeMessage]:
         """The held exits (and then the stops) of every group, one bounded message each."""
-        out = []
+        out: list[NodeMsg] = []
         for (job_id, round_), h in self._held.items():
             exited = {ex.local_rank for ex in h.exits}
             for lr, failure in h.failing.items():
                 if lr not in exited:  # the coordinator ignores one it already has
-                    out.append(_failing_msg(job_id, round_, failure))
-            for ex in h.exits:
-                out.append(
-                    pb.NodeMessage(
-                        worker_exited=pb.WorkerExited(
-                            job_id=job_id, round=round_, exit=_exit_to_pb(ex)
-                        )
-                    )
-                )
+                    out.append(WorkerFailing(job_id, round_, failure))
+            out.extend(WorkerExited(job_id, round_, ex) for ex in h.exits)
             if h.unknown:
-                out.append(_unknown_msg(job_id, round_, h.unknown))
+                out.append(GroupUnknown(job_id, round_, h.unknown))
             if h.stopped and h.exits:
-                out.append(
-                    pb.NodeMessage(group_stopped=pb.GroupStopped(job_id=job_id, round=round_))
-                )
-        return out
+                out.append(GroupStopped(job_id, round_))
+        return [encode_node(m) for m in out]
 
     async def _heartbeats(self, outbox: asyncio.Queue[pb.NodeMessage]) -> None:
         seq = 0
@@ -679,60 +701,55 @@ class NodeAgent:
             for (job_id, round_), h in self._held.items():
                 if h.group is None:
                     continue
-                groups.append(
-                    pb.GroupHealth(
-                        job_id=job_id,
-                        round=round_,
-                        workers=[
-                            pb.WorkerHealth(
-                                local_rank=s.local_rank,
-                                global_rank=s.global_rank,
-                                pid=s.pid,
-                                cpu_percent=s.cpu_percent,
-                                rss_bytes=s.rss_bytes,
-                                proc_state=s.status,
-                            )
-                            for s in h.group.samples()
-                        ],
-                        state=group_state_to_pb(h.group.state),  # type: ignore[arg-type]
-                        reason=h.group.state_reason,
+                workers = tuple(
+                    WorkerHealthSample(
+                        local_rank=s.local_rank,
+                        pid=s.pid,
+                        cpu_percent=s.cpu_percent,
+                        rss_bytes=s.rss_bytes,
+                        proc_state=s.status,
+                        global_rank=s.global_rank,
                     )
+                    for s in h.group.samples()
                 )
-            gpus = [gpu_health_to_pb(g) for g in self._gpu_health]
-            self._put(
-                outbox,
-                pb.NodeMessage(heartbeat=pb.Heartbeat(seq=seq, groups=groups, gpus=gpus)),
-            )
+                groups.append(
+                    GroupHealth(job_id, round_, workers, h.group.state, h.group.state_reason)
+                )
+            beat = Heartbeat(seq=seq, groups=tuple(groups), gpus=tuple(self._gpu_health))
+            self._put(outbox, encode_node(beat))
             self.metrics.observe(groups)
 
     # ---- commands --------------------------------------------------------------------------
 
-    def _dispatch(self, msg: pb.CoordinatorMessage) -> None:
-        kind = msg.WhichOneof("kind")
-        if kind == "reserve_port":
-            self._reserve_port(msg.reserve_port)
-        elif kind == "assign":
-            self._assign(msg.assign)
-        elif kind == "stop":
-            self._stop(msg.stop)
-        elif kind == "release":
-            self._release(msg.release)
-        elif kind == "start_logs":
-            self._start_logs(msg.start_logs)
-        elif kind == "cancel_logs":
-            self._log_requests.pop(msg.cancel_logs.request_id, None)
-            task = self._log_tasks.pop(msg.cancel_logs.request_id, None)
-            if task is not None:
-                task.cancel()
-        elif kind == "log_credit":
-            req = self._log_requests.get(msg.log_credit.request_id)
-            if req is not None and req.credit >= 0:
-                req.credit = min(LOG_CREDIT_MAX, req.credit + max(0, msg.log_credit.chunks))
-                req.more.set()
-        else:
-            logger.warning("ignoring an unknown message from the coordinator: %s", kind)
+    def _dispatch(self, msg: CoordinatorMsg | pb.CoordinatorMessage) -> None:
+        """Carry out a message of the coordinator's (one as read from the stream is decoded)."""
+        if isinstance(msg, pb.CoordinatorMessage):
+            msg = decode_coordinator(msg)
+        match msg:
+            case ReservePort():
+                self._reserve_port(msg)
+            case Assign():
+                self._assign(msg)
+            case Stop():
+                self._stop(msg)
+            case Release():
+                self._release(msg)
+            case StartLogs():
+                self._start_logs(msg)
+            case CancelLogs():
+                self._log_requests.pop(msg.request_id, None)
+                task = self._log_tasks.pop(msg.request_id, None)
+                if task is not None:
+                    task.cancel()
+            case LogCredit():
+                req = self._log_requests.get(msg.request_id)
+                if req is not None and req.credit >= 0:
+                    req.credit = min(LOG_CREDIT_MAX, req.credit + max(0, msg.chunks))
+                    req.more.set()
+            case _:
+                logger.warning("ignoring a %s from the coordinator", _kind(msg))
 
-    def _reserve_port(self, m: pb.ReservePort) -> None:
+    def _reserve_port(self, m: ReservePort) -> None:
         port, error = 0, ""
         try:
             with socket.socket(socket.AF_INET6 if ":" in self.addr else socket.AF_INET) as s:
@@ -740,86 +757,61 @@ class NodeAgent:
                 port = s.getsockname()[1]
         except OSError as exc:
             error = f"cannot bind a port on {self.addr}: {exc}"
-        self._send(
-            pb.NodeMessage(
-                port_reserved=pb.PortReserved(
-                    job_id=m.job_id, round=m.round, port=port, error=error
-                )
-            )
-        )
+        self._tell(PortReserved(m.job_id, m.round, port, error))
 
-    def _assign(self, m: pb.Assign) -> None:
-        key = (m.job_id, m.round)
+    def _assign(self, m: Assign | pb.Assign) -> None:
+        if isinstance(m, pb.Assign):  # as the stream carries it
+            m = _decode_assign(m)
+        a = m.assignment
+        key = (a.job_id, a.round)
         if key in self._held:
             logger.warning("ignoring a duplicate assignment %s", key)
             return
         why = ""
-        spec = JobSpec()
-        if not is_job_id(m.job_id):
-            why = f"job id {m.job_id[:80]!r} is not one this agent accepts"
+        spec = a.spec
+        if not is_job_id(a.job_id):
+            why = f"job id {a.job_id[:80]!r} is not one this agent accepts"
         else:
             try:
-                spec = spec_from_pb(m.spec)
+                if m.spec_error:
+                    raise ValueError(m.spec_error)
                 spec.validate()
             except (ValueError, TypeError) as exc:
                 why = f"its spec does not validate here: {exc}"
             if not why and spec.roles:
                 # A multi-role job: this node runs the group of one role, as a one-role spec.
-                roles = {w.role for w in m.workers}
+                roles = {w.role for w in a.workers}
                 if len(roles) != 1 or spec.role_named(next(iter(roles))) is None:
                     why = f"its workers name no single role of the spec ({sorted(roles)[:2]!r:.80})"
                 else:
                     spec = role_spec(spec, next(iter(roles)))
         uuids = {d.index: d.uuid for d in self.gpus}
-        gpus = tuple(m.gpus)
+        gpus = a.gpus
         if not why and gpus:
-            if len(gpus) != len(m.workers) or len(set(gpus)) != len(gpus):
-                why = f"it gives {len(gpus)} GPUs to {len(m.workers)} workers"
+            if len(gpus) != len(a.workers) or len(set(gpus)) != len(gpus):
+                why = f"it gives {len(gpus)} GPUs to {len(a.workers)} workers"
             elif any(i not in uuids for i in gpus):
                 why = f"it names GPUs {list(gpus)[:8]} but this node offers {sorted(uuids)}"
         if why:
-            self._refuse(m, why)
+            self._refuse(a, why)
             return
-        assignment = RoundAssignment(
-            job_id=m.job_id,
-            round=m.round,
-            attempt=m.attempt,
-            spec=spec,
-            group_rank=m.group_rank,
-            group_world_size=m.group_world_size,
-            master_addr=m.master_addr,
-            master_port=m.master_port,
-            workers=tuple(
-                WorkerRanks(
-                    w.local_rank,
-                    w.global_rank,
-                    w.role_rank,
-                    w.world_size,
-                    w.role_world_size,
-                    role=w.role,
-                )
-                for w in m.workers
-            ),
-            run_id=m.run_id,
-            gpus=gpus,
-            # This agent's own uuids for those indices, not the message's.
-            gpu_uuids=tuple(uuids[i] for i in gpus),
-        )
+        # This agent's own uuids for those indices, not the message's.
+        assignment = replace(a, spec=spec, gpu_uuids=tuple(uuids[i] for i in gpus))
         held = _Held(assignment)
         self._held[key] = held
-        self._spawn(self._start_group(held), f"start-{m.job_id}-{m.round}")
+        self._spawn(self._start_group(held), f"start-{a.job_id}-{a.round}")
 
-    def _refuse(self, m: pb.Assign, why: str) -> None:
+    def _refuse(self, a: RoundAssignment, why: str) -> None:
         """Tell the coordinator that this assignment will not run, and why.
 
         Dropping it silently would leave the round assigned with no worker ever starting. Each
         rank of this node exits at once with a platform failure naming the reason, so the round
         fails now (and the job follows its restart budget) instead of at the start deadline.
         """
-        message = f"node {self.config.name} refused the assignment of round {m.round}: {why}"
+        message = f"node {self.config.name} refused the assignment of round {a.round}: {why}"
         logger.error("%s", message)
         now = time.time()
-        for w in m.workers:
+        for w in a.workers:
             failure = ProcessFailure(
                 global_rank=w.global_rank,
                 local_rank=w.local_rank,
@@ -830,22 +822,15 @@ class NodeAgent:
                 node=self.config.name,
                 category=FailureCategory.PLATFORM,
             )
-            self._send(
-                pb.NodeMessage(
-                    worker_exited=pb.WorkerExited(
-                        job_id=m.job_id,
-                        round=m.round,
-                        exit=pb.WorkerExit(
-                            local_rank=w.local_rank,
-                            global_rank=w.global_rank,
-                            exitcode=-1,
-                            failure=failure_to_pb(failure),
-                            has_failure=True,
-                            timestamp=now,
-                        ),
-                    )
-                )
+            exit_ = ReportedExit(
+                local_rank=w.local_rank,
+                global_rank=w.global_rank,
+                pid=0,
+                exitcode=-1,
+                failure=failure,
+                timestamp=now,
             )
+            self._tell(WorkerExited(a.job_id, a.round, exit_))
 
     async def _start_group(self, held: _Held) -> None:
         try:
@@ -859,7 +844,7 @@ class NodeAgent:
                 held.group.go_unknown(reason)
             if not held.unknown:  # no group, or one already closed: say it here
                 held.unknown = reason
-                self._send(_unknown_msg(a.job_id, a.round, reason))
+                self._tell(GroupUnknown(a.job_id, a.round, reason))
             held.started.set()
 
     async def _start_workers(self, held: _Held) -> None:
@@ -867,18 +852,13 @@ class NodeAgent:
         key = (a.job_id, a.round)
 
         def on_exit(ex: WorkerExit) -> None:
-            held.exits.append(ex)
-            self._send(
-                pb.NodeMessage(
-                    worker_exited=pb.WorkerExited(
-                        job_id=a.job_id, round=a.round, exit=_exit_to_pb(ex)
-                    )
-                )
-            )
+            reported = _reported_exit(ex)
+            held.exits.append(reported)
+            self._tell(WorkerExited(a.job_id, a.round, reported))
 
         def on_failing(failure: ProcessFailure) -> None:
             held.failing[failure.local_rank] = failure
-            self._send(_failing_msg(a.job_id, a.round, failure))
+            self._tell(WorkerFailing(a.job_id, a.round, failure))
 
         def on_unknown(reason: str) -> None:
             # The group killed its workers before this; the report may be lost with the
@@ -891,7 +871,7 @@ class NodeAgent:
                 a.round,
                 reason,
             )
-            self._send(_unknown_msg(a.job_id, a.round, reason))
+            self._tell(GroupUnknown(a.job_id, a.round, reason))
 
         group = WorkerGroup(
             a,
@@ -919,16 +899,12 @@ class NodeAgent:
         if self._held.get(key) is not held or held.unknown:
             return
         self._fill_standbys(held)
-        self._send(
-            pb.NodeMessage(
-                workers_started=pb.WorkersStarted(
-                    job_id=a.job_id,
-                    round=a.round,
-                    workers=[
-                        pb.WorkerPid(local_rank=lr, pid=pid, global_rank=_global(held, lr))
-                        for lr, pid in pids.items()
-                    ],
-                )
+        self._tell(
+            WorkersStarted(
+                a.job_id,
+                a.round,
+                tuple(pids.items()),
+                tuple(_global(held, lr) for lr in pids),
             )
         )
         logger.info(
@@ -961,18 +937,16 @@ class NodeAgent:
         if store is not None:
             self._standbys.fill_store(a.job_id, store)
 
-    def _stop(self, m: pb.Stop) -> None:
+    def _stop(self, m: Stop) -> None:
         held = self._held.get((m.job_id, m.round))
         if held is None:
-            self._send(
-                pb.NodeMessage(group_stopped=pb.GroupStopped(job_id=m.job_id, round=m.round))
-            )
+            self._tell(GroupStopped(m.job_id, m.round))
             return
         logger.info("job %s round %d: stopping (%s)", m.job_id, m.round, m.reason)
         # Every stop, a restart's and a re-form's too, gives the workers the job's grace: a
         # SIGTERM handler that saves a checkpoint finishes it. Workers that exit on SIGTERM (a
         # torch rank blocked in a collective does within tens of ms) cost the next round nothing.
-        grace = m.grace_ms / 1000
+        grace = m.grace
         if not m.replaced:
             self._standbys.discard(m.job_id)
         if held.stopping is None:
@@ -989,13 +963,7 @@ class NodeAgent:
         a = held.assignment
         if replaced and not any(k[0] == a.job_id and h is not held for k, h in self._held.items()):
             self._standbys.idle(a.job_id)
-        self._send(
-            pb.NodeMessage(
-                group_stopped=pb.GroupStopped(
-                    job_id=a.job_id, round=a.round, unkillable_pids=unkillable
-                )
-            )
-        )
+        self._tell(GroupStopped(a.job_id, a.round, tuple(unkillable)))
         self._held.pop((a.job_id, a.round), None)
         if held.group is not None:
             await held.group.close()
@@ -1013,7 +981,7 @@ class NodeAgent:
         held.stopped = True
         return unkillable
 
-    def _release(self, m: pb.Release) -> None:
+    def _release(self, m: Release) -> None:
         held = self._held.pop((m.job_id, m.round), None)
         # Released by the exit barrier: the job succeeded and is done here. Its standbys go, or
         # linger for the next job of the same spec when it asked for that.
@@ -1024,21 +992,13 @@ class NodeAgent:
 
     # ---- logs ------------------------------------------------------------------------------
 
-    def _start_logs(self, m: pb.StartLogs) -> None:
+    def _start_logs(self, m: StartLogs) -> None:
         outbox, logs = self._outbox, self._log_outbox
         if outbox is None or logs is None or m.request_id in self._log_tasks:
             return
         if len(self._log_tasks) >= LOG_REQUESTS_MAX:
-            self._put(
-                outbox,
-                pb.NodeMessage(
-                    log_chunk=pb.LogChunk(
-                        request_id=m.request_id,
-                        eof=True,
-                        error=f"node {self.config.name} already serves {LOG_REQUESTS_MAX} logs",
-                    )
-                ),
-            )
+            error = f"node {self.config.name} already serves {LOG_REQUESTS_MAX} logs"
+            self._put(outbox, encode_node(LogChunk(m.request_id, eof=True, error=error)))
             return
         req = _LogRequest(m.credit_chunks if m.credit_chunks > 0 else -1, logs, outbox)
         self._log_requests[m.request_id] = req
@@ -1056,22 +1016,18 @@ class NodeAgent:
 
         task.add_done_callback(done)
 
-    async def _serve_logs(self, m: pb.StartLogs, req: _LogRequest) -> None:
+    async def _serve_logs(self, m: StartLogs, req: _LogRequest) -> None:
         """Send one log file, a chunk per credit the coordinator granted.
 
         The waits end with the request: a CancelLogs or the end of its session cancels it.
         """
         path = self._log_path(m.job_id, m.attempt, m.rank, m.stream)
         if path is None:
-            await self._emit_log(
-                req,
-                pb.LogChunk(
-                    request_id=m.request_id,
-                    eof=True,
-                    error=f"node {self.config.name} has no {m.stream} log for rank {m.rank} "
-                    f"of job {m.job_id} attempt {m.attempt}",
-                ),
+            error = (
+                f"node {self.config.name} has no {m.stream} log for rank {m.rank} "
+                f"of job {m.job_id} attempt {m.attempt}"
             )
+            await self._emit_log(req, LogChunk(m.request_id, eof=True, error=error))
             return
         with open(path, "rb") as f:
             while True:
@@ -1080,17 +1036,17 @@ class NodeAgent:
                     await req.more.wait()
                 data = f.read(LOG_CHUNK_BYTES)
                 if data:
-                    await self._emit_log(req, pb.LogChunk(request_id=m.request_id, data=data))
+                    await self._emit_log(req, LogChunk(m.request_id, data=data))
                     continue
                 if not m.follow or not self._rank_running(m.job_id, m.rank):
                     break
                 await asyncio.sleep(0.2)
-        await self._emit_log(req, pb.LogChunk(request_id=m.request_id, eof=True))
+        await self._emit_log(req, LogChunk(m.request_id, eof=True))
 
-    async def _emit_log(self, req: _LogRequest, chunk: pb.LogChunk) -> None:
+    async def _emit_log(self, req: _LogRequest, chunk: LogChunk) -> None:
         if chunk.data and req.credit > 0:
             req.credit -= 1
-        await req.logs.put(pb.NodeMessage(log_chunk=chunk))
+        await req.logs.put(encode_node(chunk))
         self._put(req.outbox, _WAKE)
 
     def _log_path(self, job_id: str, attempt: int, rank: int, stream: str) -> Path | None:
@@ -1144,10 +1100,6 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
         logger.error("agent task %s failed", task.get_name(), exc_info=task.exception())
 
 
-def _unknown_msg(job_id: str, round_: int, reason: str) -> pb.NodeMessage:
-    return pb.NodeMessage(group_unknown=pb.GroupUnknown(job_id=job_id, round=round_, reason=reason))
-
-
 def _global(held: _Held, local_rank: int) -> int:
     for w in held.assignment.workers:
         if w.local_rank == local_rank:
@@ -1155,34 +1107,30 @@ def _global(held: _Held, local_rank: int) -> int:
     return -1
 
 
-def _failing_msg(job_id: str, round_: int, f: ProcessFailure) -> pb.NodeMessage:
-    return pb.NodeMessage(
-        worker_failing=pb.WorkerFailing(
-            job_id=job_id,
-            round=round_,
-            local_rank=f.local_rank,
-            global_rank=f.global_rank,
-            pid=f.pid,
-            failure=failure_to_pb(f),
-        )
+def _reported_exit(ex: WorkerExit) -> ReportedExit:
+    """A worker group's exit as the session reports it: the same facts, field by field."""
+    return ReportedExit(
+        local_rank=ex.local_rank,
+        global_rank=ex.global_rank,
+        pid=ex.pid,
+        exitcode=ex.exitcode,
+        stopped_by_agent=ex.stopped_by_agent,
+        failure=ex.failure,
+        return_value=ex.return_value,
+        timestamp=ex.timestamp,
     )
 
 
-def _exit_to_pb(e: WorkerExit) -> pb.WorkerExit:
-    msg = pb.WorkerExit(
-        local_rank=e.local_rank,
-        global_rank=e.global_rank,
-        pid=e.pid,
-        exitcode=e.exitcode,
-        stopped_by_agent=e.stopped_by_agent,
-        timestamp=e.timestamp,
-    )
-    if e.failure is not None:
-        msg.failure.CopyFrom(failure_to_pb(e.failure))
-        msg.has_failure = True
-    if e.return_value is not None:
-        msg.return_value = e.return_value
-        msg.has_return_value = True
+def _kind(msg: CoordinatorMsg | None) -> str:
+    """What a coordinator message is called on the wire ("assign", "reserve_port", ...)."""
+    if msg is None:
+        return "message"
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(msg).__name__).lower()
+
+
+def _decode_assign(m: pb.Assign) -> Assign:
+    msg = decode_coordinator(pb.CoordinatorMessage(assign=m))
+    assert isinstance(msg, Assign)
     return msg
 
 
