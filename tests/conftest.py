@@ -1,4 +1,4 @@
-"""Suite-wide test settings: the hypothesis profiles.
+"""Suite-wide test settings: the hypothesis profiles, and a marker per test directory.
 
 GELASTIC_HYPOTHESIS_PROFILE picks one (`make test` sets ci, `make fuzz` sets fuzz); unset, it is
 ci when $CI is set and dev otherwise.
@@ -11,6 +11,9 @@ ci when $CI is set and dev otherwise.
 Property tests that need more than the profile's budget ask for a multiple of it
 (`max_examples=15 * settings().max_examples`), so the profiles scale every test alike.
 GELASTIC_HYPOTHESIS_MAX_EXAMPLES overrides the base budget of any profile (a short fuzz pass).
+
+Every test carries the marker of the directory it lives in (`DIRECTORY_MARKERS`), so
+`pytest -m e2e` or `-m "not e2e"` picks a tier without a hand-written `pytestmark` per file.
 """
 
 from __future__ import annotations
@@ -62,7 +65,19 @@ def _load_profile() -> None:
 _load_profile()
 
 
-_GPU_DIR = Path(__file__).resolve().parent / "gpu"
+_TESTS_DIR = Path(__file__).resolve().parent
+_GPU_DIR = _TESTS_DIR / "gpu"
+
+DIRECTORY_MARKERS = {
+    "unit": "unit",
+    "service": "service",
+    "security": "security",
+    "e2e": "e2e",
+    "browser": "browser",
+    "gpu": "gpu",
+}
+"""tests/<directory> -> the marker its tests get (declared in pyproject.toml). tests/workloads
+holds the programs workers run, no tests."""
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -74,6 +89,24 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     if os.environ.get(GPU_TESTS_ENV) == "1" or nvidia_gpu_present():
         return None
     return True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its directory's marker (tests/e2e/... gets `e2e`)."""
+    for item in items:
+        try:
+            parts = item.path.resolve().relative_to(_TESTS_DIR).parts
+        except ValueError:
+            continue  # collected from outside tests/
+        if len(parts) < 2:
+            continue
+        marker = DIRECTORY_MARKERS.get(parts[0])
+        if marker is None:
+            raise pytest.UsageError(
+                f"{item.nodeid}: tests/{parts[0]} has no marker; add it to DIRECTORY_MARKERS "
+                "in tests/conftest.py and to the markers in pyproject.toml"
+            )
+        item.add_marker(marker)
 
 
 def pytest_report_header() -> str:

@@ -19,8 +19,6 @@ import pytest
 
 from tests.e2e.conftest import MARKER_ENV, assert_nothing_left
 
-pytestmark = pytest.mark.e2e
-
 RUNS = 16
 """64 rank exits: without the release, about one run in a dozen failed (P(all 16 pass) < 0.25)."""
 WORKLOAD = Path(__file__).resolve().parents[1] / "workloads" / "init_method.py"
@@ -31,7 +29,7 @@ def test_the_init_method_script_never_fails_after_its_work(tmp_path: Path) -> No
     failed: list[str] = []
     marker = uuid.uuid4().hex
     for i in range(RUNS):
-        argv = [sys.executable, "-m", "client.cli", "run", "--nproc-per-node", "4"]
+        argv = [sys.executable, "-m", "gelastic", "run", "--nproc-per-node", "4"]
         argv += ["--log-dir", str(tmp_path / f"logs{i}"), "--shutdown-timeout", "10"]
         argv += [str(WORKLOAD), "--init-method", "env://"]
         proc = subprocess.run(

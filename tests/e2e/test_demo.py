@@ -23,8 +23,6 @@ import pytest
 
 from gelastic.local import poll_until
 
-pytestmark = pytest.mark.e2e
-
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 240
 MARK = "GELASTIC_DEMO_TEST"

@@ -26,8 +26,6 @@ from gelastic.local import LocalCluster
 from tests._docs import all_blocks
 from tests.e2e.conftest import assert_no_leftovers
 
-pytestmark = pytest.mark.e2e
-
 TIMEOUT = 120
 PLACEHOLDERS = ("10.0.0.1:29400", "host:port")
 """The coordinator addresses the docs use; the test runs each block against its own."""

@@ -21,8 +21,6 @@ from client import JobEvent, JobSpec, WorkerState
 from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY, script
 
-pytestmark = pytest.mark.e2e
-
 TIMEOUT = 90
 FAULTS = "GELASTIC_FAULTS"
 

@@ -24,8 +24,6 @@ from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 from tests._etcd import EtcdServer
 from tests.e2e.conftest import PY, Gate, script
 
-pytestmark = pytest.mark.e2e
-
 TIMEOUT = 120
 
 

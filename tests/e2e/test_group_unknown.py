@@ -9,15 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-import pytest
 
 from client import JobSpec
 from client.model import FailureCategory
 from gelastic.local import LocalCluster, poll_until
 from tests.e2e.conftest import PY
 from tests.e2e.test_cli import gelastic
-
-pytestmark = pytest.mark.e2e
 
 TIMEOUT = 120
 

@@ -6,15 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from client import JobSpec, Role, WorkerState
 from gelastic.local import LocalCluster
 from tests._torch_ranks import torch_ranks
 from tests.e2e.conftest import PY, script
 
 TIMEOUT = 120
-pytestmark = pytest.mark.e2e
 
 
 def test_ps_and_trainers_share_one_world_and_restart_together(

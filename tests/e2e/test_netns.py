@@ -24,8 +24,6 @@ from client._client import Job
 from gelastic.local import poll_until
 from tests.e2e._netns import IFNAME, Lab, NetnsCluster, require_netns
 
-pytestmark = pytest.mark.e2e
-
 LEASE = 2.0
 HEARTBEAT = 0.5
 NODES = ("node-a", "node-b", "node-c")

@@ -29,7 +29,6 @@ def _get(url: str, token: str = "") -> tuple[int, dict]:  # type: ignore[type-ar
         return exc.code, {}
 
 
-@pytest.mark.e2e
 def test_run_serves_the_dashboard_while_the_job_runs(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     gate.mkdir()
@@ -38,7 +37,7 @@ def test_run_serves_the_dashboard_while_the_job_runs(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "client.cli",
+            "gelastic",
             "run",
             "--dashboard",
             "--nproc-per-node",

@@ -27,8 +27,6 @@ from gelastic.local import poll_until
 from tests._slurm import KILL_WAIT_S, SlurmCluster, free_port, private_slurm
 from tests.e2e.conftest import MARKER_ENV, assert_nothing_left, gone, marked_processes
 
-pytestmark = pytest.mark.e2e
-
 GELASTIC = Path(sys.executable).parent / "gelastic"
 """The launcher every Slurm task runs: the virtualenv's `gelastic` script."""
 TIMEOUT = 120.0
