@@ -1,11 +1,13 @@
-"""`gelastic`: submit jobs to a coordinator and follow them; `gelastic run`: torchrun on one host.
+"""`gelastic`'s subcommands that talk to a coordinator: submit jobs and follow them.
 
 A thin layer over the Python client: flags become a JobSpec, domain objects become aligned
 tables or (with --json) JSON. Exit codes: 0 success, 1 the job failed or was cancelled, 2 a
 usage or connection error, reported as one line on stderr.
 
 Here: the entry point, the connection, and `gelastic dashboard`; the parser and the other
-commands live in the private `client._cli_*` modules.
+commands live in the private `client._cli_*` modules. `gelastic run` embeds a coordinator and
+an agent, so it lives a layer up: the `gelastic` command is `gelastic.cli.main`, which hands
+`main` here every subcommand and the function that runs `run`.
 """
 
 from __future__ import annotations
@@ -211,13 +213,21 @@ _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
 }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, run: Callable[[list[str]], int] | None = None
+) -> int:
+    """`gelastic ARGV`; `run` runs `gelastic run`'s arguments (the `gelastic` command's own)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     run_args = _run_argv(argv)
     if run_args is not None:
-        from client._cli_run_nodes import main as run_main
-
-        return run_main(run_args)
+        if run is None:
+            _show(
+                "gelastic run: not served by client.cli; run 'gelastic run' "
+                "(or 'python -m gelastic run')",
+                sys.stderr,
+            )
+            return EXIT_USAGE
+        return run(run_args)
     parser = _parser()
     args, extra = parser.parse_known_args(_check_global_options(parser, argv))
     if extra:

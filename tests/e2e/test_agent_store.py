@@ -41,7 +41,7 @@ def run_env(tmp: Path, marker: str) -> dict[str, str]:
 
 
 def run_argv(*args: str) -> list[str]:
-    return [PY, "-m", "client.cli", "run", "--log-level", "INFO", "--nproc-per-node", "4", *args]
+    return [PY, "-m", "gelastic", "run", "--log-level", "INFO", "--nproc-per-node", "4", *args]
 
 
 def run(*args: str, tmp: Path, marker: str) -> subprocess.CompletedProcess[str]:

@@ -57,7 +57,7 @@ def gelastic(
     env: dict[str, str] | None = None,
     timeout: float = CALL_TIMEOUT,
 ) -> subprocess.CompletedProcess[str]:
-    argv = [PY, "-m", "client.cli"]
+    argv = [PY, "-m", "gelastic"]
     if cluster is not None:
         argv += ["--coordinator", cluster.address]
     full_env = {k: v for k, v in os.environ.items() if k != "GELASTIC_COORDINATOR"}
@@ -441,7 +441,7 @@ def run_cli(
     *args: str, marker: str, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PY, "-m", "client.cli", "run", *args],
+        [PY, "-m", "gelastic", "run", *args],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -543,7 +543,7 @@ def test_run_stops_everything_on_a_signal(tmp_path: Path, sig: signal.Signals) -
             [
                 PY,
                 "-m",
-                "client.cli",
+                "gelastic",
                 "run",
                 "--nproc-per-node",
                 "2",

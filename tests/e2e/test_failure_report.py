@@ -110,7 +110,7 @@ def test_a_rank_with_the_same_error_also_failed(
 def test_gelastic_run_says_what_happened_without_still_exiting(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text('raise ValueError("boom")\n')
     proc = subprocess.run(
-        [PY, "-m", "client.cli", "run", "bad.py"],
+        [PY, "-m", "gelastic", "run", "bad.py"],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,

@@ -56,7 +56,7 @@ class Launcher:
         )
         full.update(env)
         self.proc = subprocess.Popen(
-            [PY, "-m", "client.cli", "run", *argv],
+            [PY, "-m", "gelastic", "run", *argv],
             stdout=self.stdout,
             stderr=self.stderr,
             env=full,

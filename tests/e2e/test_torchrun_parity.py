@@ -48,7 +48,7 @@ def gelastic_run(
         }
     )
     proc = subprocess.run(
-        [PY, "-m", "client.cli", "run", "--quiet", *args],
+        [PY, "-m", "gelastic", "run", "--quiet", *args],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,

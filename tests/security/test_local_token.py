@@ -80,7 +80,7 @@ def test_gelastic_run_refuses_a_caller_without_its_token(tmp_path: Path) -> None
         "    time.sleep(0.05)\n"
     )
     run = subprocess.Popen(
-        [sys.executable, "-m", "client.cli", "run", "--log-level", "INFO", str(script)],
+        [sys.executable, "-m", "gelastic", "run", "--log-level", "INFO", str(script)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

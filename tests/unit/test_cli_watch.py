@@ -9,12 +9,12 @@ import re
 import pytest
 
 from client import cli
-from client._cli_run import run_parser
 from client._logrelay import RankWriter, parse_logs_choice
 from client._progress import _Progress
 from client._tables import status_text
 from client.model import JobState, JobStatus, Member, WorkerState, WorkerStatus
 from coordinator import cli as coordinator_cli
+from gelastic._cli_run import run_parser
 from nodeagent import cli as nodeagent_cli
 from protos.gelastic.v1 import gelastic_pb2 as pb
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import pytest
 
 from client import JobSpec
-from client._cli_run import run_parser
 from client.cli import _parser as gelastic_parser
 from coordinator.cli import _parser as coordinator_parser
+from gelastic._cli_run import run_parser
 from nodeagent.cli import _parser as nodeagent_parser
 from tests._docs import DOCS, ROOT, all_blocks, blocks, inline_code
 

@@ -12,7 +12,7 @@ from unittest import mock
 
 import pytest
 
-from client import _cli_run, cli
+from gelastic import _cli_run, cli
 
 
 @pytest.fixture

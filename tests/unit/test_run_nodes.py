@@ -12,8 +12,10 @@ from unittest import mock
 
 import pytest
 
-from client._cli_run import RunError, RunPlan, plan_run, run_parser
-from client._rdzv import (
+from client.model import JobSpec, is_name
+from client.spec_diff import spec_differences
+from gelastic._cli_run import RunError, RunPlan, plan_run, run_parser
+from gelastic._rdzv import (
     RdzvError,
     bind_address,
     default_node_name,
@@ -22,8 +24,6 @@ from client._rdzv import (
     parse_rdzv_conf,
     request_id_for,
 )
-from client.model import JobSpec, is_name
-from client.spec_diff import spec_differences
 
 
 @pytest.fixture(autouse=True)

@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from client._cli_run import settled
 from client.model import ProcessFailure, RunResult, WorkerState
+from gelastic._cli_run import settled
 
 
 def _failure(rank: int, ts: float) -> ProcessFailure:

@@ -274,7 +274,7 @@ def test_a_warm_store_host_serves_the_round_it_is_handed(tmp_path: Path) -> None
 def test_preload_travels_on_the_wire_and_from_the_cli(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from client._cli_run import plan_run, run_parser
+    from gelastic._cli_run import plan_run, run_parser
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "x.py").write_text("")  # `gelastic run` checks the script is there

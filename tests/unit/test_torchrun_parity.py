@@ -16,10 +16,10 @@ from unittest import mock
 
 import pytest
 
-from client._cli_run import PET_NAMES, RunError, RunPlan, cpu_count, plan_run, run_parser
 from client.model import JobSpec, SpecError
 from client.wire import spec_from_pb, spec_to_pb
 from coordinator._cluster import RequestPort
+from gelastic._cli_run import PET_NAMES, RunError, RunPlan, cpu_count, plan_run, run_parser
 from nodeagent._launch import build_launch_plan, build_store_host_launch, entrypoint_name
 from tests.unit._cluster_driver import Driver, nodes_of
 from tests.unit.test_launch import assignment

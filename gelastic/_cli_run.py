@@ -5,7 +5,7 @@ behind a random token that only this process holds: in a 0600 file of a private 
 and one node agent inside this process, on an asyncio loop in a background thread, submits the
 script as a one-node job and waits for it with the Python client, like any other job. With
 torchrun's multi-node flags it is one node of a job that the same line forms on every node
-(`client._cli_run_nodes`). Worker output is teed to this console with a `[rank]:` prefix, a
+(`gelastic._cli_run_nodes`). Worker output is teed to this console with a `[rank]:` prefix, a
 failure ends with the torchelastic-style failure report, and the exit code is torchrun's: 0 when
 every rank succeeded, 1 otherwise. SIGINT, SIGTERM, SIGHUP and SIGQUIT cancel the job (one host)
 or stop this node's workers (several nodes) and stop everything before the command exits.
@@ -27,13 +27,16 @@ import time
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from client._client import Client, GelasticError, Job
-from client._rdzv import (
+from client import Client, GelasticError, Job
+from client.console import strip_terminal_controls, write_scheduler_error_file
+from client.model import JobState, RunResult, WorkerState, is_name
+from client.security import new_token_file
+from gelastic._rdzv import (
     MultiNode,
 )
-from client._run_plan import (
+from gelastic._run_plan import (
     CANCEL_SLACK_S,
     EXIT_FAILED,
     EXIT_OK,
@@ -47,10 +50,10 @@ from client._run_plan import (
     plan_run,
     run_parser,
 )
-from client._scheduler_error import write_scheduler_error_file
-from client._terminal import strip_terminal_controls
-from client.model import JobState, RunResult, WorkerState, is_name
-from client.security import new_token_file
+
+if TYPE_CHECKING:
+    from coordinator.server import Coordinator
+    from nodeagent.session import NodeAgent
 
 __all__ = [
     "PET_NAMES",
@@ -138,8 +141,8 @@ class EmbeddedCluster:
         """Why this node could not host the coordinator it guessed it hosts ("" = it could)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._coordinator: Any = None
-        self._agent: Any = None
+        self._coordinator: Coordinator | None = None
+        self._agent: NodeAgent | None = None
         self._start_task: asyncio.Task[Any] | None = None
 
     @property
@@ -178,7 +181,7 @@ class EmbeddedCluster:
         self._loop.run_forever()
 
     async def _start(self) -> None:
-        # Imported here: the rest of the CLI needs neither the server nor the agent.
+        # Imported here: a usage error or `--help` needs neither the server nor the agent.
         from coordinator.server import Coordinator, CoordinatorConfig
 
         self._start_task = asyncio.current_task()
@@ -376,7 +379,7 @@ def _say(text: str) -> None:
 def execute(plan: RunPlan) -> int:
     """Run the plan's job on an embedded cluster; return torchrun's exit code."""
     if plan.multinode is not None:
-        raise RunError("a run of several nodes is run by client._cli_run_nodes.main")
+        raise RunError("a run of several nodes is run by gelastic._cli_run_nodes.main")
     os.environ.setdefault(PREFIX_TEMPLATE_ENV, plan.prefix_template)
     own_log_dir = plan.log_dir is None
     log_dir = plan.log_dir or tempfile.mkdtemp(prefix="gelastic-run-")

@@ -30,7 +30,10 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from client._cli_run import (
+from client import Client, GelasticError, Job
+from client.model import JobState, RunResult
+from client.security import Security, is_loopback
+from gelastic._cli_run import (
     CoordinatorSetup,
     EmbeddedCluster,
     Interrupted,
@@ -39,12 +42,9 @@ from client._cli_run import (
     _SignalGuard,
     settled,
 )
-from client._cli_run import main as _run_main
-from client._client import Client, GelasticError, Job
-from client._rdzv import MultiNode, bind_address, endpoint_is_local
-from client._run_plan import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PREFIX_TEMPLATE_ENV, RunPlan
-from client.model import JobState, RunResult
-from client.security import Security, is_loopback
+from gelastic._cli_run import main as _run_main
+from gelastic._rdzv import MultiNode, bind_address, endpoint_is_local
+from gelastic._run_plan import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PREFIX_TEMPLATE_ENV, RunPlan
 
 __all__ = ["execute_node", "main"]
 

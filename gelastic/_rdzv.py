@@ -4,7 +4,7 @@ Every node runs the same `gelastic run` line. This module decides, from that lin
 environment alone, what this node is: where the job's coordinator listens, whether this node
 hosts it (c10d, static) or runs a replica of it (etcd), the node's name, and the key under which
 every node submits the one job. It resolves names (done before any event loop starts) and
-touches nothing else; the launcher (`client._cli_run_nodes`) acts on what it says.
+touches nothing else; the launcher (`gelastic._cli_run_nodes`) acts on what it says.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`gelastic run`'s command line and the plan made of it, before anything starts.
 
 torchrun's flags (and their PET_* defaults), the ones accepted for compatibility and the ones
-refused, the multi-node rendezvous (`client._rdzv`), the workers' count, the checks that the
+refused, the multi-node rendezvous (`gelastic._rdzv`), the workers' count, the checks that the
 script, module or program is there, and the JobSpec every node would submit.
 """
 
@@ -18,7 +18,8 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
-from client._rdzv import (
+from client.model import JobSpec, SpecError, is_host
+from gelastic._rdzv import (
     BACKENDS,
     C10D_PORT,
     ETCD_PORT,
@@ -31,7 +32,6 @@ from client._rdzv import (
     parse_rdzv_conf,
     token_file_from,
 )
-from client.model import JobSpec, SpecError, is_host
 
 EXIT_OK = 0
 EXIT_FAILED = 1
