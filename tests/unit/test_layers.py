@@ -1,8 +1,10 @@
-"""The layers stay as drawn: protos -> client's shared model -> coordinator | nodeagent | client.
+"""The layers stay as drawn: protos -> client's shared model -> coordinator | nodeagent | client
+-> gelastic, and bench/ and examples/ on top, as users.
 
-Parses the imports of every module of the three packages (ast only, nothing is imported) and
-fails on an arrow that points the wrong way. Imports under `if TYPE_CHECKING:` count too: a type
-that crosses a layer couples the layers just the same.
+Parses the imports of every module of the four packages and of bench/ and examples/ (ast only,
+nothing is imported) and fails on an arrow that points the wrong way. There is no exception:
+what embeds a coordinator and an agent together lives in the top layer. Imports under
+`if TYPE_CHECKING:` count too: a type that crosses a layer couples the layers just the same.
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("client", "coordinator", "nodeagent", "gelastic")
+TOP = "gelastic"
+"""What composes a coordinator and node agents (`gelastic run`, `LocalCluster`): it may import the
+three packages below it, and none of them imports it."""
+USERS = ("bench", "examples")
+"""Programs built on gelastic: they may import any package's public modules and the wire, never
+another package's private module; no package imports them."""
 OURS = (*PACKAGES, "protos")
 PURE = (
     "coordinator._cluster",
@@ -69,7 +77,7 @@ def _module_name(path: Path) -> str:
 
 def _modules() -> dict[str, Path]:
     found: dict[str, Path] = {}
-    for package in PACKAGES:
+    for package in (*PACKAGES, *USERS):
         for path in sorted((ROOT / package).rglob("*.py")):
             found[_module_name(path)] = path
     return found
@@ -119,7 +127,7 @@ def _has_private_part(name: str) -> bool:
 
 
 def _ours(imp: Import) -> bool:
-    return _root(imp.target) in OURS
+    return _root(imp.target) in (*OURS, *USERS)
 
 
 def test_the_scan_sees_the_imports_it_checks() -> None:
@@ -128,6 +136,10 @@ def test_the_scan_sees_the_imports_it_checks() -> None:
     assert ("coordinator._cluster_rounds", "coordinator._ranks") in edges
     assert ("coordinator._service", "protos.gelastic.v1.gelastic_pb2") in edges
     assert ("gelastic._cli_run", "coordinator.server") in edges  # a lazy import, inside a function
+    assert ("gelastic._cli_run", "nodeagent.session") in edges  # under `if TYPE_CHECKING:` too
+    assert ("examples.demo", "gelastic.local") in edges
+    assert ("bench._common", "gelastic.local") in edges
+    assert {_root(m) for m in MODULES} == {*PACKAGES, *USERS}
     assert ("nodeagent._workers", "client.model") in edges
     assert len(MODULES) > 30
 
@@ -143,13 +155,29 @@ def test_coordinator_and_node_agent_never_import_each_other() -> None:
     )
 
 
-def test_only_gelastic_run_composes_a_coordinator_and_an_agent() -> None:
+def test_only_the_top_layer_composes_a_coordinator_and_an_agent() -> None:
     composers = [
         str(i)
         for i in IMPORTS
         if _root(i.importer) == "client" and _root(i.target) in ("coordinator", "nodeagent")
     ]
-    assert not composers, "\n".join(composers)
+    assert not composers, f"what embeds a coordinator or an agent belongs in {TOP}/:\n" + (
+        "\n".join(composers)
+    )
+
+
+def test_no_layer_below_the_top_imports_it() -> None:
+    upward = [
+        str(i)
+        for i in IMPORTS
+        if _root(i.importer) in PACKAGES and _root(i.importer) != TOP and _root(i.target) == TOP
+    ]
+    assert not upward, f"{TOP} sits above client, coordinator and nodeagent:\n" + "\n".join(upward)
+
+
+def test_no_package_imports_bench_or_examples() -> None:
+    bad = [str(i) for i in IMPORTS if _root(i.importer) in PACKAGES and _root(i.target) in USERS]
+    assert not bad, "\n".join(bad)
 
 
 def test_no_package_imports_another_packages_private_module() -> None:
@@ -189,7 +217,7 @@ def test_a_public_module_offers_in_its_all_what_others_take_from_it() -> None:
         else:
             missing += [f"{i}: {n!r} is not in its __all__" for n in i.names if n not in names]
     # A public module says what it offers even while nobody imports it yet.
-    public = [m for m in MODULES if "." in m and not _has_private_part(m)]
+    public = [m for m in MODULES if _root(m) in PACKAGES and "." in m and not _has_private_part(m)]
     missing += [f"{m} has no __all__" for m in public if all_of(m) is None]
     assert not missing, "\n".join(missing)
 
