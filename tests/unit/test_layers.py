@@ -42,8 +42,10 @@ PURE = (
     "coordinator._placement",
     "coordinator._ranks",
     "coordinator._failure_class",
+    "nodeagent._agent_core",
 )
-"""The coordinator's decision code: no transport, no event loop, no generated code."""
+"""The decision code of the coordinator and of the node agent: no transport, no event loop, no
+generated code."""
 IMPURE_ROOTS = ("grpc", "asyncio", "protos")
 WORKER_SIDE = (
     "nodeagent._bootstrap",

@@ -1,0 +1,244 @@
+"""The worker groups of the rounds a node agent holds: started, stopped, released.
+
+`RoundControl` carries out what the agent accepted: it runs one `WorkerGroup` per held round
+(`run`), reports each start, failure notice, exit and UNKNOWN through `send` the moment it
+happens, and keeps them in the round's `Held` record, which every new session re-reports. It
+stops a round when told (`stop`, reported once its workers are gone), lets it go once the
+exit barrier is passed (`release`), and stops them all when the agent stops (`stop_all`). The
+job's standbys (`nodeagent._standby`) follow its rounds. What to accept and what to tell the
+coordinator is decided in `nodeagent._agent_core`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from client.assignment import RoundAssignment
+from client.model import MAX_STANDBY_LINGER_S, ProcessFailure
+from client.node_protocol import (
+    GroupStopped,
+    GroupUnknown,
+    NodeMsg,
+    Release,
+    Stop,
+    WorkerExited,
+    WorkerFailing,
+)
+from client.node_protocol import WorkerExit as ReportedExit
+from nodeagent._agent_core import HeldRound
+from nodeagent._agent_logs import log_task_failure
+from nodeagent._reaper import PidRegistry
+from nodeagent._standby import StandbyPool
+from nodeagent._workers import WorkerExit, WorkerGroup
+
+__all__ = ["Held", "RoundControl", "reported_exit"]
+
+logger = logging.getLogger(__name__)
+
+START_WAIT_S = 30.0
+"""How long a stop waits for a start still under way to finish spawning."""
+
+
+@dataclass
+class Held(HeldRound):
+    """A held round and the worker group that runs it."""
+
+    group: WorkerGroup | None = None
+    stopping: asyncio.Task[None] | None = None
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def reported_exit(ex: WorkerExit) -> ReportedExit:
+    """A worker group's exit as the session reports it: the same facts, field by field."""
+    return ReportedExit(
+        local_rank=ex.local_rank,
+        global_rank=ex.global_rank,
+        pid=ex.pid,
+        exitcode=ex.exitcode,
+        stopped_by_agent=ex.stopped_by_agent,
+        failure=ex.failure,
+        return_value=ex.return_value,
+        timestamp=ex.timestamp,
+    )
+
+
+class RoundControl:
+    """The held rounds of one agent, by (job id, round), and their worker groups."""
+
+    def __init__(
+        self,
+        node: str,
+        *,
+        dirs: Callable[[], tuple[Path, Path]],
+        registry: PidRegistry,
+        standbys: StandbyPool,
+        send: Callable[[NodeMsg], None],
+        spawn: Callable[[Coroutine[Any, Any, None], str], None],
+        started: Callable[[Held], None],
+        closing: Callable[[], bool],
+    ) -> None:
+        self.node = node
+        self._dirs = dirs
+        """The log root and the state dir (they are settled when the agent starts)."""
+        self._registry = registry
+        self._standbys = standbys
+        self._send = send
+        self._spawn = spawn
+        self._started = started
+        """Called once a round's workers are up, before that is reported (standbys warm up)."""
+        self._closing = closing
+        self.held: dict[tuple[str, int], Held] = {}
+
+    def run(self, a: RoundAssignment) -> None:
+        held = Held(a)
+        self.held[(a.job_id, a.round)] = held
+        self._spawn(self._start_group(held), f"start-{a.job_id}-{a.round}")
+
+    async def _start_group(self, held: Held) -> None:
+        try:
+            await self._start_workers(held)
+        except Exception as exc:
+            # Whatever failed, the round's workers must not run unsupervised nor unreported.
+            a = held.assignment
+            logger.exception("job %s round %d: the start failed", a.job_id, a.round)
+            reason = f"the start failed: {type(exc).__name__}: {exc}"
+            if held.group is not None:
+                held.group.go_unknown(reason)
+            if not held.unknown:  # no group, or one already closed: say it here
+                held.unknown = reason
+                self._send(GroupUnknown(a.job_id, a.round, reason))
+            held.started.set()
+
+    async def _start_workers(self, held: Held) -> None:
+        a = held.assignment
+        key = (a.job_id, a.round)
+
+        def on_exit(ex: WorkerExit) -> None:
+            reported = reported_exit(ex)
+            held.exits.append(reported)
+            self._send(WorkerExited(a.job_id, a.round, reported))
+
+        def on_failing(failure: ProcessFailure) -> None:
+            held.failing[failure.local_rank] = failure
+            self._send(WorkerFailing(a.job_id, a.round, failure))
+
+        def on_unknown(reason: str) -> None:
+            # The group killed its workers before this; the report may be lost with the
+            # session, so it is kept and replayed on the next.
+            held.unknown = reason
+            logger.error(
+                "job %s attempt %d round %d: worker group UNKNOWN: %s",
+                a.job_id,
+                a.attempt,
+                a.round,
+                reason,
+            )
+            self._send(GroupUnknown(a.job_id, a.round, reason))
+
+        log_root, state_dir = self._dirs()
+        group = WorkerGroup(
+            a,
+            on_unknown=on_unknown,
+            node_name=self.node,
+            log_root=log_root,
+            on_exit=on_exit,
+            on_failing=on_failing,
+            run_dir=state_dir,
+            pid_registry=self._registry,
+            spawner=self._standbys.spawner(a.job_id),
+            warm_store=lambda _launch: self._standbys.take_store(a.job_id),
+            before_spawn=lambda: self._prepare_zygote(a.job_id, group),
+        )
+        held.group = group
+        launch = group.standby_launch()
+        if launch is not None:
+            # The job's first round here: standbys a finished job of the same spec left (a sweep).
+            self._standbys.adopt(a.job_id, launch)
+        try:
+            pids = await group.start()
+        finally:
+            held.started.set()
+        held.pids = dict(pids)
+        if self.held.get(key) is not held or held.unknown:
+            return
+        self._started(held)
+        self._send(held.workers_started())
+        logger.info(
+            "job %s attempt %d round %d: started ranks %s",
+            a.job_id,
+            a.attempt,
+            a.round,
+            {held.global_rank(lr): pid for lr, pid in pids.items()},
+        )
+
+    async def _prepare_zygote(self, job_id: str, group: WorkerGroup) -> None:
+        """Before a round's workers start: its job's zygote (preload only), started if need be
+        and waited for, so the workers are forked from it (see nodeagent._standby)."""
+        launch = group.standby_launch()
+        if launch is not None and not self._closing():
+            await self._standbys.prepare(job_id, launch)
+
+    def stop(self, m: Stop) -> None:
+        held = self.held.get((m.job_id, m.round))
+        if held is None:
+            self._send(GroupStopped(m.job_id, m.round))
+            return
+        logger.info("job %s round %d: stopping (%s)", m.job_id, m.round, m.reason)
+        # Every stop, a restart's and a re-form's too, gives the workers the job's grace: a
+        # SIGTERM handler that saves a checkpoint finishes it. Workers that exit on SIGTERM (a
+        # torch rank blocked in a collective does within tens of ms) cost the next round nothing.
+        if not m.replaced:
+            self._standbys.discard(m.job_id)
+        if held.stopping is None:
+            held.stopping = asyncio.get_running_loop().create_task(
+                self._stop_and_report(held, m.grace, replaced=m.replaced),
+                name=f"stop-{m.job_id}-{m.round}",
+            )
+            held.stopping.add_done_callback(log_task_failure)
+
+    async def _stop_and_report(self, held: Held, grace: float, *, replaced: bool = False) -> None:
+        # Reported once the workers are gone; the group's close (the store host's teardown, the
+        # log pumps) runs after, off the path of the round that replaces it.
+        unkillable = await self.stop_group(held, grace, close=False)
+        a = held.assignment
+        if replaced and not any(k[0] == a.job_id and h is not held for k, h in self.held.items()):
+            self._standbys.idle(a.job_id)
+        self._send(GroupStopped(a.job_id, a.round, tuple(unkillable)))
+        self.held.pop((a.job_id, a.round), None)
+        if held.group is not None:
+            await held.group.close()
+
+    async def stop_group(self, held: Held, grace: float, *, close: bool = True) -> list[int]:
+        # A start still under way must finish spawning before it can be stopped as a unit.
+        if held.group is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(held.started.wait(), START_WAIT_S)
+        unkillable: list[int] = []
+        if held.group is not None:
+            unkillable = await held.group.stop(grace)
+            if close:
+                await held.group.close()
+        held.stopped = True
+        return unkillable
+
+    async def stop_all(self, grace_of: Callable[[Held], float]) -> None:
+        """Stop every held round's workers, each with its grace (the agent stops)."""
+        held = list(self.held.values())
+        await asyncio.gather(
+            *(self.stop_group(h, grace_of(h)) for h in held), return_exceptions=True
+        )
+
+    def release(self, m: Release) -> None:
+        held = self.held.pop((m.job_id, m.round), None)
+        # Released by the exit barrier: the job succeeded and is done here. Its standbys go, or
+        # linger for the next job of the same spec when it asked for that.
+        linger = held.assignment.spec.standby_linger if held is not None else 0.0
+        self._standbys.release(m.job_id, min(linger, MAX_STANDBY_LINGER_S))
+        if held is not None and held.group is not None:
+            self._spawn(held.group.close(), "close-group")
