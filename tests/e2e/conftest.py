@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from gelastic.local import LocalCluster, poll_until
+from tests._helpers import gone as gone
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 PY = sys.executable
@@ -134,14 +135,6 @@ def wait_started(job: Any, n: int, timeout: float = 60) -> None:
         timeout,
         what=f"{n} workers running",
     )
-
-
-def gone(pid: int) -> bool:
-    """The process has exited (a zombie waiting for its parent counts as gone)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 MARKER_ENV = "GELASTIC_RUN_TEST_MARKER"

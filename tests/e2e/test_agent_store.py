@@ -22,15 +22,14 @@ import uuid
 from pathlib import Path
 
 import psutil
-import pytest
 
 from gelastic.local import poll_until
+from tests._helpers import gone
 from tests.e2e.conftest import MARKER_ENV, PY, assert_nothing_left, script
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOADS = REPO / "tests" / "workloads"
 TIMEOUT = 120
-pytestmark = pytest.mark.e2e
 
 _STORE_HOST = re.compile(r"started the c10d store host pid (\d+) for ([^\s]+):(\d+)")
 
@@ -53,13 +52,6 @@ def run(*args: str, tmp: Path, marker: str) -> subprocess.CompletedProcess[str]:
         env=run_env(tmp, marker),
         cwd=tmp,
     )
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def store_host_pid(proc: subprocess.CompletedProcess[str]) -> int:

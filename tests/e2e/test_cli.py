@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -23,6 +22,7 @@ from torch.distributed.elastic.multiprocessing import errors as torch_errors
 
 from client import JobSpec, JobState, RunResult, WorkerState
 from gelastic.local import LocalCluster, poll_until
+from tests._helpers import free_port
 from tests.e2e.conftest import (
     MARKER_ENV,
     PY,
@@ -91,12 +91,6 @@ def submit(cluster: LocalCluster, *args: str) -> str:
     job_id = proc.stdout.strip()
     assert job_id and "\n" not in job_id
     return job_id
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---- errors ---------------------------------------------------------------------------------

@@ -3,7 +3,6 @@ scraped over HTTP while real workers run, and gone once the cluster stops."""
 
 from __future__ import annotations
 
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -12,17 +11,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from client import JobSpec, JobState, WorkerState
 from gelastic.local import LocalCluster, poll_until
+from tests._helpers import free_port
 from tests.e2e.conftest import PY
 
 TIMEOUT = 60
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _scrape(port: int) -> Samples:
@@ -61,7 +55,7 @@ def _refused(port: int) -> bool:
 def test_coordinator_and_agent_metrics_while_workers_run(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
-    coord_port, agent_port = _free_port(), _free_port()
+    coord_port, agent_port = free_port(), free_port()
     cluster = make_cluster(
         nodes=1,
         slots=2,

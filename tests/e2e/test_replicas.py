@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -27,19 +26,11 @@ import pytest
 from client import JobSpec, JobState, WorkerState
 from gelastic.local import LocalCluster, StartedProcess, poll_until, stop_processes
 from tests._etcd import EtcdServer, etcd_binary
+from tests._helpers import free_port
 from tests.e2e.conftest import PY, Gate, script
-
-pytestmark = pytest.mark.e2e
 
 TTL = 2.0
 TIMEOUT = 60
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _leader_addr(etcd: EtcdServer, prefix: str) -> str:
@@ -68,7 +59,7 @@ class Replicas(LocalCluster):
             coordinator_args=["--store", store, "--leader-ttl", str(TTL)],
             **kw,
         )
-        self.ports = [_free_port() for _ in range(n)]
+        self.ports = [free_port() for _ in range(n)]
         self.replicas: dict[int, StartedProcess] = {}
 
     @property

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -22,9 +21,8 @@ import pytest
 from client._client import Client
 from gelastic.local import poll_until
 from tests._etcd import EtcdServer
+from tests._helpers import free_port
 from tests.e2e.conftest import MARKER_ENV, PY, assert_nothing_left, gone, marked_processes
-
-pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 DDP = str(REPO / "tests" / "workloads" / "ddp_nodes.py")
@@ -32,13 +30,6 @@ TORCH_LAUNCHER = REPO / "tests" / "workloads" / "torch_launcher"
 RUN_TIMEOUT_S = 150.0
 PRELOAD = ("--preload", "torch", "--preload", "torch._dynamo")
 """Forked workers: each launcher imports torch once, not once per worker and restart."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Launcher:

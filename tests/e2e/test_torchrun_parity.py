@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._helpers import free_port
 from tests.e2e.conftest import MARKER_ENV, PY, assert_nothing_left
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,9 +103,7 @@ def test_launch_elastic_one_to_two_nodes_runs_with_one(tmp_path: Path) -> None:
     # test_launch_elastic: --nnodes=1:2 launched on one node runs with that node.
     out = tmp_path / "out"
     out.mkdir()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = gelastic_run(
         tmp_path,
         "--nnodes=1:2",
@@ -162,9 +161,7 @@ def test_a_fixed_master_port_is_the_workers_and_a_taken_one_fails_naming_it(
     # test_launch_user_script_python_caffe2_bc: --master-addr/--master-port/--node-rank=0.
     out = tmp_path / "out"
     out.mkdir()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = gelastic_run(
         tmp_path,
         "--nproc-per-node=2",
