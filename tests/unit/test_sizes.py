@@ -28,18 +28,11 @@ LIMITS = {"module": 800, "class": 400, "function": 80}
 UNITS = {"module": "lines", "class": "lines", "function": "statements"}
 
 TOO_BIG_TODAY: dict[str, int] = {
-    "client/model.py": 1234,
-    "client/_client.py:Client": 407,
-    "coordinator/_dashboard.py": 895,
-    "coordinator/_service.py": 1502,
-    "coordinator/_service.py:CoordinatorService": 792,
-    "coordinator/_store_etcd.py": 844,
-    "coordinator/_store_etcd.py:EtcdStore": 612,
+    "coordinator/_service.py": 1363,
+    "coordinator/_service.py:CoordinatorService": 684,
     "nodeagent/_workers.py": 1225,
     "nodeagent/_workers.py:WorkerGroup": 921,
     "nodeagent/_workers.py:WorkerGroup.start": 82,
-    "nodeagent/session.py": 1253,
-    "nodeagent/session.py:NodeAgent": 931,
 }
 """Rooms over their limit today -> their size today ("path" for a module, "path:Qualified.name"
 for a class or function). Only ever lower an entry or remove it."""
