@@ -30,14 +30,13 @@ from client.node_protocol import (
     WorkerExited,
     WorkerFailing,
 )
-from client.node_protocol import WorkerExit as ReportedExit
 from nodeagent._agent_core import HeldRound
 from nodeagent._agent_logs import log_task_failure
 from nodeagent._reaper import PidRegistry
 from nodeagent._standby import StandbyPool
 from nodeagent._workers import WorkerExit, WorkerGroup
 
-__all__ = ["Held", "RoundControl", "reported_exit"]
+__all__ = ["Held", "RoundControl"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,20 +51,6 @@ class Held(HeldRound):
     group: WorkerGroup | None = None
     stopping: asyncio.Task[None] | None = None
     started: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-def reported_exit(ex: WorkerExit) -> ReportedExit:
-    """A worker group's exit as the session reports it: the same facts, field by field."""
-    return ReportedExit(
-        local_rank=ex.local_rank,
-        global_rank=ex.global_rank,
-        pid=ex.pid,
-        exitcode=ex.exitcode,
-        stopped_by_agent=ex.stopped_by_agent,
-        failure=ex.failure,
-        return_value=ex.return_value,
-        timestamp=ex.timestamp,
-    )
 
 
 class RoundControl:
@@ -120,9 +105,8 @@ class RoundControl:
         key = (a.job_id, a.round)
 
         def on_exit(ex: WorkerExit) -> None:
-            reported = reported_exit(ex)
-            held.exits.append(reported)
-            self._send(WorkerExited(a.job_id, a.round, reported))
+            held.exits.append(ex)
+            self._send(WorkerExited(a.job_id, a.round, ex))
 
         def on_failing(failure: ProcessFailure) -> None:
             held.failing[failure.local_rank] = failure
