@@ -186,8 +186,6 @@ class NodeAgent:
             closed=self._closed,
             closing=lambda: self._closing,
         )
-        self.coordinators = coordinators
-        """Every listed replica, in the given order."""
         self.connected = self._link.connected
         self.refused = self._link.refused
         """Set when the coordinator refused this agent for good; `refusal` says why."""
@@ -222,6 +220,16 @@ class NodeAgent:
         )
         self._log_requests, self._log_tasks = self._logs.requests, self._logs.tasks
         self.metrics = AgentMetrics(config.name, config.metrics_host, config.metrics_port)
+
+    @property
+    def coordinators(self) -> tuple[str, ...]:
+        """Every listed replica, in the given order; set it to follow other replicas."""
+        return self._link.coordinators
+
+    @coordinators.setter
+    def coordinators(self, listed: tuple[str, ...]) -> None:
+        # The link reads the list at each dial: the next reconnect goes to the new replicas.
+        self._link.coordinators = listed
 
     @property
     def target(self) -> str:

@@ -230,6 +230,23 @@ async def test_an_agent_given_standbys_first_registers_with_the_leader(
         assert second.calls == []  # the hint, not the rotation, took it there
 
 
+async def test_an_agent_given_a_new_replica_list_while_it_runs_dials_the_new_one(
+    leader: Coordinator, tmp_path: Path
+) -> None:
+    # What `gelastic run` does on etcd: the agent starts with its own replica (a standby that
+    # knows no leader yet) and is handed the replicas its replica learns of as they appear.
+    async with Standby() as own:
+        agent = _agent(own.address, tmp_path)
+        async with agent:
+            await wait_for(lambda: len(own.calls) >= 2, WAIT_S, what="two dials of the standby")
+            assert not agent.connected.is_set()
+            agent.coordinators = (own.address, leader.address)
+            await asyncio.wait_for(agent.connected.wait(), WAIT_S)
+            assert agent.target == leader.address
+            assert agent.coordinators == (own.address, leader.address)
+            assert leader.service.cluster.node_is_live("node-a", agent.incarnation)
+
+
 async def test_an_agent_does_not_follow_a_hint_to_an_address_that_is_not_listed(
     leader: Coordinator, tmp_path: Path
 ) -> None:
