@@ -8,6 +8,7 @@ holds and fail naming what they waited for.
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -32,12 +33,28 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
+FREE_PORTS = range(20_000, 32_000)
+"""Where `free_port` looks: below Linux's ephemeral range (32768-60999 by default), so a server
+that binds port 0 (a coordinator's gRPC port, etcd's peers) never takes a port handed out here
+between the moment it was checked and the moment its test binds it."""
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listened on a moment ago (the OS picked it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on now and this process has not handed out
+    before: two calls in one test never name the same port."""
+    for _ in range(1000):
+        port = random.choice(FREE_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
+    raise RuntimeError(f"no free port in {FREE_PORTS.start}-{FREE_PORTS.stop - 1} after 1000 tries")
 
 
 def gone(pid: int) -> bool:
