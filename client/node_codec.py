@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from client.assignment import RoundAssignment, WorkerRanks
-from client.model import GpuDevice, GpuHealth, JobSpec
+from client.model import GpuDevice, JobSpec
 from client.node_protocol import (
     Assign,
     CancelLogs,
@@ -41,7 +41,9 @@ from client.node_protocol import (
 from client.wire import (
     failure_from_pb,
     failure_to_pb,
+    gpu_device_from_pb,
     gpu_device_to_pb,
+    gpu_health_from_pb,
     gpu_health_to_pb,
     group_state_from_pb,
     group_state_to_pb,
@@ -186,19 +188,8 @@ def _gpus_from_hello(hello: pb.Hello) -> tuple[GpuDevice, ...]:
         if bad:
             raise MessageError(f"hello.gpus: {bad}")
         seen.add(g.index)
-        out.append(GpuDevice(g.index, g.uuid, g.name, g.memory_total))
+        out.append(gpu_device_from_pb(g))
     return tuple(out)
-
-
-def _gpu_health_from_pb(g: pb.GpuHealth) -> GpuHealth:
-    return GpuHealth(
-        index=g.index,
-        utilization_percent=min(100.0, max(0.0, g.utilization_percent)),
-        memory_used=max(0, g.memory_used),
-        temperature_c=g.temperature_c,
-        uncorrectable_ecc=max(0, g.uncorrectable_ecc),
-        lost=g.lost,
-    )
 
 
 def _group_health_to_pb(g: GroupHealth) -> pb.GroupHealth:
@@ -320,7 +311,7 @@ def decode_node(m: pb.NodeMessage) -> NodeMsg:
         return Heartbeat(
             seq=h.seq,
             groups=tuple(_group_health_from_pb(g) for g in h.groups),
-            gpus=tuple(_gpu_health_from_pb(g) for g in h.gpus[:MAX_GPUS]),
+            gpus=tuple(gpu_health_from_pb(g) for g in h.gpus[:MAX_GPUS]),
         )
     if kind == "worker_exited":
         e = m.worker_exited

@@ -38,6 +38,7 @@ __all__ = [
     "event_to_pb",
     "failure_from_pb",
     "failure_to_pb",
+    "gpu_device_from_pb",
     "gpu_device_to_pb",
     "gpu_health_from_pb",
     "gpu_health_to_pb",
@@ -515,13 +516,18 @@ def gpu_health_to_pb(h: GpuHealth) -> pb.GpuHealth:
     )
 
 
+def gpu_device_from_pb(m: pb.GpuDevice) -> GpuDevice:
+    return GpuDevice(m.index, m.uuid, m.name, m.memory_total)
+
+
 def gpu_health_from_pb(m: pb.GpuHealth) -> GpuHealth:
+    """A health sample, its percentages and counts brought into range (a node sends them)."""
     return GpuHealth(
         index=m.index,
-        utilization_percent=m.utilization_percent,
-        memory_used=m.memory_used,
+        utilization_percent=min(100.0, max(0.0, m.utilization_percent)),
+        memory_used=max(0, m.memory_used),
         temperature_c=m.temperature_c,
-        uncorrectable_ecc=m.uncorrectable_ecc,
+        uncorrectable_ecc=max(0, m.uncorrectable_ecc),
         lost=m.lost,
     )
 
@@ -536,7 +542,7 @@ def node_from_pb(m: pb.Node) -> NodeInfo:
         last_seen=m.last_seen,
         jobs=tuple(m.jobs),
         incarnation=m.incarnation,
-        gpus=tuple(GpuDevice(g.index, g.uuid, g.name, g.memory_total) for g in m.gpus),
+        gpus=tuple(gpu_device_from_pb(g) for g in m.gpus),
         gpu_health=tuple(gpu_health_from_pb(h) for h in m.gpu_health),
         gpus_used=tuple(m.gpus_used),
         quarantine_reason=m.quarantine_reason,

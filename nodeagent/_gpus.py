@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from client.model import GpuDevice, GpuHealth
+from client.node_codec import MAX_GPU_TEXT, MAX_GPUS
 
 __all__ = [
     "FAULT_FILE_ENV",
@@ -36,10 +37,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MAX_GPUS = 64
-"""Most GPUs one node offers (NVML's own limit per host is lower in practice)."""
-MAX_GPU_TEXT = 96
-"""Longest GPU name or uuid kept; anything longer is cut."""
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_GPU_IS_LOST = 15
 _GPU_LIST = re.compile(r"\d{1,3}(,\d{1,3})*")
