@@ -19,7 +19,7 @@ NOISE = ("Task was destroyed", "aclose()", "Traceback")
 PROGRAMS = {
     "coordinator": "coordinator.cli",
     "nodeagent": "nodeagent.cli",
-    "gelastic": "client.cli",
+    "gelastic": "gelastic",
 }
 
 

@@ -393,7 +393,7 @@ def test_cancel_a_sleeping_job(shared: LocalCluster) -> None:
         [
             PY,
             "-m",
-            "client.cli",
+            "gelastic",
             "--coordinator",
             shared.address,
             "events",

@@ -119,7 +119,7 @@ def test_ctrl_c_on_a_terminal_detaches_and_the_job_runs_on(shared: LocalCluster)
     env = {k: v for k, v in os.environ.items() if k != "GELASTIC_COORDINATOR"}
     env.update(shared.client_env)
     proc = subprocess.Popen(
-        [PY, "-m", "client.cli", "submit", "--watch", "--", PY, "-c", script],
+        [PY, "-m", "gelastic", "submit", "--watch", "--", PY, "-c", script],
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -180,7 +180,7 @@ def test_watch_across_a_coordinator_restart_says_re_attaching(
     env = {k: v for k, v in os.environ.items() if k != "GELASTIC_COORDINATOR"}
     env.update(shared.client_env)
     proc = subprocess.Popen(
-        [PY, "-m", "client.cli", "submit", "--watch", "--nnodes", "2", "--", PY, "-c", script],
+        [PY, "-m", "gelastic", "submit", "--watch", "--nnodes", "2", "--", PY, "-c", script],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,

@@ -47,7 +47,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def gelastic(cluster: LocalCluster, *args: str) -> list[str]:
-    return [PY, "-m", "client.cli", "--coordinator", cluster.address, *args]
+    return [PY, "-m", "gelastic", "--coordinator", cluster.address, *args]
 
 
 def cli_env(cluster: LocalCluster) -> dict[str, str]:

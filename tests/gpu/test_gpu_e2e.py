@@ -140,7 +140,7 @@ def test_a_gpu_fault_quarantines_the_node_fails_its_job_over_and_an_operator_cle
     if PAIRS > 1:
         poll_until(lambda: all((out / f"rank{r}.json").exists() for r in (0, 1)), WAIT_S)
     cleared = subprocess.run(
-        [sys.executable, "-m", "client.cli", "nodes", "--clear-quarantine", first.node],
+        [sys.executable, "-m", "gelastic", "nodes", "--clear-quarantine", first.node],
         env={**gpu_cluster.env, **gpu_cluster.client_env},
         capture_output=True,
         text=True,

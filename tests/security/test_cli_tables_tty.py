@@ -48,7 +48,7 @@ def _cli_on_a_terminal(address: str, *argv: str) -> tuple[int, bytes]:
     env["PYTHONPATH"] = REPO
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "client.cli", "--coordinator", address, *argv],
+            [sys.executable, "-m", "gelastic", "--coordinator", address, *argv],
             stdin=subprocess.DEVNULL,
             stdout=slave,
             stderr=slave,

@@ -53,7 +53,7 @@ def test_local_cluster_refuses_a_caller_without_its_token(tmp_path: Path) -> Non
         for proc in [c.coordinator, *c.agents.values()]:
             assert token not in " ".join(proc.argv)
         proc = subprocess.run(
-            [sys.executable, "-m", "client.cli", "nodes", "--json"],
+            [sys.executable, "-m", "gelastic", "nodes", "--json"],
             capture_output=True,
             text=True,
             timeout=60,

@@ -113,7 +113,7 @@ def test_client_refuses_to_send_a_token_in_plain_text_off_host(token_file: str) 
 
 def test_cli_refuses_before_connecting_and_insecure_lets_it_try(token_file: str) -> None:
     proc = _cli(
-        "-m", "client.cli", "--coordinator", OFF_HOST, "--token-file", token_file, "nodes"
+        "-m", "gelastic", "--coordinator", OFF_HOST, "--token-file", token_file, "nodes"
     )  # fmt: skip
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -122,7 +122,7 @@ def test_cli_refuses_before_connecting_and_insecure_lets_it_try(token_file: str)
     assert "--insecure" in lines[0]
     # With --insecure it goes on to connect (and finds nothing there).
     proc = _cli(
-        "-m", "client.cli", "--coordinator", OFF_HOST, "--token-file", token_file,
+        "-m", "gelastic", "--coordinator", OFF_HOST, "--token-file", token_file,
         "--connect-timeout", "1", "--insecure", "nodes",
     )  # fmt: skip
     assert proc.returncode == 2

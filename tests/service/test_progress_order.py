@@ -37,7 +37,7 @@ async def test_watch_prints_nothing_older_than_the_round_it_said_formed() -> Non
         cli = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "client.cli",
+            "gelastic",
             "--coordinator",
             c.address,
             "submit",

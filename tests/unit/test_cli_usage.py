@@ -15,7 +15,7 @@ CALL_TIMEOUT = 30
 
 def gelastic(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "client.cli", *args],
+        [sys.executable, "-m", "gelastic", *args],
         capture_output=True,
         text=True,
         timeout=CALL_TIMEOUT,
