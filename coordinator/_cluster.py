@@ -26,6 +26,8 @@ The class is a facade over rooms, each a module of its own, stacked from the bot
 end of a job, quarantine), `_cluster_exits` (exits and failures), `_cluster_rounds` (scheduling
 and forming rounds, with `_placement`), `_cluster_nodes` (sessions, leases, adoption),
 `_cluster_views` (views, dumps, restore); the records and effects are in `_cluster_records`.
+A job's round is a `_Round` record of its own (`job.current`): `_form` makes it whole and
+going back to the queue drops it whole, so no field of one round leaks into the next.
 """
 
 from __future__ import annotations
@@ -231,11 +233,11 @@ class Cluster(_Views):
     def _on_port_reserved(self, node: _Node, msg: PortReserved, now: float) -> None:
         name, port, error = node.name, msg.port, msg.error
         job = self._jobs.get(msg.job_id)
-        if job is None or job.round != msg.round or job.port_deadline is None:
+        if job is None or job.round != msg.round or job.current.port_deadline is None:
             return
-        if job.members[0].node != name:
+        if job.current.members[0].node != name:
             return
-        job.port_deadline = None
+        job.current.port_deadline = None
         if error or not 0 < port < 65536:
             # Back off, doubling, so an agent that cannot bind does not spin the rendezvous.
             job.port_failures += 1
@@ -243,7 +245,7 @@ class Cluster(_Views):
             self._reform(job, f"node {name} could not reserve a master port: {error or port}", now)
             return
         job.port_failures = 0
-        job.master_port = port
+        job.current.master_port = port
         self._assign(job, now)
 
     def _on_workers_started(
@@ -271,7 +273,7 @@ class Cluster(_Views):
             node=name,
         )
         if self._all_started(job):
-            job.start_deadline = None
+            job.current.start_deadline = None
         if job.state == JobState.RUNNING and self._all_started(job):
             self._set_reason(
                 job,
@@ -371,7 +373,7 @@ class Cluster(_Views):
         for w in member.workers.values():
             if w.phase in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
                 job.set_phase(w, _WorkerPhase.FAILED)
-                job.failures[w.global_rank] = _stamp(
+                job.current.failures[w.global_rank] = _stamp(
                     ProcessFailure(
                         global_rank=w.global_rank,
                         local_rank=w.local_rank,
@@ -387,10 +389,10 @@ class Cluster(_Views):
                 )
         self._event(job, now, "assign_undeliverable", reason, node=name)
         if job.state == JobState.STOPPING:
-            if job.stop_kind != _StopKind.CANCEL:
-                job.stop_kind, job.stop_reason = _StopKind.INPUT, reason
+            if job.current.stop_kind != _StopKind.CANCEL:
+                job.current.stop_kind, job.current.stop_reason = _StopKind.INPUT, reason
                 self._set_reason(job, reason, now)
-            if all(m.stopped for m in job.members):
+            if all(m.stopped for m in job.current.members):
                 self._after_stop(job, now)
         else:
             self._begin_stop(job, _StopKind.INPUT, reason, now)
@@ -419,19 +421,21 @@ class Cluster(_Views):
                     now,
                 )
         for job in self._active_jobs():
-            if job.port_deadline is not None and now >= job.port_deadline:
-                job.port_deadline = None
+            if job.current.port_deadline is not None and now >= job.current.port_deadline:
+                job.current.port_deadline = None
                 self._reform(
-                    job, f"node {job.members[0].node} did not reserve a master port in time", now
+                    job,
+                    f"node {job.current.members[0].node} did not reserve a master port in time",
+                    now,
                 )
             elif (
-                job.start_deadline is not None
-                and now >= job.start_deadline
+                job.current.start_deadline is not None
+                and now >= job.current.start_deadline
                 and job.state == JobState.RUNNING
             ):
                 self._start_timed_out(job, now)
-            elif job.stop_deadline is not None and now >= job.stop_deadline:
-                for m in job.members:
+            elif job.current.stop_deadline is not None and now >= job.current.stop_deadline:
+                for m in job.current.members:
                     if not m.stopped:
                         self._event(
                             job,
@@ -442,16 +446,16 @@ class Cluster(_Views):
                         )
                         m.stopped = True
                 self._after_stop(job, now)
-            elif job.barrier_deadline is not None and now >= job.barrier_deadline:
-                job.barrier_deadline = None
-                waiting = [m for m in job.members if m.done and not m.released]
+            elif job.current.barrier_deadline is not None and now >= job.current.barrier_deadline:
+                job.current.barrier_deadline = None
+                waiting = [m for m in job.current.members if m.done and not m.released]
                 self._event(
                     job,
                     now,
                     "barrier_timeout",
                     f"exit barrier timed out after {job.spec.exit_barrier_timeout:g} s; released "
                     f"{', '.join(m.node for m in waiting)}; still running: "
-                    f"{', '.join(m.node for m in job.members if not m.done)}",
+                    f"{', '.join(m.node for m in job.current.members if not m.done)}",
                 )
                 for m in waiting:
                     m.released = True

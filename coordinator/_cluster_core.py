@@ -68,7 +68,7 @@ class _Core:
         return node is not None and node.attached
 
     def _release_all(self, job: _Job) -> None:
-        for m in job.members:
+        for m in job.current.members:
             self._free_member(job, m)
 
     def _free_member(self, job: _Job, member: _Member) -> None:
@@ -112,7 +112,7 @@ class _Core:
         return job.unstarted() == 0
 
     def _worker_count(self, job: _Job) -> int:
-        return sum(len(m.workers) for m in job.members)
+        return sum(len(m.workers) for m in job.current.members)
 
     def _transition(self, job: _Job, state: JobState, now: float) -> None:
         if job.state == state:

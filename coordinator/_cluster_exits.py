@@ -89,7 +89,7 @@ class _Exits(_Outcome):
         if report.exitcode == 0 and report.failure is None:
             job.set_phase(w, _WorkerPhase.SUCCEEDED)
             if report.return_value is not None:
-                job.return_values[w.global_rank] = report.return_value
+                job.current.return_values[w.global_rank] = report.return_value
             self._event(
                 job,
                 now,
@@ -127,7 +127,7 @@ class _Exits(_Outcome):
         )
         if no_restart:
             failure = replace(failure, category=FailureCategory.INPUT)
-        job.failures[w.global_rank] = failure
+        job.current.failures[w.global_rank] = failure
         how = "recorded its error" if w.early else _exit_text(failure)
         self._event(
             job,
@@ -146,9 +146,9 @@ class _Exits(_Outcome):
                 now,
             )
         elif job.state == JobState.RUNNING:
-            job.away_at_failure = tuple(
+            job.current.away_at_failure = tuple(
                 m.node
-                for m in job.members
+                for m in job.current.members
                 if m is not member and not m.done and not m.stopped and not self._attached(m.node)
             )
             self._begin_stop(
@@ -168,11 +168,11 @@ class _Exits(_Outcome):
 
         The recorded message, traceback and time stay (the first complete record wins).
         """
-        known = job.failures.get(w.global_rank)
+        known = job.current.failures.get(w.global_rank)
         if known is None:
             return
         exited = report.failure
-        job.failures[w.global_rank] = replace(
+        job.current.failures[w.global_rank] = replace(
             known,
             exitcode=report.exitcode,
             pid=report.pid or known.pid,
@@ -184,7 +184,7 @@ class _Exits(_Outcome):
             now,
             "worker_exited",
             f"rank {w.global_rank} on {member.node} exited "
-            f"({_exit_text(job.failures[w.global_rank])}) after recording its failure",
+            f"({_exit_text(job.current.failures[w.global_rank])}) after recording its failure",
             node=member.node,
             rank=w.global_rank,
         )
@@ -202,17 +202,17 @@ class _Exits(_Outcome):
         if job.state != JobState.RUNNING:
             return
         if not pending:
-            for m in job.members:
+            for m in job.current.members:
                 if not m.released:
                     self._effects.append(ReleaseRound(m.node, job.job_id, job.round))
             self._close_attempt(job, "all workers succeeded", now)
             self._release_all(job)
             self._end(job, JobState.SUCCEEDED, WorkerState.SUCCEEDED, "all workers succeeded", now)
             return
-        if job.barrier_deadline is None:
-            job.barrier_deadline = now + job.spec.exit_barrier_timeout
+        if job.current.barrier_deadline is None:
+            job.current.barrier_deadline = now + job.spec.exit_barrier_timeout
         if pending <= 5:
-            waiting_for = ", ".join(m.node for m in job.members if not m.done)
+            waiting_for = ", ".join(m.node for m in job.current.members if not m.done)
         else:
             waiting_for = f"{pending} nodes"
         self._event(
@@ -224,7 +224,7 @@ class _Exits(_Outcome):
         )
         self._set_reason(
             job,
-            f"exit barrier: {len(job.members) - pending}/{len(job.members)} nodes done",
+            f"exit barrier: {len(job.current.members) - pending}/{len(job.current.members)} nodes done",
             now,
         )
 
@@ -238,7 +238,7 @@ class _Exits(_Outcome):
         if last.attempt == job.attempt and last.round == job.round:
             job.attempts[-1] = replace(last, failures=self._attempt_failures(job)[0])
         job.result = replace(
-            result, failures=_label_failures(job.failures), attempts=tuple(job.attempts)
+            result, failures=_label_failures(job.current.failures), attempts=tuple(job.attempts)
         )
         self._changed(job)
 
@@ -249,6 +249,6 @@ class _Exits(_Outcome):
         for w in member.workers.values():
             if w.phase in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
                 job.set_phase(w, _WorkerPhase.STOPPED)
-        if job.state == JobState.STOPPING and all(m.stopped for m in job.members):
+        if job.state == JobState.STOPPING and all(m.stopped for m in job.current.members):
             self._after_stop(job, now)
         self._changed(job)

@@ -72,7 +72,7 @@ def _within_result_budget(job: _Job, rank: int, report: WorkerExitReport) -> Wor
     value = report.return_value
     if value is None or not job.spec.is_function:
         return replace(report, return_value=None)
-    held = sum(len(v) for r, v in job.return_values.items() if r != rank)
+    held = sum(len(v) for r, v in job.current.return_values.items() if r != rank)
     if held + len(value) <= MAX_RESULT_BYTES_PER_JOB:
         return report
     return replace(

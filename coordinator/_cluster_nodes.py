@@ -193,7 +193,7 @@ class _Nodes(_Rounds):
             (n for n in self._nodes.values() if not n.live and not n.jobs),
             key=lambda n: n.last_seen,
         )
-        named = {m.node for job in self._active_jobs() for m in job.members}
+        named = {m.node for job in self._active_jobs() for m in job.current.members}
         keep_for = min(self.config.lost_node_retention, self.config.retain_seconds)
         excess = len(lost) - self.config.max_lost_nodes
         for node in lost:
@@ -237,18 +237,21 @@ class _Nodes(_Rounds):
             m.stopped = True
             m.group_state = WorkerState.UNKNOWN
             self._event(job, now, "node_lost", f"node {node.name} lost: {why}", node=node.name)
-            if job.stop_kind == _StopKind.FAILURE and node.name in job.away_at_failure:
+            if (
+                job.current.stop_kind == _StopKind.FAILURE
+                and node.name in job.current.away_at_failure
+            ):
                 # The failure came while this node was away and it is gone now: its ranks went
                 # first and the others failed on them (a peer's collective error), so this is a
                 # lost node, which costs no restart.
-                job.stop_kind = _StopKind.MEMBERSHIP
-                job.stop_reason = (
+                job.current.stop_kind = _StopKind.MEMBERSHIP
+                job.current.stop_reason = (
                     f"node {node.name} lost ({why}); the failures on the other nodes came after "
                     "it went away; re-forming with the remaining nodes"
                 )
-                self._set_reason(job, job.stop_reason, now)
+                self._set_reason(job, job.current.stop_reason, now)
             if job.state == JobState.STOPPING:
-                if all(x.stopped for x in job.members):
+                if all(x.stopped for x in job.current.members):
                     self._after_stop(job, now)
             elif job.state in (JobState.RUNNING, JobState.RENDEZVOUS):
                 self._begin_stop(
@@ -328,14 +331,14 @@ class _Nodes(_Rounds):
         if member.gpus:
             node.gpu_jobs[job.job_id] = list(member.gpus)
         was_stopping = job.state == JobState.STOPPING
-        if job.state == JobState.RENDEZVOUS and job.port_deadline is not None:
+        if job.state == JobState.RENDEZVOUS and job.current.port_deadline is not None:
             # The round was assigned just before the coordinator went down: it runs.
-            job.port_deadline = None
+            job.current.port_deadline = None
             self._transition(job, JobState.RUNNING, now)
             self._event(job, now, "assigned", f"round {job.round} was assigned before the restart")
             silent = [
                 m.node
-                for m in job.members
+                for m in job.current.members
                 if m is not member
                 and (n := self._nodes.get(m.node)) is not None
                 and n.attached
@@ -343,7 +346,7 @@ class _Nodes(_Rounds):
             ]
             if silent:
                 # Those reconnected first without the round: it never reached them.
-                for m in job.members:
+                for m in job.current.members:
                     if m.node in silent:
                         m.stopped = True
                 self._begin_stop(
@@ -370,7 +373,7 @@ class _Nodes(_Rounds):
                     job.job_id,
                     job.round,
                     job.spec.stop_grace,
-                    job.stop_reason,
+                    job.current.stop_reason,
                     _replaced(job),
                 )
             )

@@ -37,6 +37,7 @@ from coordinator._cluster_records import (
     _Member,
     _Node,
     _replaced,
+    _Round,
     _StopKind,
     _WorkerPhase,
 )
@@ -53,34 +54,34 @@ class _Outcome(_Core):
     def _begin_stop(self, job: _Job, kind: _StopKind, reason: str, now: float) -> None:
         if job.state == JobState.STOPPING:
             # A cancel overrides a restart that was under way; nothing overrides a cancel.
-            if kind == _StopKind.CANCEL and job.stop_kind != _StopKind.CANCEL:
-                job.stop_kind, job.stop_reason = kind, reason
+            if kind == _StopKind.CANCEL and job.current.stop_kind != _StopKind.CANCEL:
+                job.current.stop_kind, job.current.stop_reason = kind, reason
                 self._set_reason(job, reason, now)
             return
         if job.state in (JobState.QUEUED, JobState.RENDEZVOUS):
             # Nothing runs yet: go straight to what the stop would lead to.
             self._release_all(job)
-            job.port_deadline = None
+            job.current.port_deadline = None
             if kind == _StopKind.CANCEL:
                 self._end(job, JobState.CANCELED, WorkerState.STOPPED, reason, now)
             else:
                 self._back_to_queue(job, reason, now)
             return
-        job.stop_kind, job.stop_reason = kind, reason
-        if job.barrier_deadline is not None:
-            waiting = [m.node for m in job.members if m.done and not m.released]
+        job.current.stop_kind, job.current.stop_reason = kind, reason
+        if job.current.barrier_deadline is not None:
+            waiting = [m.node for m in job.current.members if m.done and not m.released]
             self._event(
                 job,
                 now,
                 "barrier_released",
                 f"exit barrier released at once for {len(waiting)} finished node(s): {reason}",
             )
-        job.barrier_deadline = None
+        job.current.barrier_deadline = None
         self._transition(job, JobState.STOPPING, now)
         self._set_reason(job, reason, now)
         self._event(job, now, "stopping", reason)
-        job.stop_deadline = now + job.spec.stop_grace + STOP_MARGIN_S
-        for m in job.members:
+        job.current.stop_deadline = now + job.spec.stop_grace + STOP_MARGIN_S
+        for m in job.current.members:
             if not m.stopped or (m.done and not m.released):
                 self._effects.append(
                     StopRound(
@@ -92,9 +93,9 @@ class _Outcome(_Core):
                         _replaced(job),
                     )
                 )
-        if all(m.stopped for m in job.members):
+        if all(m.stopped for m in job.current.members):
             self._after_stop(job, now)
-        elif kind == _StopKind.FAILURE and not _replaced(job) and not job.away_at_failure:
+        elif kind == _StopKind.FAILURE and not _replaced(job) and not job.current.away_at_failure:
             # (With a member away the outcome is not known yet: its loss would make this a
             # re-form.)
             self._fail_now(job, reason, now)
@@ -109,7 +110,7 @@ class _Outcome(_Core):
         job starts beside the dying workers; exits that arrive later still complete the result.
         """
         hold_until = now + job.spec.stop_grace + STOP_MARGIN_S
-        for m in job.members:
+        for m in job.current.members:
             node = self._nodes.get(m.node)
             if m.stopped or node is None:
                 continue
@@ -121,13 +122,13 @@ class _Outcome(_Core):
         self._end(job, JobState.FAILED, WorkerState.FAILED, reason, now, with_failures=True)
 
     def _after_stop(self, job: _Job, now: float) -> None:
-        job.stop_deadline = None
-        kind, reason = job.stop_kind, job.stop_reason
+        job.current.stop_deadline = None
+        kind, reason = job.current.stop_kind, job.current.stop_reason
         # Every rank exited 0 before a re-form for membership took effect: the job is done, and
         # running it again would repeat finished work (torchelastic never scales up a SUCCEEDED
         # group either).
-        done = kind == _StopKind.MEMBERSHIP and bool(job.members)
-        done = done and all(m.done for m in job.members)
+        done = kind == _StopKind.MEMBERSHIP and bool(job.current.members)
+        done = done and all(m.done for m in job.current.members)
         if done:
             reason = "all workers succeeded"
         suspect = self._flaky_suspect(job) if kind == _StopKind.FAILURE else None
@@ -159,12 +160,9 @@ class _Outcome(_Core):
 
     def _back_to_queue(self, job: _Job, reason: str, now: float) -> None:
         self._reschedule = True
-        job.members = []
-        # The ended round's failures live on in its AttemptSummary; a result made later (say, a
-        # rendezvous timeout) must not present them as its own.
-        job.failures = {}
-        job.stop_kind = None
-        job.away_at_failure = ()
+        # The round is dropped whole. Its failures live on in its AttemptSummary; a result made
+        # later (say, a rendezvous timeout) must not present them as its own.
+        job.current = _Round()
         job.last_call_deadline = None
         job.join_deadline = now + job.spec.join_timeout
         self._transition(job, JobState.QUEUED, now)
@@ -177,12 +175,12 @@ class _Outcome(_Core):
         self._back_to_queue(job, reason, now)
 
     def _close_attempt(self, job: _Job, reason: str, now: float) -> None:
-        if not job.members:
+        if not job.current.members:
             return
         failures, cut = self._attempt_failures(job)
         if cut:
             reason += f" ({cut:,} more failures not kept)"
-        nodes = [m.node for m in job.members]
+        nodes = [m.node for m in job.current.members]
         job.attempts.append(
             AttemptSummary(
                 attempt=job.attempt,
@@ -195,7 +193,7 @@ class _Outcome(_Core):
                     else ""
                 ),
                 failures=failures,
-                started_at=job.round_started_at,
+                started_at=job.current.started_at,
                 ended_at=now,
             )
         )
@@ -205,7 +203,7 @@ class _Outcome(_Core):
     def _attempt_failures(self, job: _Job) -> tuple[tuple[ProcessFailure, ...], int]:
         """The round's failures as an attempt keeps them (root cause first), and how many were cut."""
         failures = sorted(
-            _label_failures(job.failures).values(),
+            _label_failures(job.current.failures).values(),
             key=lambda f: (not f.root_cause, f.timestamp, f.global_rank),
         )
         cut = max(0, len(failures) - MAX_FAILURES_PER_ATTEMPT)
@@ -242,7 +240,9 @@ class _Outcome(_Core):
         category: FailureCategory = FailureCategory.PLATFORM,
     ) -> None:
         failures = (
-            _label_failures(job.failures) if with_failures or state == JobState.FAILED else {}
+            _label_failures(job.current.failures)
+            if with_failures or state == JobState.FAILED
+            else {}
         )
         if state == JobState.FAILED and not failures:
             # No worker failed (a rendezvous timeout, a job no node could hold): the job's own
@@ -251,14 +251,14 @@ class _Outcome(_Core):
         job.finished_at = now
         job.result = RunResult(
             state=wstate,
-            return_values=dict(job.return_values) if state == JobState.SUCCEEDED else {},
+            return_values=dict(job.current.return_values) if state == JobState.SUCCEEDED else {},
             failures=failures,
             attempts=tuple(job.attempts),
             reason=reason,
             job_id=job.job_id,
             name=job.spec.name,
         )
-        job.port_deadline = job.stop_deadline = job.barrier_deadline = None
+        job.current.port_deadline = job.current.stop_deadline = job.current.barrier_deadline = None
         job.last_call_deadline = None
         self._transition(job, state, now)
         self._set_reason(job, reason, now)
@@ -289,13 +289,13 @@ class _Outcome(_Core):
         alone: its first failure was there, and no other node's rank failed with the same error
         (a job that fails everywhere is the job's fault, not a node's). Ranks of other nodes that
         failed after it with other errors (a peer's collective error) do not clear the node."""
-        if len(job.members) < 2 or not job.failures:
+        if len(job.current.members) < 2 or not job.current.failures:
             return None
-        root = first_failure(job.failures)
+        root = first_failure(job.current.failures)
         if root is None or root.category not in (FailureCategory.USER, FailureCategory.PLATFORM):
             return None
         same = _bare_message(root.message)
-        for f in job.failures.values():
+        for f in job.current.failures.values():
             if f.node != root.node and _bare_message(f.message) == same:
                 return None
         return root.node, root
@@ -363,7 +363,7 @@ class _Outcome(_Core):
             if w.phase not in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
                 continue
             job.set_phase(w, _WorkerPhase.FAILED)
-            job.failures.setdefault(
+            job.current.failures.setdefault(
                 w.global_rank,
                 _stamp(
                     ProcessFailure(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from client.assignment import RoundAssignment
 from client.model import (
@@ -281,9 +282,9 @@ class _Member:
 
 def _replaced(job: _Job) -> bool:
     """Whether the stop under way leads to a new round of the job (restart or re-form)."""
-    if job.stop_kind == _StopKind.MEMBERSHIP:
+    if job.current.stop_kind == _StopKind.MEMBERSHIP:
         return True
-    return job.stop_kind == _StopKind.FAILURE and job.attempt < job.spec.max_restarts
+    return job.current.stop_kind == _StopKind.FAILURE and job.attempt < job.spec.max_restarts
 
 
 class _StopKind(enum.Enum):
@@ -292,6 +293,59 @@ class _StopKind(enum.Enum):
     CANCEL = "cancel"
     INPUT = "input"
     """The spec itself cannot run: the job fails without spending its restart budget."""
+
+
+@dataclass
+class _Round:
+    """One round of a job: formed whole by `_form`, dropped whole when the job goes back to the
+    queue. Nothing of a round outlives it but its AttemptSummary (and, once the job ended, the
+    last round itself, which its status shows)."""
+
+    members: list[_Member] = field(default_factory=list)
+    started_at: float = 0.0
+    port_deadline: float | None = None
+    """Set while the first member reserves the master port."""
+    master_port: int = 0
+    start_deadline: float | None = None
+    """Set by the assignment; cleared when every worker of the round reported started."""
+    stop_kind: _StopKind | None = None
+    stop_reason: str = ""
+    stop_deadline: float | None = None
+    away_at_failure: tuple[str, ...] = ()
+    """Members of the round whose node had no session (a coordinator that took over and has not
+    heard from it yet) when the failure that stops the round came: should one of them turn out
+    lost, the failure followed its loss and the round re-forms without spending a restart."""
+    barrier_deadline: float | None = None
+    failures: dict[int, ProcessFailure] = field(default_factory=dict)
+    return_values: dict[int, bytes] = field(default_factory=dict)
+
+
+ROUND_FIELDS_BEFORE = {
+    "members": "members",
+    "round_started_at": "started_at",
+    "port_deadline": "port_deadline",
+    "master_port": "master_port",
+    "start_deadline": "start_deadline",
+    "stop_kind": "stop_kind",
+    "stop_reason": "stop_reason",
+    "stop_deadline": "stop_deadline",
+    "away_at_failure": "away_at_failure",
+    "barrier_deadline": "barrier_deadline",
+    "failures": "failures",
+    "return_values": "return_values",
+}
+"""Where a job record written before rounds were records of their own kept each round field
+(its key there -> the `_Round` field)."""
+
+
+def job_doc_with_round(doc: dict[str, Any]) -> dict[str, Any]:
+    """A stored job record in today's form: one written with the round's fields beside the
+    job's gets them gathered under `current`."""
+    if not isinstance(doc, dict) or "current" in doc:
+        return doc
+    flat = dict(doc)
+    flat["current"] = {new: flat.pop(old) for old, new in ROUND_FIELDS_BEFORE.items() if old in doc}
+    return flat
 
 
 @dataclass
@@ -304,26 +358,13 @@ class _Job:
     join_deadline: float
     attempt: int = 0
     round: int = 0
-    members: list[_Member] = field(default_factory=list)
+    """The number of the round formed last (0: none yet)."""
+    current: _Round = field(default_factory=_Round)
+    """That round's state; an empty one before the first round and once a round was dropped."""
     last_call_deadline: float | None = None
-    port_deadline: float | None = None
-    start_deadline: float | None = None
-    """Set by the assignment; cleared when every worker of the round reported started."""
-    master_port: int = 0
-    stop_kind: _StopKind | None = None
-    stop_reason: str = ""
-    away_at_failure: tuple[str, ...] = ()
-    """Members of the round whose node had no session (a coordinator that took over and has not
-    heard from it yet) when the failure that stops the round came: should one of them turn out
-    lost, the failure followed its loss and the round re-forms without spending a restart."""
-    stop_deadline: float | None = None
-    barrier_deadline: float | None = None
     not_before: float = 0.0
     port_failures: int = 0
-    failures: dict[int, ProcessFailure] = field(default_factory=dict)
-    return_values: dict[int, bytes] = field(default_factory=dict)
     attempts: list[AttemptSummary] = field(default_factory=list)
-    round_started_at: float = 0.0
     finished_at: float = 0.0
     result: RunResult | None = None
     events: list[JobEvent] = field(default_factory=list)
@@ -335,8 +376,12 @@ class _Job:
     def member(self, node: str) -> _Member | None:
         # Indexed: every node message looks its member up, and a round may have 10,000 of them.
         cached = self.__dict__.get("_member_index")
-        if cached is None or cached[0] is not self.members or len(cached[1]) != len(self.members):
-            cached = (self.members, {m.node: m for m in self.members})
+        if (
+            cached is None
+            or cached[0] is not self.current.members
+            or len(cached[1]) != len(self.current.members)
+        ):
+            cached = (self.current.members, {m.node: m for m in self.current.members})
             self.__dict__["_member_index"] = cached
         found: _Member | None = cached[1].get(node)
         return found
@@ -344,32 +389,35 @@ class _Job:
     def unstarted(self) -> int:
         """Workers of the current round not started yet (kept as a count: asked on every start)."""
         cached = self.__dict__.get("_unstarted")
-        if cached is None or cached[0] is not self.members:
+        if cached is None or cached[0] is not self.current.members:
             n = sum(
-                1 for m in self.members for w in m.workers.values() if w.phase == _WorkerPhase.INIT
+                1
+                for m in self.current.members
+                for w in m.workers.values()
+                if w.phase == _WorkerPhase.INIT
             )
-            cached = [self.members, n]
+            cached = [self.current.members, n]
             self.__dict__["_unstarted"] = cached
         return int(cached[1])
 
     def pending_count(self) -> int:
         """Members not done yet (a count kept up to date: asked whenever a node finishes)."""
         cached = self.__dict__.get("_pending")
-        if cached is None or cached[0] is not self.members:
-            cached = [self.members, sum(1 for m in self.members if not m.done)]
+        if cached is None or cached[0] is not self.current.members:
+            cached = [self.current.members, sum(1 for m in self.current.members if not m.done)]
             self.__dict__["_pending"] = cached
         return int(cached[1])
 
     def note_done(self) -> None:
         cached = self.__dict__.get("_pending")
-        if cached is not None and cached[0] is self.members:
+        if cached is not None and cached[0] is self.current.members:
             cached[1] -= 1
 
     def set_phase(self, w: _Worker, phase: _WorkerPhase) -> None:
         if w.phase == phase:
             return
         cached = self.__dict__.get("_unstarted")
-        if cached is not None and cached[0] is self.members:
+        if cached is not None and cached[0] is self.current.members:
             if w.phase == _WorkerPhase.INIT:
                 cached[1] -= 1
             elif phase == _WorkerPhase.INIT:

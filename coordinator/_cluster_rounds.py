@@ -26,6 +26,7 @@ from coordinator._cluster_records import (
     _Job,
     _Member,
     _Node,
+    _Round,
     _StopKind,
     _Worker,
     _WorkerPhase,
@@ -75,8 +76,8 @@ class _Rounds(_Exits):
                     continue
             if len(waiting) == 1 and self._cannot_change_yet(job, now, tick):
                 continue
-            if self._assigned(job) or job.port_deadline is not None:
-                claimed.update(m.node for m in job.members)
+            if self._assigned(job) or job.current.port_deadline is not None:
+                claimed.update(m.node for m in job.current.members)
                 continue
             if now < job.not_before:
                 self._set_reason(job, f"next round in {job.not_before - now:.1f} s (backoff)", now)
@@ -207,7 +208,7 @@ class _Rounds(_Exits):
         round (yet), skip the O(nodes) placement. Deadlines are checked on ticks.
         """
         spec, live = job.spec, self._n_live
-        if job.port_deadline is not None or self._assigned(job) or now < job.not_before:
+        if job.current.port_deadline is not None or self._assigned(job) or now < job.not_before:
             return False
         if job.last_call_deadline is None:
             if live < spec.min_nodes and now < job.join_deadline:
@@ -225,22 +226,26 @@ class _Rounds(_Exits):
         for job in self._active_jobs():
             if job.state != JobState.RUNNING or job.spec.scale_up != "restart":
                 continue
-            if len(job.members) >= job.spec.max_nodes or any(m.done for m in job.members):
+            if len(job.current.members) >= job.spec.max_nodes or any(
+                m.done for m in job.current.members
+            ):
                 continue
             if not self._all_started(job):
                 continue
             extra = [n for n in self._candidates(job) if n.name not in claimed]
             if job.spec.roles:
-                extra = _growth(job.spec, [m.ranks.role for m in job.members], extra)
+                extra = _growth(job.spec, [m.ranks.role for m in job.current.members], extra)
             if extra:
                 self._begin_stop(
                     job,
                     _StopKind.MEMBERSHIP,
-                    f"node {extra[0].name} joined; re-forming to grow from {len(job.members)} "
+                    f"node {extra[0].name} joined; re-forming to grow from {len(job.current.members)} "
                     f"nodes (max_nodes={job.spec.max_nodes})",
                     now,
                 )
-                claimed.update(n.name for n in extra[: job.spec.max_nodes - len(job.members)])
+                claimed.update(
+                    n.name for n in extra[: job.spec.max_nodes - len(job.current.members)]
+                )
 
     def _candidates(self, job: _Job) -> list[_Node]:
         need = _smallest_group(job.spec)
@@ -283,45 +288,38 @@ class _Rounds(_Exits):
         ordered = [n for n, _ in in_order]
         ranks = assign_worker_ranks([r for _, r in in_order])
         job.round += 1
-        job.members = []
+        # A new round, whole: nothing of the one before (its failures, stop, deadlines) carries.
+        job.current = _Round(started_at=now)
         for node, gr in zip(ordered, ranks, strict=True):
             workers = {
                 lr: _Worker(local_rank=lr, global_rank=gr.global_rank(lr))
                 for lr in range(gr.local_world_size)
             }
             gpus = tuple(node.free_gpus()[: gr.local_world_size]) if node.gpus else ()
-            job.members.append(_Member(node.name, node.addr, gr.group_rank, gr, workers, gpus=gpus))
+            member = _Member(node.name, node.addr, gr.group_rank, gr, workers, gpus=gpus)
+            job.current.members.append(member)
             node.jobs[job.job_id] = gr.local_world_size
             if gpus:
                 node.gpu_jobs[job.job_id] = list(gpus)
         job.last_call_deadline = None
-        job.failures = {}
-        job.return_values = {}
-        job.stop_kind = None
-        job.stop_reason = ""
-        job.away_at_failure = ()
-        job.barrier_deadline = None
-        job.start_deadline = None
-        job.master_port = 0
-        job.round_started_at = now
         if job.state == JobState.QUEUED:
             self._transition(job, JobState.RENDEZVOUS, now)
         if not spec.master_port:
-            job.port_deadline = now + PORT_TIMEOUT_S
+            job.current.port_deadline = now + PORT_TIMEOUT_S
             self._effects.append(RequestPort(ordered[0].name, job.job_id, job.round))
         self._event(
             job,
             now,
             "round_formed",
             f"round {job.round} formed with {_count(len(ordered), 'node')} "
-            f"({_named(f'{m.node}=group {m.group_rank}' for m in job.members[: MAX_NODES_NAMED + 1])}"
-            f"{_more(len(job.members))}); world size {ranks[0].world_size}"
+            f"({_named(f'{m.node}=group {m.group_rank}' for m in job.current.members[: MAX_NODES_NAMED + 1])}"
+            f"{_more(len(job.current.members))}); world size {ranks[0].world_size}"
             + (f"; {why}" if why else ""),
         )
         if spec.master_port:
             # A fixed port: nothing to reserve; the store host (or worker RANK 0) binds it, and
             # fails the round naming it if it is taken.
-            job.master_port = spec.master_port
+            job.current.master_port = spec.master_port
             self._assign(job, now)
         else:
             # What the job waits for now; the reason of the wait before ("queued", "last call
@@ -335,8 +333,8 @@ class _Rounds(_Exits):
         self._changed(job)
 
     def _assign(self, job: _Job, now: float) -> None:
-        master = job.members[0]
-        for m in job.members:
+        master = job.current.members[0]
+        for m in job.current.members:
             node = self._nodes.get(m.node)
             uuids = {g.index: g.uuid for g in node.gpus} if node is not None else {}
             workers = tuple(
@@ -359,9 +357,9 @@ class _Rounds(_Exits):
                         attempt=job.attempt,
                         spec=job.spec,
                         group_rank=m.group_rank,
-                        group_world_size=len(job.members),
+                        group_world_size=len(job.current.members),
                         master_addr=job.spec.master_addr or master.addr,
-                        master_port=job.master_port,
+                        master_port=job.current.master_port,
                         workers=workers,
                         run_id=job.job_id,
                         gpus=m.gpus,
@@ -369,7 +367,7 @@ class _Rounds(_Exits):
                     ),
                 )
             )
-        job.start_deadline = now + self.config.start_timeout
+        job.current.start_deadline = now + self.config.start_timeout
         self._transition(job, JobState.RUNNING, now)
         self._set_reason(
             job, f"attempt {job.attempt} starting: {_count(self._worker_count(job), 'worker')}", now
@@ -385,11 +383,11 @@ class _Rounds(_Exits):
         One stop for the whole round, so however many ranks or nodes were late it spends one
         restart, exactly as one failed rank does; the deadline is cleared so it fires once.
         """
-        job.start_deadline = None
+        job.current.start_deadline = None
         timeout = self.config.start_timeout
         late_nodes: list[str] = []
         late_ranks = 0
-        for m in job.members:
+        for m in job.current.members:
             late = [w for w in m.workers.values() if w.phase == _WorkerPhase.INIT]
             if not late:
                 continue
@@ -397,7 +395,7 @@ class _Rounds(_Exits):
             late_ranks += len(late)
             for w in late:
                 job.set_phase(w, _WorkerPhase.FAILED)
-                job.failures[w.global_rank] = _stamp(
+                job.current.failures[w.global_rank] = _stamp(
                     ProcessFailure(
                         global_rank=w.global_rank,
                         local_rank=w.local_rank,

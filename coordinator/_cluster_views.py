@@ -23,6 +23,7 @@ from coordinator._cluster_records import (
     Effect,
     _Job,
     _Node,
+    job_doc_with_round,
 )
 from coordinator._cluster_words import (
     _node_state,
@@ -52,7 +53,7 @@ class _Views(_Nodes):
     def job_status(self, job_id: str) -> JobStatus:
         job = self._job(job_id)
         workers: list[WorkerStatus] = []
-        for m in job.members:
+        for m in job.current.members:
             node = self._nodes.get(m.node) if m.gpus else None
             for w in m.workers.values():
                 workers.append(
@@ -94,12 +95,12 @@ class _Views(_Nodes):
                     role=m.ranks.role,
                     group_state=m.group_state,
                 )
-                for m in job.members
+                for m in job.current.members
             ),
             workers=tuple(workers),
-            nodes_joined=len(job.members) if job.members else self._free_count(job),
+            nodes_joined=len(job.current.members) if job.current.members else self._free_count(job),
             last_call_deadline=job.last_call_deadline or 0.0,
-            world_size=sum(m.ranks.local_world_size for m in job.members),
+            world_size=sum(m.ranks.local_world_size for m in job.current.members),
             submitted_at=job.submitted_at,
             finished_at=job.finished_at,
         )
@@ -142,7 +143,7 @@ class _Views(_Nodes):
         """(node, attempt) that holds the logs of `rank`; the latest round when attempt is None."""
         job = self._job(job_id)
         if attempt is None or attempt == job.attempt:
-            for m in job.members:
+            for m in job.current.members:
                 for w in m.workers.values():
                     if w.global_rank == rank:
                         return m.node, job.attempt
@@ -173,14 +174,14 @@ class _Views(_Nodes):
     def round_progress(self, job_id: str) -> tuple[JobState, int, bool]:
         """(state, round, every worker of the round started) in O(1): asked on every start."""
         job = self._job(job_id)
-        return job.state, job.round, bool(job.members) and job.unstarted() == 0
+        return job.state, job.round, bool(job.current.members) and job.unstarted() == 0
 
     def failure(self, job_id: str, rank: int, round_: int) -> ProcessFailure | None:
         """The failure of `rank` in `round_`, while its attempt runs or after it ended."""
         job = self._jobs.get(job_id)
         if job is None:
             return None
-        found = job.failures.get(rank)
+        found = job.current.failures.get(rank)
         if found is not None and found.round == round_:
             return found
         for summary in reversed(job.attempts):
@@ -228,7 +229,7 @@ class _Views(_Nodes):
             self._n_live += 1 if n.live else 0
         for i, d in enumerate(jobs):
             try:
-                job = decode(_Job, d)
+                job = decode(_Job, job_doc_with_round(d))
             except Exception as exc:
                 self.bad_records.append(("jobs", i, f"{type(exc).__name__}: {exc}"))
                 continue
@@ -253,14 +254,14 @@ class _Views(_Nodes):
         for job in self._jobs.values():
             if job.state.is_terminal():
                 continue
-            if job.port_deadline is not None:
+            if job.current.port_deadline is not None:
                 # The assignment may have gone out just before the crash: give the members the
                 # reconnect grace to report the round (then it is adopted), else form it again.
-                job.port_deadline = now + reconnect_grace
-            if job.start_deadline is not None:
+                job.current.port_deadline = now + reconnect_grace
+            if job.current.start_deadline is not None:
                 # Starts reported while the coordinator was away come with the reconnect.
-                job.start_deadline = max(job.start_deadline, now + reconnect_grace)
-            for m in job.members:
+                job.current.start_deadline = max(job.current.start_deadline, now + reconnect_grace)
+            for m in job.current.members:
                 node = self._nodes.get(m.node)
                 if node is None or m.released or m.lost:
                     continue

@@ -74,7 +74,7 @@ async def test_forged_and_oversized_notices_are_fenced_and_clipped(
         # The stale round's notice is answered with a stop of that round: all three were read.
         assert (await a.expect("stop")).stop.round == aa.round + 7
         assert svc.cluster.job_state(job.job_id) == JobState.RUNNING
-        assert svc.cluster._jobs[job.job_id].failures == {}
+        assert svc.cluster._jobs[job.job_id].current.failures == {}
         assert all(e.kind != "worker_failed" for e in svc.cluster.job_events(job.job_id))
         # The real notice, with a text far over the bound, repeated: one failure, clipped.
         for _ in range(50):
@@ -87,7 +87,7 @@ async def test_forged_and_oversized_notices_are_fenced_and_clipped(
             WAIT_S,
             what="the job to fail",
         )
-        failures = svc.cluster._jobs[job.job_id].failures
+        failures = svc.cluster._jobs[job.job_id].current.failures
         assert list(failures) == [1]
         assert len(failures[1].message) <= MAX_FAILURE_TEXT + 100
         kinds = [e.kind for e in svc.cluster.job_events(job.job_id)]

@@ -1364,7 +1364,7 @@ class ClusterHistories(RuleBasedStateMachine):
             state = self.d.cluster.job_state(j)
             assert state != JobState.STOPPING, (j, self.d.reason(j))
             if state == JobState.RENDEZVOUS:
-                assert self.d.cluster._jobs[j].port_deadline is None, (j, self.d.reason(j))
+                assert self.d.cluster._jobs[j].current.port_deadline is None, (j, self.d.reason(j))
 
     @invariant()
     def slots_are_never_over_committed(self) -> None:
@@ -1393,11 +1393,13 @@ class ClusterHistories(RuleBasedStateMachine):
     def a_running_round_is_whole(self) -> None:
         for job in self.d.cluster._jobs.values():
             if job.state == JobState.RUNNING:
-                assert all(not m.lost or m.done for m in job.members), job.job_id
-                ranks = sorted(w.global_rank for m in job.members for w in m.workers.values())
+                assert all(not m.lost or m.done for m in job.current.members), job.job_id
+                ranks = sorted(
+                    w.global_rank for m in job.current.members for w in m.workers.values()
+                )
                 assert ranks == list(range(len(ranks)))
             if job.state == JobState.STOPPING:
-                assert job.stop_kind is not None and job.stop_deadline is not None
+                assert job.current.stop_kind is not None and job.current.stop_deadline is not None
 
 
 # A short run here; GELASTIC_HISTORIES=15000 explores far more. Longer runs of this kind of
@@ -1454,6 +1456,35 @@ def test_a_stop_lost_with_a_coordinator_crash_is_sent_again_on_reconnect() -> No
     inc0 = d.nodes["n0"].incarnation
     out = c.node_connected("n0", "10.0.0.1", 1, inc0, d.now + 2, [stopped])
     assert not [e for e in of_type(out, StopRound) if e.node == "n0"]
+
+
+def test_a_job_record_written_with_the_rounds_fields_flat_restores_its_round() -> None:
+    import json
+
+    from coordinator._cluster import Cluster
+    from coordinator._cluster_records import ROUND_FIELDS_BEFORE
+    from coordinator._codec import encode
+
+    d = running_job(nodes=2, nproc=1, max_restarts=1)
+    d.exit("n0", 0, exitcode=1)
+    assert d.state("j") == JobState.STOPPING
+    today = json.loads(json.dumps(d.cluster.dump_job("j")))
+    # The form records had before a round was a record of its own: its fields beside the job's.
+    flat = {k: v for k, v in today.items() if k != "current"}
+    flat.update({old: today["current"][new] for old, new in ROUND_FIELDS_BEFORE.items()})
+    nodes = [json.loads(json.dumps(x)) for x in d.cluster.dump_nodes()]
+    events = [encode(e) for e in d.cluster.job_events("j")]
+    restored = []
+    for doc in (today, flat):
+        c = Cluster(d.cluster.config)
+        c.restore([doc], events, nodes, d.now + 1, reconnect_grace=15.0)
+        assert c.bad_records == []
+        restored.append(c.dump_job("j"))
+    assert restored[0] == restored[1]
+    current = restored[1]["current"]
+    assert sorted(m["node"] for m in current["members"]) == ["n0", "n1"]
+    assert current["stop_kind"] == "failure" and current["stop_deadline"] is not None
+    assert [k for k, _ in current["failures"]["__map__"]] == [0]
 
 
 # ---- INFRA: a node or an agent that went away -----------------------------------------------
@@ -1578,7 +1609,7 @@ def test_failures_while_a_member_is_away_after_a_takeover_re_form_when_it_is_los
     d.advance(20)
     d.settle()
     assert (d.state("j"), d.attempt("j")) == (JobState.RUNNING, 0), d.reason("j")
-    assert sorted(m.node for m in c._jobs["j"].members) == ["n0", "n1"]
+    assert sorted(m.node for m in c._jobs["j"].current.members) == ["n0", "n1"]
     (first, *_) = c.job_attempts("j")
     assert "came after it went away" in first.end_reason, first
 
@@ -1606,7 +1637,7 @@ def test_wait_for_nodes_keeps_a_range_round_open_for_its_last_call() -> None:
     d.connect("n1", slots=1)
     d.settle()
     assert d.state("j") == JobState.RUNNING
-    assert sorted(m.node for m in d.cluster._jobs["j"].members) == ["n0", "n1"]
+    assert sorted(m.node for m in d.cluster._jobs["j"].current.members) == ["n0", "n1"]
 
 
 def _syntax_error(rank: int) -> ProcessFailure:
@@ -1655,7 +1686,7 @@ def test_restart_backoff_is_jittered_per_job_and_attempt() -> None:
 def test_a_node_whose_rounds_keep_failing_first_is_quarantined_and_the_job_goes_on() -> None:
     d = running_job(nodes=3, nproc=1, min_nodes=2, max_nodes=3, max_restarts=5)
     for attempt in range(3):
-        assert "n1" in [m.node for m in d.cluster._jobs["j"].members], attempt
+        assert "n1" in [m.node for m in d.cluster._jobs["j"].current.members], attempt
         d.exit("n1", 0, exitcode=1)
         d.settle()
     node = next(n for n in d.cluster.nodes() if n.name == "n1")
@@ -1663,7 +1694,7 @@ def test_a_node_whose_rounds_keep_failing_first_is_quarantined_and_the_job_goes_
     # Three restarts spent; after the third the node is quarantined and the next round runs on
     # the others.
     assert d.state("j") == JobState.RUNNING and d.attempt("j") == 3
-    assert sorted(m.node for m in d.cluster._jobs["j"].members) == ["n0", "n2"]
+    assert sorted(m.node for m in d.cluster._jobs["j"].current.members) == ["n0", "n2"]
     # Lifted by an operator: the count starts again.
     d.cluster.clear_quarantine("n1", d.now)
     assert d.cluster._nodes["n1"].failed_rounds == ()
