@@ -10,8 +10,9 @@ import asyncio
 import json
 
 from client.model import JobSpec, ProcessFailure
+from tests._helpers import wait_for
 
-from .test_workers import DEADLINE, PY, Harness, gone, h, poll_until
+from .test_workers import DEADLINE, PY, Harness, gone, h
 
 __all__ = ["h"]
 
@@ -119,7 +120,7 @@ async def test_without_a_failing_callback_nothing_is_watched(h: Harness) -> None
     g, exits = h.group(JobSpec(entrypoint=[PY, script], args=[str(go)]))
     await h.start(g)
     err = h.log_root / "job1" / "attempt_0" / "0" / "error.json"
-    assert await poll_until(err.exists, DEADLINE)
+    await wait_for(err.exists, DEADLINE, what="the error file")
     go.write_text("")
     (ex,) = await exits.wait(1)
     assert (

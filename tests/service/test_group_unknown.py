@@ -26,7 +26,8 @@ from nodeagent._process import ProcessHandle
 from nodeagent._workers import WorkerGroup
 from nodeagent.session import AgentConfig, NodeAgent, _Held
 from protos.gelastic.v1 import gelastic_pb2 as pb
-from tests.service.test_workers import Harness, gone, h, poll_until, wait_gone
+from tests._helpers import wait_for
+from tests.service.test_workers import Harness, gone, h, wait_gone
 
 __all__ = ["h"]
 
@@ -115,7 +116,11 @@ async def test_an_unsupervisable_group_is_killed_reported_unknown_and_restarted_
     # The fault is there on every attempt: the first restarts the job, the second fails it.
     job_id = await c.service.submit(_spec(tmp_path, max_restarts=1))
     cl = c.service.cluster
-    assert await poll_until(lambda: cl.job_state(job_id).is_terminal(), DEADLINE)
+    await wait_for(
+        lambda: cl.job_state(job_id).is_terminal(),
+        DEADLINE,
+        what="the job to end",
+    )
     assert cl.job_state(job_id) == JobState.FAILED
 
     # Every worker the agent started is gone: none runs unsupervised.
@@ -156,7 +161,11 @@ async def test_an_error_of_the_session_after_the_start_makes_the_group_unknown(
     monkeypatch.setattr(agent, "_fill_standbys", broken)
     job_id = await c.service.submit(_spec(tmp_path, max_restarts=0))
     cl = c.service.cluster
-    assert await poll_until(lambda: cl.job_state(job_id).is_terminal(), DEADLINE)
+    await wait_for(
+        lambda: cl.job_state(job_id).is_terminal(),
+        DEADLINE,
+        what="the job to end",
+    )
     assert len(spawned) == 2
     await wait_gone(spawned)
     (ev,) = [e for e in cl.job_events(job_id) if e.kind == "group_unknown"]
@@ -194,7 +203,11 @@ async def test_a_group_that_starts_healthy_shows_its_state_and_each_workers_rank
             for w in status.workers
         ] == [(0, "default", 0, 2, 2), (1, "default", 1, 2, 2)]
         # The agent's own word for it, in its heartbeats.
-        assert await poll_until(lambda: pb.GROUP_STATE_HEALTHY in beats, DEADLINE)
+        await wait_for(
+            lambda: pb.GROUP_STATE_HEALTHY in beats,
+            DEADLINE,
+            what="a heartbeat with a HEALTHY group",
+        )
         await asyncio.to_thread(job.cancel)
         status = await _status_until(job, lambda s: s.state.is_terminal())
         assert [m.group_state for m in status.members] == [WorkerState.STOPPED]
@@ -211,7 +224,11 @@ async def test_without_a_fault_nothing_is_unknown(
     script.write_text("print('ok')\n")
     job_id = await c.service.submit(JobSpec(entrypoint=[PY, str(script)], nproc_per_node=2))
     cl = c.service.cluster
-    assert await poll_until(lambda: cl.job_state(job_id).is_terminal(), DEADLINE)
+    await wait_for(
+        lambda: cl.job_state(job_id).is_terminal(),
+        DEADLINE,
+        what="the job to end",
+    )
     assert cl.job_state(job_id) == JobState.SUCCEEDED
     assert "group_unknown" not in [e.kind for e in cl.job_events(job_id)]
     assert [m.group_state for m in cl.job_status(job_id).members] == [WorkerState.SUCCEEDED]
@@ -233,7 +250,9 @@ async def test_workers_are_killed_even_when_the_unknown_cannot_be_reported(h: Ha
         )
         pids = await h.start(g)
         assert len(pids) == 2
-        assert await poll_until(lambda: g.state is WorkerState.UNKNOWN, DEADLINE)
+        await wait_for(
+            lambda: g.state is WorkerState.UNKNOWN, DEADLINE, what="the group to go UNKNOWN"
+        )
         await wait_gone(list(pids.values()))
     finally:
         _faults.configure("")
@@ -262,7 +281,7 @@ async def test_an_exit_that_cannot_be_reported_makes_the_group_unknown(h: Harnes
     )
     h.groups.append(g)
     pids = await h.start(g)
-    assert await poll_until(lambda: bool(reasons), DEADLINE)
+    await wait_for(lambda: bool(reasons), DEADLINE, what="a reason")
     assert reasons == ["the exit of rank 0 could not be reported: RuntimeError: outbox broken"], (
         reasons
     )
@@ -299,7 +318,7 @@ async def test_a_failed_heartbeat_task_ends_the_session_and_the_next_one_beats_a
 
     monkeypatch.setattr(agent.metrics, "observe", once_broken)
     # Not lost: the session ends with the reason, a new one starts, and it heartbeats again.
-    assert await poll_until(lambda: len(calls) >= 3, DEADLINE)
+    await wait_for(lambda: len(calls) >= 3, DEADLINE, what="three calls")
     text = caplog.text
     assert "agent task agent-heartbeats failed" in text and "metrics broken" in text
     assert "the heartbeats to the coordinator failed" in text

@@ -23,7 +23,8 @@ from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent._process import ProcessHandle
 from nodeagent._standby import can_serve
 from nodeagent.session import AgentConfig, NodeAgent
-from tests.service.test_workers import poll_until, wait_gone
+from tests._helpers import wait_for
+from tests.service.test_workers import wait_gone
 
 PY = sys.executable
 DEADLINE = 60.0
@@ -103,20 +104,28 @@ async def test_standbys_are_warmed_only_while_a_restart_can_use_them(
         )
 
     # Attempt 0 has a restart left: one standby per worker.
-    assert await poll_until(lambda: started_round(0), DEADLINE)
+    await wait_for(lambda: started_round(0), DEADLINE, what="round 0 to start")
     assert len(started) == 2
-    assert await poll_until(lambda: a._standbys.count(job_id) == 2, DEADLINE)
+    await wait_for(
+        lambda: a._standbys.count(job_id) == 2, DEADLINE, what="two standbys for the job"
+    )
     (out / "go-0").touch()
     # Attempt 1 runs on them; it warms new ones only if a restart is still left.
-    assert await poll_until(lambda: started_round(1), DEADLINE), cl.job_events(job_id)
+    await wait_for(lambda: started_round(1), DEADLINE, what="round 1 to start")
     assert len(started) == warmed, [p.pid for p in started]
     assert a._standbys.count(job_id) == warmed - 2
     (out / "go-1").touch()
-    assert await poll_until(lambda: cl.job_state(job_id).is_terminal(), DEADLINE)
+    await wait_for(
+        lambda: cl.job_state(job_id).is_terminal(),
+        DEADLINE,
+        what="the job to end",
+    )
     assert cl.job_state(job_id) == JobState.SUCCEEDED
     assert len(started) == warmed
     # The agent lets the spare ones go with the job (its release follows the coordinator's end).
-    assert await poll_until(lambda: a._standbys.count(job_id) == 0, DEADLINE)
+    await wait_for(
+        lambda: a._standbys.count(job_id) == 0, DEADLINE, what="the job's standbys to go"
+    )
 
 
 def _round(spec: JobSpec, *, attempt: int, nodes: int) -> RoundAssignment:

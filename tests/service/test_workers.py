@@ -15,7 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from client.results import verified_load
 from nodeagent._reaper import reap_previous, record_workers
 from nodeagent._sentinel import MARK_ENV
 from nodeagent._workers import WorkerExit, WorkerGroup
-from tests._helpers import free_port, gone
+from tests._helpers import free_port, gone, wait_for
 
 PY = sys.executable
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -35,20 +35,8 @@ DEADLINE = 30.0
 TORCH_DEADLINE = 90.0  # a first `import torch` can be slow on a busy machine
 
 
-async def poll_until(pred: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
-    """True as soon as pred() holds; False once `timeout` has passed."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(interval)
-    return True
-
-
 async def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
-    assert await poll_until(lambda: all(gone(p) for p in pids), timeout), [
-        p for p in pids if not gone(p)
-    ]
+    await wait_for(lambda: all(gone(p) for p in pids), timeout, what=f"pids {pids} to be gone")
 
 
 class Exits:
@@ -575,7 +563,7 @@ async def test_a_worker_killed_by_another_while_the_stop_waits_is_a_failure(h: H
     await console.wait_for("ready")
     stopping = asyncio.ensure_future(g.stop(30.0))
     handle = g._workers[0].handle
-    assert await poll_until(lambda: signal.SIGTERM in handle.signals_sent, DEADLINE)
+    await wait_for(lambda: signal.SIGTERM in handle.signals_sent, DEADLINE, what="the SIGTERM")
     os.kill(pids[0], signal.SIGKILL)
     assert await asyncio.wait_for(stopping, DEADLINE) == []
     (ex,) = exits.items
@@ -784,7 +772,7 @@ async def test_health_samples(h: Harness) -> None:
     pids = await h.start(g)
     await console.wait_for("up")
 
-    assert await poll_until(lambda: bool(g.samples()), DEADLINE)
+    await wait_for(lambda: bool(g.samples()), DEADLINE, what="a health sample")
     (s,) = g.samples()
     assert (s.local_rank, s.global_rank, s.pid) == (0, 0, pids[0])
     assert s.rss_bytes > 0 and s.status in ("sleeping", "running")
