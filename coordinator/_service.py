@@ -1,4 +1,5 @@
-"""The coordinator's gRPC side: thin servicers around the `Cluster` state machine.
+"""The coordinator's gRPC side: the service around the `Cluster` state machine, and the node
+sessions' servicer; the client RPCs' servicer is coordinator._rpc's.
 
 Everything runs on one asyncio loop, so the state machine is called one event at a time without
 locks. Servicers translate protobuf to domain calls and carry out the effects the state machine
@@ -16,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
@@ -25,7 +26,6 @@ from client.model import (
     JobSpec,
     SpecError,
     is_host,
-    is_job_id,
     is_name,
 )
 from client.node_codec import MessageError, decode_node, encode_coordinator
@@ -44,12 +44,8 @@ from client.node_protocol import (
 )
 from client.spec_diff import spec_differences
 from client.wire import (
-    attempt_to_pb,
     check_spec_size,
-    event_to_pb,
     job_to_pb,
-    node_to_pb,
-    spec_from_pb,
 )
 from coordinator import _faults as faults
 from coordinator._auth import RefusalLog, cert_node_name_refusal
@@ -65,14 +61,17 @@ from coordinator._cluster import (
     JobChanged,
     JobNotFound,
     NodeChanged,
-    NodeIsLive,
     NodeNameInUse,
     ReleaseRound,
     RequestPort,
     StopRound,
 )
 from coordinator._codec import encode
-from coordinator._errors import RequestError, status_for
+from coordinator._errors import RequestError
+from coordinator._job_messages import _bounded_job
+from coordinator._rpc import ATTEMPTS_PAGE_MAX as ATTEMPTS_PAGE_MAX
+from coordinator._rpc import _abort_for, _CoordinatorServicer
+from coordinator._rpc import _attempt_page as _attempt_page
 from coordinator._store import StateStore, StoreFenced, StoreUnavailable
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -87,7 +86,6 @@ OUTBOX_LIMIT = 10_000
 FLUSH_INTERVAL_S = 0.05
 RECONNECT_GRACE_S = 15.0
 HELLO_TIMEOUT_S = 10.0
-WATCH_KEEPALIVE_S = 5.0
 EVENT_SEQ_KEY = "event_seq_reserved"
 EVENT_SEQ_BLOCK = 10_000
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -96,21 +94,6 @@ MAX_NODE_MESSAGE_BYTES = 16 * 1024 * 1024
 limit (coordinator/server.py, nodeagent/session.py). A bigger one fails the whole stream."""
 WRITE_WAIT_S = 30.0
 """How long a reader waits for the state it would see to be on disk."""
-RESULT_CHUNK_BYTES = 1024 * 1024
-"""Largest piece of a return value in one GetResult message."""
-JOB_MESSAGE_BYTES = 4 * 1024 * 1024
-"""About the most one job's GetJob/WatchJob/CancelJob message holds; see `_bounded_job`."""
-FAILURES_KEPT_IN_JOB = 1000
-"""Failures a job message lists when it must be shortened (root cause first, then earliest)."""
-SHORT_TEXT = 1024
-EVENTS_PAGE_MAX = 1000
-"""Most events in one GetEvents response or WatchJob update."""
-EVENTS_PAGE_BYTES = 1024 * 1024
-"""About the most event bytes in one GetEvents response or WatchJob update."""
-ATTEMPTS_PAGE_MAX = 20
-"""Most attempts in one GetAttempts response."""
-ATTEMPTS_PAGE_BYTES = 1024 * 1024
-"""About the most attempt bytes in one GetAttempts response (one attempt always goes)."""
 LOG_WINDOW_CHUNKS = 16
 """Log chunks an agent may send for one request before the coordinator grants more (each chunk
 at most LOG_CHUNK_MAX_BYTES): what one log stream can hold in the coordinator's memory."""
@@ -865,226 +848,6 @@ def _command(eff: RequestPort | AssignRound | StopRound | ReleaseRound) -> Coord
     return Release(eff.job_id, eff.round)
 
 
-async def _abort_for(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
-    mapped = status_for(exc)
-    if mapped is None:
-        logger.exception("internal error", exc_info=exc)
-        await context.abort(
-            grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
-        )
-    else:
-        await context.abort(*mapped)
-
-
-class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
-    def __init__(self, current: Callable[[], CoordinatorService]) -> None:
-        self._current = current
-
-    @property
-    def _svc(self) -> CoordinatorService:
-        return self._current()
-
-    async def Submit(
-        self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext
-    ) -> pb.SubmitResponse:
-        try:
-            if not request.HasField("spec"):
-                raise SpecError("spec", "missing")
-            spec = spec_from_pb(request.spec)
-            spec.validate()
-            job_id = await self._svc.submit(spec, request.request_id)
-            return pb.SubmitResponse(job_id=job_id)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
-
-    async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.Job:
-        try:
-            _check_job_ref(self._svc, request.job_id)
-            await self._svc.written([request.job_id])
-            return self._svc.job_message(request.job_id, with_spec=True)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
-
-    async def WatchJob(
-        self, request: pb.WatchJobRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.JobUpdate]:
-        try:
-            _check_job_ref(self._svc, request.job_id)
-            svc, job_id = self._svc, request.job_id
-            version = svc.job_version(job_id)
-            after = 0
-            while True:
-                await svc.written([job_id])
-                events, more = _event_page(svc.cluster.job_events(job_id, after))
-                if events:
-                    after = events[-1].seq
-                yield pb.JobUpdate(job=svc.job_message(job_id), events=events)
-                if more:
-                    continue  # the rest of a long timeline, a page per update
-                if svc.cluster.job_state(job_id).is_terminal():
-                    return
-                version = await svc.wait_changed(job_id, version, WATCH_KEEPALIVE_S)
-                if not svc.cluster.job_state(job_id).is_terminal():
-                    # A snapshot is O(ranks): coalesce bursts (10,000 starts) into a few updates.
-                    await asyncio.sleep(svc.watch_interval(job_id))
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
-
-    async def ListJobs(
-        self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ListJobsResponse:
-        c = self._svc.cluster
-        ids = [
-            j for j in c.job_ids() if request.include_finished or not c.job_state(j).is_terminal()
-        ]
-        try:
-            await self._svc.written(ids)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
-        # No await since the wait: what is read now of these jobs is on disk.
-        return pb.ListJobsResponse(
-            jobs=[_list_entry(self._svc.job_message(j)) for j in ids if c.has_job(j)]
-        )
-
-    async def ListNodes(
-        self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ListNodesResponse:
-        return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in self._svc.cluster.nodes()])
-
-    async def ForgetNode(
-        self, request: pb.ForgetNodeRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ForgetNodeResponse:
-        try:
-            if not is_name(request.name):
-                raise RequestError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"name: must be 1-128 of [A-Za-z0-9_.-], got {request.name[:200]!r}",
-                )
-            svc = self._svc
-            known = svc.cluster.dump_node(request.name) is not None
-            try:
-                effects = svc.cluster.forget_node(request.name, svc.now())
-            except NodeIsLive as exc:
-                raise RequestError(
-                    grpc.StatusCode.FAILED_PRECONDITION, f"{exc}: only a lost node can be forgotten"
-                ) from None
-            svc.apply(effects)
-            await svc.flush()
-            if known:
-                logger.info("node %s forgotten on request", request.name)
-            return pb.ForgetNodeResponse(forgotten=known)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
-
-    async def ClearQuarantine(
-        self, request: pb.ClearQuarantineRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ClearQuarantineResponse:
-        try:
-            if not is_name(request.name):
-                raise RequestError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"name: must be 1-128 of [A-Za-z0-9_.-], got {request.name[:200]!r}",
-                )
-            svc = self._svc
-            cleared, effects = svc.cluster.clear_quarantine(request.name, svc.now())
-            svc.apply(effects)
-            await svc.flush()
-            if cleared:
-                logger.info("node %s: quarantine cleared on request", request.name)
-            return pb.ClearQuarantineResponse(cleared=cleared)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
-
-    async def CancelJob(
-        self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext
-    ) -> pb.Job:
-        try:
-            _check_job_ref(self._svc, request.job_id)
-            self._svc.apply(self._svc.cluster.cancel(request.job_id, self._svc.now()))
-            await self._svc.flush()
-            await self._svc.written([request.job_id])
-            return self._svc.job_message(request.job_id)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
-
-    async def GetEvents(
-        self, request: pb.GetEventsRequest, context: grpc.aio.ServicerContext
-    ) -> pb.GetEventsResponse:
-        try:
-            _check_job_ref(self._svc, request.job_id)
-            await self._svc.written([request.job_id])
-            events, more = _event_page(
-                self._svc.cluster.job_events(request.job_id, request.after_seq)
-            )
-            return pb.GetEventsResponse(events=events, more=more)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
-
-    async def GetAttempts(
-        self, request: pb.GetAttemptsRequest, context: grpc.aio.ServicerContext
-    ) -> pb.GetAttemptsResponse:
-        try:
-            _check_job_ref(self._svc, request.job_id)
-            await self._svc.written([request.job_id])
-            attempts = self._svc.cluster.job_attempts(request.job_id)
-            page, more = _attempt_page(attempts[max(0, request.start) :])
-            return pb.GetAttemptsResponse(attempts=page, more=more)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
-
-    async def GetResult(
-        self, request: pb.GetResultRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ResultChunk]:
-        try:
-            _check_job_ref(self._svc, request.job_id)
-            await self._svc.written([request.job_id])
-            result = self._svc.cluster.job_result(request.job_id)
-            values = dict(result.return_values) if result is not None else {}
-            for rank in sorted(values):
-                data = values[rank]
-                if not isinstance(data, bytes):
-                    continue
-                for offset in range(0, max(len(data), 1), RESULT_CHUNK_BYTES):
-                    yield pb.ResultChunk(
-                        rank=rank,
-                        offset=offset,
-                        total=len(data),
-                        data=data[offset : offset + RESULT_CHUNK_BYTES],
-                    )
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
-
-    async def GetDashboard(
-        self, request: pb.GetDashboardRequest, context: grpc.aio.ServicerContext
-    ) -> pb.GetDashboardResponse:
-        where = self._svc.dashboard
-        if where is None:
-            return pb.GetDashboardResponse(serving=False)
-        scheme, host, port = where
-        return pb.GetDashboardResponse(serving=True, scheme=scheme, host=host, port=port)
-
-    async def ReadLogs(
-        self, request: pb.ReadLogsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.LogData]:
-        try:
-            _check_job_id(request.job_id)
-            async for data in self._svc.read_logs(request, _peer_host(context.peer())):
-                yield pb.LogData(data=data)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
-
-
 class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
     def __init__(self, current: Callable[[], CoordinatorService]) -> None:
         self._current = current
@@ -1200,98 +963,6 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
             session.close()
 
 
-def _list_entry(msg: pb.Job) -> pb.Job:
-    """A job as ListJobs shows it: its result reduced to state, reason and sizes."""
-    if msg.has_result:
-        r = msg.result
-        summary = pb.RunResult(
-            state=r.state,
-            reason=r.reason,
-            root_cause_rank=r.root_cause_rank,
-            return_value_sizes=r.return_value_sizes,
-        )
-        msg.result.CopyFrom(summary)
-    return msg
-
-
-def _shorten(f: pb.ProcessFailure) -> None:
-    f.traceback = ""
-    f.stderr_tail = ""
-    if len(f.message) > SHORT_TEXT:
-        f.message = f.message[:SHORT_TEXT] + " [...]"
-
-
-def _bounded_job(msg: pb.Job) -> pb.Job:
-    """`msg` cut down to about JOB_MESSAGE_BYTES when its failures make it bigger.
-
-    Each step keeps the most useful part: first the attempts' failures lose their tracebacks
-    and stderr tails, then the result's failures other than the root cause, then only the
-    first and the latest attempts stay, then only the root cause and the earliest failures.
-    """
-    if msg.ByteSize() <= JOB_MESSAGE_BYTES:
-        return msg
-    r = msg.result
-    for a in r.attempts:
-        for f in a.failures:
-            _shorten(f)
-    if msg.ByteSize() <= JOB_MESSAGE_BYTES:
-        return msg
-    for f in r.failures.values():
-        if not f.root_cause:
-            _shorten(f)
-    if msg.ByteSize() <= JOB_MESSAGE_BYTES:
-        return msg
-    if len(r.attempts) > 2:
-        kept = [
-            _copy(pb.AttemptSummary(), r.attempts[0]),
-            _copy(pb.AttemptSummary(), r.attempts[-1]),
-        ]
-        del r.attempts[:]
-        r.attempts.extend(kept)
-    if msg.ByteSize() <= JOB_MESSAGE_BYTES or len(r.failures) <= FAILURES_KEPT_IN_JOB:
-        return msg
-    order = sorted(r.failures.items(), key=lambda kv: (not kv[1].root_cause, kv[1].timestamp))
-    keep = {rank: _copy(pb.ProcessFailure(), f) for rank, f in order[:FAILURES_KEPT_IN_JOB]}
-    r.ClearField("failures")
-    for rank, f in keep.items():
-        r.failures[rank].CopyFrom(f)
-    return msg
-
-
-M = TypeVar("M", pb.AttemptSummary, pb.ProcessFailure)
-
-
-def _copy(into: M, source: M) -> M:
-    into.CopyFrom(source)
-    return into
-
-
-P = TypeVar("P", pb.Event, pb.AttemptSummary)
-
-
-def _page(
-    items: Sequence[Any], to_pb: Callable[[Any], P], most: int, most_bytes: int
-) -> tuple[list[P], bool]:
-    """The first items that fit one response (at least one), and whether more follow."""
-    page: list[P] = []
-    size = 0
-    for item in items:
-        msg = to_pb(item)
-        size += msg.ByteSize()
-        if page and (len(page) >= most or size > most_bytes):
-            return page, True
-        page.append(msg)
-    return page, False
-
-
-def _event_page(events: Sequence[Any]) -> tuple[list[pb.Event], bool]:
-    return _page(events, event_to_pb, EVENTS_PAGE_MAX, EVENTS_PAGE_BYTES)
-
-
-def _attempt_page(attempts: Sequence[Any]) -> tuple[list[pb.AttemptSummary], bool]:
-    return _page(attempts, attempt_to_pb, ATTEMPTS_PAGE_MAX, ATTEMPTS_PAGE_BYTES)
-
-
 def _assign_size_bound(a: RoundAssignment) -> int:
     """More than the encoded Assign can be, from lengths alone: measuring the message itself
     costs as much as encoding it, once per node of a round.
@@ -1337,27 +1008,3 @@ def _int(text: str) -> int:
 def _new_job_id(name: str) -> str:
     prefix = name[:40] if name else "job"
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def _check_job_ref(svc: CoordinatorService, job_id: str) -> None:
-    """Refuse a job id that names no job and is not one the coordinator would make.
-
-    The lookup comes first: a job the coordinator holds is always reachable (and cancellable)
-    by its own id, even one made before today's id rules (a name with a trailing newline once
-    made such ids), so no job is ever left running with no way to name it.
-    """
-    if not svc.cluster.has_job(job_id):
-        _check_job_id(job_id)
-
-
-def _check_job_id(job_id: str) -> None:
-    if not is_job_id(job_id):
-        raise RequestError(
-            grpc.StatusCode.INVALID_ARGUMENT, f"job_id: not a job id: {job_id[:80]!r}"
-        )
-
-
-def _peer_host(peer: str) -> str:
-    """The client's address without its port ("ipv4:10.0.0.5:41234" -> "ipv4:10.0.0.5")."""
-    host, sep, port = peer.rpartition(":")
-    return host if sep and port.isdigit() else peer

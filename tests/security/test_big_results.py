@@ -232,7 +232,7 @@ async def test_many_big_failures_leave_the_job_message_bounded(coordinator: Coor
 
 def test_attempts_come_a_bounded_page_at_a_time() -> None:
     from client.model import AttemptSummary, ProcessFailure
-    from coordinator._service import ATTEMPTS_PAGE_MAX, _attempt_page
+    from coordinator._rpc import ATTEMPTS_PAGE_MAX, _attempt_page
 
     small = [AttemptSummary(i, i + 1, ("node-0",), "restart") for i in range(45)]
     page, more = _attempt_page(small)
