@@ -9,8 +9,18 @@ client as the status `status_for` gives it; anything else is an internal error, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Coroutine,
+    Sequence,
+)
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -23,6 +33,10 @@ from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
+
+_S = TypeVar("_S")
+_Q = TypeVar("_Q")
+_R = TypeVar("_R")
 
 WATCH_KEEPALIVE_S = 5.0
 RESULT_CHUNK_BYTES = 1024 * 1024
@@ -76,6 +90,51 @@ async def _abort_for(context: grpc.aio.ServicerContext, exc: BaseException) -> N
         await context.abort(*mapped)
 
 
+async def _mapping_errors(context: grpc.aio.ServicerContext, work: Awaitable[_R]) -> _R:
+    """What `work` returns; what it raises also ends the call with its status (`_abort_for`)."""
+    try:
+        return await work
+    except Exception as exc:
+        await _abort_for(context, exc)
+        raise
+
+
+def _unary(
+    handler: Callable[[_S, _Q, grpc.aio.ServicerContext], Awaitable[_R]],
+) -> Callable[[_S, _Q, grpc.aio.ServicerContext], Coroutine[Any, Any, _R]]:
+    """A handler of one answer, each of its errors answered with its status."""
+
+    @functools.wraps(handler)
+    async def answer(self: _S, request: _Q, context: grpc.aio.ServicerContext) -> _R:
+        return await _mapping_errors(context, handler(self, request, context))
+
+    return answer
+
+
+def _streaming(
+    handler: Callable[[_S, _Q, grpc.aio.ServicerContext], AsyncGenerator[_R, None]],
+) -> Callable[[_S, _Q, grpc.aio.ServicerContext], AsyncGenerator[_R, None]]:
+    """A handler of a stream of answers, each of its errors answered with its status.
+
+    The handler's generator is closed with this one (a call that ends early closes it), so its
+    `finally` blocks run then, as they would were this try in the handler itself.
+    """
+
+    @functools.wraps(handler)
+    async def answers(
+        self: _S, request: _Q, context: grpc.aio.ServicerContext
+    ) -> AsyncGenerator[_R, None]:
+        try:
+            async with contextlib.aclosing(handler(self, request, context)) as items:
+                async for item in items:
+                    yield item
+        except Exception as exc:
+            await _abort_for(context, exc)
+            raise
+
+    return answers
+
+
 class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
     """The client RPCs, each on whichever service `current` returns at the call."""
 
@@ -86,54 +145,45 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def _svc(self) -> Service:
         return self._current()
 
+    @_unary
     async def Submit(
         self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext
     ) -> pb.SubmitResponse:
-        try:
-            if not request.HasField("spec"):
-                raise SpecError("spec", "missing")
-            spec = spec_from_pb(request.spec)
-            spec.validate()
-            job_id = await self._svc.submit(spec, request.request_id)
-            return pb.SubmitResponse(job_id=job_id)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
+        if not request.HasField("spec"):
+            raise SpecError("spec", "missing")
+        spec = spec_from_pb(request.spec)
+        spec.validate()
+        job_id = await self._svc.submit(spec, request.request_id)
+        return pb.SubmitResponse(job_id=job_id)
 
+    @_unary
     async def GetJob(self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext) -> pb.Job:
-        try:
-            _check_job_ref(self._svc, request.job_id)
-            await self._svc.written([request.job_id])
-            return self._svc.job_message(request.job_id, with_spec=True)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
+        _check_job_ref(self._svc, request.job_id)
+        await self._svc.written([request.job_id])
+        return self._svc.job_message(request.job_id, with_spec=True)
 
+    @_streaming
     async def WatchJob(
         self, request: pb.WatchJobRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.JobUpdate]:
-        try:
-            _check_job_ref(self._svc, request.job_id)
-            svc, job_id = self._svc, request.job_id
-            version = svc.job_version(job_id)
-            after = 0
-            while True:
-                await svc.written([job_id])
-                events, more = _event_page(svc.cluster.job_events(job_id, after))
-                if events:
-                    after = events[-1].seq
-                yield pb.JobUpdate(job=svc.job_message(job_id), events=events)
-                if more:
-                    continue  # the rest of a long timeline, a page per update
-                if svc.cluster.job_state(job_id).is_terminal():
-                    return
-                version = await svc.wait_changed(job_id, version, WATCH_KEEPALIVE_S)
-                if not svc.cluster.job_state(job_id).is_terminal():
-                    # A snapshot is O(ranks): coalesce bursts (10,000 starts) into a few updates.
-                    await asyncio.sleep(svc.watch_interval(job_id))
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
+    ) -> AsyncGenerator[pb.JobUpdate, None]:
+        _check_job_ref(self._svc, request.job_id)
+        svc, job_id = self._svc, request.job_id
+        version = svc.job_version(job_id)
+        after = 0
+        while True:
+            await svc.written([job_id])
+            events, more = _event_page(svc.cluster.job_events(job_id, after))
+            if events:
+                after = events[-1].seq
+            yield pb.JobUpdate(job=svc.job_message(job_id), events=events)
+            if more:
+                continue  # the rest of a long timeline, a page per update
+            if svc.cluster.job_state(job_id).is_terminal():
+                return
+            version = await svc.wait_changed(job_id, version, WATCH_KEEPALIVE_S)
+            if not svc.cluster.job_state(job_id).is_terminal():
+                # A snapshot is O(ranks): coalesce bursts (10,000 starts) into a few updates.
+                await asyncio.sleep(svc.watch_interval(job_id))
 
     async def ListJobs(
         self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
@@ -142,11 +192,9 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         ids = [
             j for j in c.job_ids() if request.include_finished or not c.job_state(j).is_terminal()
         ]
-        try:
-            await self._svc.written(ids)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
+        # The wait's error is answered with its status; the listing below raises only for a
+        # bug, which grpc answers as UNKNOWN.
+        await _mapping_errors(context, self._svc.written(ids))
         # No await since the wait: what is read now of these jobs is on disk.
         return pb.ListJobsResponse(
             jobs=[_list_entry(self._svc.job_message(j)) for j in ids if c.has_job(j)]
@@ -157,114 +205,94 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
     ) -> pb.ListNodesResponse:
         return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in self._svc.cluster.nodes()])
 
+    @_unary
     async def ForgetNode(
         self, request: pb.ForgetNodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.ForgetNodeResponse:
+        if not is_name(request.name):
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"name: must be 1-128 of [A-Za-z0-9_.-], got {request.name[:200]!r}",
+            )
+        svc = self._svc
+        known = svc.cluster.dump_node(request.name) is not None
         try:
-            if not is_name(request.name):
-                raise RequestError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"name: must be 1-128 of [A-Za-z0-9_.-], got {request.name[:200]!r}",
-                )
-            svc = self._svc
-            known = svc.cluster.dump_node(request.name) is not None
-            try:
-                effects = svc.cluster.forget_node(request.name, svc.now())
-            except NodeIsLive as exc:
-                raise RequestError(
-                    grpc.StatusCode.FAILED_PRECONDITION, f"{exc}: only a lost node can be forgotten"
-                ) from None
-            svc.apply(effects)
-            await svc.flush()
-            if known:
-                logger.info("node %s forgotten on request", request.name)
-            return pb.ForgetNodeResponse(forgotten=known)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
+            effects = svc.cluster.forget_node(request.name, svc.now())
+        except NodeIsLive as exc:
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"{exc}: only a lost node can be forgotten"
+            ) from None
+        svc.apply(effects)
+        await svc.flush()
+        if known:
+            logger.info("node %s forgotten on request", request.name)
+        return pb.ForgetNodeResponse(forgotten=known)
 
+    @_unary
     async def ClearQuarantine(
         self, request: pb.ClearQuarantineRequest, context: grpc.aio.ServicerContext
     ) -> pb.ClearQuarantineResponse:
-        try:
-            if not is_name(request.name):
-                raise RequestError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"name: must be 1-128 of [A-Za-z0-9_.-], got {request.name[:200]!r}",
-                )
-            svc = self._svc
-            cleared, effects = svc.cluster.clear_quarantine(request.name, svc.now())
-            svc.apply(effects)
-            await svc.flush()
-            if cleared:
-                logger.info("node %s: quarantine cleared on request", request.name)
-            return pb.ClearQuarantineResponse(cleared=cleared)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
+        if not is_name(request.name):
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"name: must be 1-128 of [A-Za-z0-9_.-], got {request.name[:200]!r}",
+            )
+        svc = self._svc
+        cleared, effects = svc.cluster.clear_quarantine(request.name, svc.now())
+        svc.apply(effects)
+        await svc.flush()
+        if cleared:
+            logger.info("node %s: quarantine cleared on request", request.name)
+        return pb.ClearQuarantineResponse(cleared=cleared)
 
+    @_unary
     async def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.Job:
-        try:
-            _check_job_ref(self._svc, request.job_id)
-            self._svc.apply(self._svc.cluster.cancel(request.job_id, self._svc.now()))
-            await self._svc.flush()
-            await self._svc.written([request.job_id])
-            return self._svc.job_message(request.job_id)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
+        _check_job_ref(self._svc, request.job_id)
+        self._svc.apply(self._svc.cluster.cancel(request.job_id, self._svc.now()))
+        await self._svc.flush()
+        await self._svc.written([request.job_id])
+        return self._svc.job_message(request.job_id)
 
+    @_unary
     async def GetEvents(
         self, request: pb.GetEventsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetEventsResponse:
-        try:
-            _check_job_ref(self._svc, request.job_id)
-            await self._svc.written([request.job_id])
-            events, more = _event_page(
-                self._svc.cluster.job_events(request.job_id, request.after_seq)
-            )
-            return pb.GetEventsResponse(events=events, more=more)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
+        _check_job_ref(self._svc, request.job_id)
+        await self._svc.written([request.job_id])
+        events, more = _event_page(self._svc.cluster.job_events(request.job_id, request.after_seq))
+        return pb.GetEventsResponse(events=events, more=more)
 
+    @_unary
     async def GetAttempts(
         self, request: pb.GetAttemptsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetAttemptsResponse:
-        try:
-            _check_job_ref(self._svc, request.job_id)
-            await self._svc.written([request.job_id])
-            attempts = self._svc.cluster.job_attempts(request.job_id)
-            page, more = _attempt_page(attempts[max(0, request.start) :])
-            return pb.GetAttemptsResponse(attempts=page, more=more)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
+        _check_job_ref(self._svc, request.job_id)
+        await self._svc.written([request.job_id])
+        attempts = self._svc.cluster.job_attempts(request.job_id)
+        page, more = _attempt_page(attempts[max(0, request.start) :])
+        return pb.GetAttemptsResponse(attempts=page, more=more)
 
+    @_streaming
     async def GetResult(
         self, request: pb.GetResultRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ResultChunk]:
-        try:
-            _check_job_ref(self._svc, request.job_id)
-            await self._svc.written([request.job_id])
-            result = self._svc.cluster.job_result(request.job_id)
-            values = dict(result.return_values) if result is not None else {}
-            for rank in sorted(values):
-                data = values[rank]
-                if not isinstance(data, bytes):
-                    continue
-                for offset in range(0, max(len(data), 1), RESULT_CHUNK_BYTES):
-                    yield pb.ResultChunk(
-                        rank=rank,
-                        offset=offset,
-                        total=len(data),
-                        data=data[offset : offset + RESULT_CHUNK_BYTES],
-                    )
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
+    ) -> AsyncGenerator[pb.ResultChunk, None]:
+        _check_job_ref(self._svc, request.job_id)
+        await self._svc.written([request.job_id])
+        result = self._svc.cluster.job_result(request.job_id)
+        values = dict(result.return_values) if result is not None else {}
+        for rank in sorted(values):
+            data = values[rank]
+            if not isinstance(data, bytes):
+                continue
+            for offset in range(0, max(len(data), 1), RESULT_CHUNK_BYTES):
+                yield pb.ResultChunk(
+                    rank=rank,
+                    offset=offset,
+                    total=len(data),
+                    data=data[offset : offset + RESULT_CHUNK_BYTES],
+                )
 
     async def GetDashboard(
         self, request: pb.GetDashboardRequest, context: grpc.aio.ServicerContext
@@ -275,16 +303,13 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         scheme, host, port = where
         return pb.GetDashboardResponse(serving=True, scheme=scheme, host=host, port=port)
 
+    @_streaming
     async def ReadLogs(
         self, request: pb.ReadLogsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.LogData]:
-        try:
-            _check_job_id(request.job_id)
-            async for data in self._svc.read_logs(request, _peer_host(context.peer())):
-                yield pb.LogData(data=data)
-        except Exception as exc:
-            await _abort_for(context, exc)
-            raise
+    ) -> AsyncGenerator[pb.LogData, None]:
+        _check_job_id(request.job_id)
+        async for data in self._svc.read_logs(request, _peer_host(context.peer())):
+            yield pb.LogData(data=data)
 
 
 def _list_entry(msg: pb.Job) -> pb.Job:
