@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import coordinator._service as service_module
+import coordinator._node_sessions as sessions_module
 from client import Client, JobSpec, JobState
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import MAX_STRING, FailureCategory
@@ -178,9 +178,9 @@ def test_the_cheap_size_bound_is_never_below_the_encoded_assignment(
         run_id="j" * 160,
     )
     svc = CoordinatorService()
-    session = service_module._Session("n1", "inc")
+    session = sessions_module._Session("n1", "inc")
     svc._sessions["n1"] = session
     svc._send(AssignRound("n1", assignment))
     msg = session.outbox.get_nowait()
     assert msg.WhichOneof("kind") == "assign"
-    assert service_module._assign_size_bound(assignment) >= msg.ByteSize()
+    assert sessions_module._assign_size_bound(assignment) >= msg.ByteSize()

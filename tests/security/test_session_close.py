@@ -16,7 +16,7 @@ import grpc
 import grpc.aio
 import pytest
 
-import coordinator._service as service_module
+import coordinator._node_sessions as sessions_module
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -36,7 +36,7 @@ def _big(i: int) -> pb.CoordinatorMessage:
 
 @pytest.fixture
 async def coordinator(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Coordinator]:
-    monkeypatch.setattr(service_module, "OUTBOX_LIMIT", 8)
+    monkeypatch.setattr(sessions_module, "OUTBOX_LIMIT", 8)
     async with Coordinator(CoordinatorConfig(state_dir=":memory:", port=0, lease=600.0)) as c:
         yield c
 
@@ -111,7 +111,7 @@ async def test_a_write_the_agent_never_reads_does_not_hold_a_closed_session(
         await wait_for(
             lambda: session.outbox.qsize() < 7, WAIT_S, what="the outbox to drain below 7"
         )
-        for i in range(7, 7 + service_module.OUTBOX_LIMIT + 1):
+        for i in range(7, 7 + sessions_module.OUTBOX_LIMIT + 1):
             session.send(_big(i))
         assert session.closed
         await wait_for(lambda: "n1" not in svc._sessions, WAIT_S, what="n1's session to close")

@@ -1,0 +1,269 @@
+"""The nodes' sessions: one gRPC stream per node agent, and what the coordinator sends on it.
+
+`_NodeSessionServicer.Session` takes a node's hello (`_check_hello` says what one may hold),
+opens its session on the service, and then writes the session's outbox to the stream while
+`_read` hands each message the node sends to the service; the session ends with either side.
+`_Session` is the outbox, bounded: an agent that stops reading loses its session rather than
+the coordinator its memory. `_command` is the message that carries an effect of the state
+machine to its node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import grpc
+
+from client.assignment import RoundAssignment
+from client.model import is_host, is_name
+from client.node_codec import MessageError, decode_node
+from client.node_protocol import Assign, CoordinatorMsg, Hello, Release, ReservePort, Stop
+from coordinator import _faults as faults
+from coordinator._auth import RefusalLog, cert_node_name_refusal
+from coordinator._cluster import (
+    AssignRound,
+    ClusterConfig,
+    JobNotFound,
+    NodeNameInUse,
+    ReleaseRound,
+    RequestPort,
+    StopRound,
+)
+from coordinator._errors import RequestError
+from coordinator._rpc import _abort_for
+from protos.gelastic.v1 import gelastic_pb2 as pb
+from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+MAX_SLOTS = 4096
+OUTBOX_LIMIT = 10_000
+HELLO_TIMEOUT_S = 10.0
+
+
+@dataclass
+class _Session:
+    """One node's session: the messages waiting for its stream, and whether it has ended."""
+
+    name: str
+    incarnation: str
+    outbox: asyncio.Queue[pb.CoordinatorMessage] = field(
+        default_factory=lambda: asyncio.Queue(OUTBOX_LIMIT)
+    )
+    closed: bool = False
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by close(). The stream loop waits on it beside every outbox get and every write: a
+    sentinel in the outbox cannot carry the close when the outbox is full (an agent that stopped
+    reading), and a write to such an agent never completes."""
+
+    def send(self, msg: pb.CoordinatorMessage) -> None:
+        if self.closed:
+            return
+        try:
+            self.outbox.put_nowait(msg)
+        except asyncio.QueueFull:
+            logger.error("node %s: outbox full; dropping the session", self.name)
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.ended.set()
+
+
+class NodeService(Protocol):
+    """What a node's session asks of the coordinator's service (`CoordinatorService`)."""
+
+    config: ClusterConfig
+    refusals: RefusalLog
+    require_cert_node_names: bool
+    epoch: int
+    may_send: Callable[[], bool]
+
+    @property
+    def reconnect_grace(self) -> float: ...
+
+    def open_session(self, hello: Hello) -> _Session: ...
+
+    def close_session(self, session: _Session) -> None: ...
+
+    def on_node_message(self, session: _Session, msg: pb.NodeMessage) -> None: ...
+
+
+class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
+    """The node agents' streams, each on whichever service `current` returns at its start."""
+
+    def __init__(self, current: Callable[[], NodeService]) -> None:
+        self._current = current
+
+    @property
+    def _svc(self) -> NodeService:
+        return self._current()
+
+    async def Session(
+        self, request_iterator: AsyncIterator[pb.NodeMessage], context: grpc.aio.ServicerContext
+    ) -> None:
+        svc = self._svc
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_S)
+        except (StopAsyncIteration, TimeoutError):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with hello")
+            return
+        if first.WhichOneof("kind") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with hello")
+            return
+        if svc.require_cert_node_names:
+            refusal = cert_node_name_refusal(first.hello.name, context.auth_context())
+            if refusal:
+                svc.refusals.refused(context.peer() or "?", "a node session", refusal)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
+                return
+        try:
+            hello = decode_node(first)
+            assert isinstance(hello, Hello)
+            session = svc.open_session(hello)
+        except MessageError as exc:
+            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
+        except NodeNameInUse as exc:
+            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
+            # How long a gone holder can keep the name: the agent retries that long, no longer.
+            held_ms = round(max(svc.config.lease, svc.reconnect_grace) * 1000)
+            await context.abort(
+                grpc.StatusCode.ALREADY_EXISTS,
+                str(exc),
+                trailing_metadata=(("gelastic-name-held-ms", str(held_ms)),),
+            )
+            return
+        except RequestError as exc:
+            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
+            await _abort_for(context, exc)
+            return
+        except Exception as exc:
+            await _abort_for(context, exc)
+            return
+        loop = asyncio.get_running_loop()
+        reader = loop.create_task(self._read(svc, session, request_iterator))
+        ended = loop.create_task(session.ended.wait())
+        # What the loop waits on besides `ended`; cancelled on the way out however it ends.
+        pending: asyncio.Task[Any] | None = None
+        try:
+            while not session.closed:
+                if session.outbox.empty():
+                    pending = get = loop.create_task(session.outbox.get())
+                    await asyncio.wait((get, ended), return_when=asyncio.FIRST_COMPLETED)
+                    if not get.done():
+                        break
+                    msg = get.result()
+                else:
+                    msg = session.outbox.get_nowait()
+                if session.closed:
+                    break
+                if not svc.may_send():
+                    session.close()  # no longer the leader: nothing more goes out
+                    break
+                msg.epoch = svc.epoch
+                # Written with context.write, not yielded: a write to an agent that does not
+                # read never completes, and a close must still end the call.
+                pending = write = loop.create_task(context.write(msg))
+                await asyncio.wait((write, ended), return_when=asyncio.FIRST_COMPLETED)
+                if not write.done():
+                    break
+                write.result()
+                faults.after_send(msg)
+        finally:
+            if pending is not None and not pending.done():
+                # A write may still fail once the call goes: nobody waits for its outcome.
+                pending.add_done_callback(_ignore_outcome)
+                pending.cancel()
+            ended.cancel()
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            svc.close_session(session)
+        # Returning ends the call with OK, as any close by the coordinator does. The status
+        # waits behind what is already written: it reaches an agent that reads again, and the
+        # call goes with the connection if it never does.
+
+    async def _read(
+        self, svc: NodeService, session: _Session, it: AsyncIterator[pb.NodeMessage]
+    ) -> None:
+        try:
+            async for msg in it:
+                if session.closed:
+                    return
+                try:
+                    svc.on_node_message(session, msg)
+                except RequestError as exc:
+                    logger.warning("node %s sent a bad message: %s", session.name, exc.message)
+                except JobNotFound as exc:
+                    logger.warning("node %s named an unknown job %s", session.name, exc)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        except Exception:
+            logger.exception("node %s session reader failed", session.name)
+        finally:
+            session.close()
+
+
+def _check_hello(hello: Hello) -> None:
+    """Refuse a hello whose name, slots, address or incarnation no session can take."""
+    if not is_name(hello.name):
+        raise RequestError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"hello.name: must be 1-128 of [A-Za-z0-9_.-], got {hello.name!r}",
+        )
+    if not 1 <= hello.slots <= MAX_SLOTS:
+        raise RequestError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"hello.slots: must be 1-{MAX_SLOTS}, got {hello.slots}",
+        )
+    # Shown in tables and given to workers as MASTER_ADDR: a host name or an IP, nothing else.
+    if not is_host(hello.addr):
+        raise RequestError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"hello.addr: must be a host name or an IP address, got {hello.addr[:256]!r}",
+        )
+    if not hello.incarnation or len(hello.incarnation) > 128:
+        raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello.incarnation: must be set")
+
+
+def _command(eff: RequestPort | AssignRound | StopRound | ReleaseRound) -> CoordinatorMsg:
+    """The message that carries an effect to its node."""
+    if isinstance(eff, RequestPort):
+        return ReservePort(eff.job_id, eff.round)
+    if isinstance(eff, AssignRound):
+        return Assign(eff.assignment)
+    if isinstance(eff, StopRound):
+        return Stop(eff.job_id, eff.round, eff.grace, eff.reason, eff.replaced)
+    return Release(eff.job_id, eff.round)
+
+
+def _assign_size_bound(a: RoundAssignment) -> int:
+    """More than the encoded Assign can be, from lengths alone: measuring the message itself
+    costs as much as encoding it, once per node of a round.
+
+    A character is at most 4 bytes, an item's tags and lengths at most 16, a worker's ranks 64.
+    """
+    spec = a.spec
+    items = [*spec.command, *([] if spec.function else [str(x) for x in spec.args])]
+    items += [spec.function, spec.name, spec.role, spec.cwd, spec.redirects, spec.tee]
+    items += [spec.scale_up, a.job_id, a.master_addr, a.run_id]
+    chars = sum(map(len, items)) + sum(len(k) + len(v) for k, v in spec.env.items())
+    count = len(items) + 2 * len(spec.env)
+    for r in spec.roles:
+        role_items = [r.name, *r.entrypoint, *r.args]
+        chars += sum(map(len, role_items)) + sum(len(k) + len(v) for k, v in r.env.items())
+        count += len(role_items) + 2 * len(r.env) + 8
+    return 4 * chars + 16 * count + len(spec.function_args) + 64 * len(a.workers) + 1024
+
+
+def _ignore_outcome(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
