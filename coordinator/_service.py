@@ -12,11 +12,9 @@ import asyncio
 import contextlib
 import logging
 import re
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -27,11 +25,8 @@ from client.model import (
 )
 from client.node_codec import MessageError, decode_node, encode_coordinator
 from client.node_protocol import (
-    CancelLogs,
     Hello,
     LogChunk,
-    LogCredit,
-    StartLogs,
     Welcome,
 )
 from client.spec_diff import spec_differences
@@ -59,6 +54,11 @@ from coordinator._cluster import (
 from coordinator._codec import encode
 from coordinator._errors import RequestError
 from coordinator._job_messages import _bounded_job
+from coordinator._log_relay import LOG_CHUNK_MAX_BYTES as LOG_CHUNK_MAX_BYTES
+from coordinator._log_relay import LOG_STREAMS_MAX as LOG_STREAMS_MAX
+from coordinator._log_relay import LOG_STREAMS_PER_CLIENT as LOG_STREAMS_PER_CLIENT
+from coordinator._log_relay import LOG_WINDOW_CHUNKS as LOG_WINDOW_CHUNKS
+from coordinator._log_relay import LogRelay
 from coordinator._node_sessions import OUTBOX_LIMIT as OUTBOX_LIMIT
 from coordinator._node_sessions import (
     _assign_size_bound,
@@ -89,33 +89,6 @@ MAX_NODE_MESSAGE_BYTES = 16 * 1024 * 1024
 limit (coordinator/server.py, nodeagent/session.py). A bigger one fails the whole stream."""
 WRITE_WAIT_S = 30.0
 """How long a reader waits for the state it would see to be on disk."""
-LOG_WINDOW_CHUNKS = 16
-"""Log chunks an agent may send for one request before the coordinator grants more (each chunk
-at most LOG_CHUNK_MAX_BYTES): what one log stream can hold in the coordinator's memory."""
-LOG_CHUNK_MAX_BYTES = 64 * 1024
-LOG_STREAMS_PER_CLIENT = 8
-"""Log streams one client (one peer address) may have open at once."""
-LOG_STREAMS_MAX = 64
-"""Log streams the coordinator relays at once, all clients together."""
-LOG_FIRST_WAIT_S = 30.0
-"""How long a read of a whole log waits for the next chunk from the node."""
-
-
-@dataclass
-class _LogStream:
-    """One ReadLogs call: the chunks the node sent for it and the room it still has."""
-
-    node: str
-    session: _Session
-    client: str
-    queue: asyncio.Queue[LogChunk] = field(
-        default_factory=lambda: asyncio.Queue(LOG_WINDOW_CHUNKS + 1)
-    )
-    window: int = LOG_WINDOW_CHUNKS
-    """Data chunks the node may still send before it is granted more."""
-    lost: str = ""
-    """Why data of this stream was dropped; the call then ends with DATA_LOSS."""
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class CoordinatorService:
@@ -184,9 +157,7 @@ class CoordinatorService:
                 self._job_versions[job_id] = 0
         self._sessions: dict[str, _Session] = {}
         self._changed = asyncio.Condition()
-        self._log_streams: dict[int, _LogStream] = {}
-        self.stray_log_chunks = 0
-        """Log chunks dropped because their node was not asked for that request."""
+        self.log_relay = LogRelay(self.cluster, self._sessions)
         self._tick_task: asyncio.Task[None] | None = None
         self.coordinator_id = uuid.uuid4().hex
         self.effect_observers: list[Callable[[list[Effect]], None]] = []  # e.g. metrics
@@ -653,143 +624,19 @@ class CoordinatorService:
                 grpc.StatusCode.FAILED_PRECONDITION, "hello sent twice on one session"
             )
         if isinstance(decoded, LogChunk):
-            self._on_log_chunk(session, decoded)
+            self.log_relay.on_chunk(session, decoded)
         self.apply(self.cluster.step(session.name, session.incarnation, decoded, self.now()))
 
     # ---- logs ------------------------------------------------------------------------------
 
-    def _on_log_chunk(self, session: _Session, chunk: LogChunk) -> None:
-        ls = self._log_streams.get(chunk.request_id)
-        if ls is None or ls.session is not session:
-            # Not a request this node was asked (another node's, or one that ended): dropped.
-            self.stray_log_chunks += 1
-            n = self.stray_log_chunks
-            if n <= 10 or n % 1000 == 0:
-                logger.warning(
-                    "node %s sent a log chunk for a request it was not asked; dropped (%d so far)",
-                    session.name,
-                    n,
-                )
-            return
-        if ls.lost:
-            return
-        size = len(chunk.data)
-        if size > LOG_CHUNK_MAX_BYTES:
-            ls.lost = (
-                f"node {ls.node} sent a log chunk of {size} bytes (at most {LOG_CHUNK_MAX_BYTES})"
-            )
-        elif (size and ls.window <= 0) or ls.queue.full():
-            ls.lost = f"node {ls.node} sent more log data than it was granted room for"
-        else:
-            if size:
-                ls.window -= 1
-            ls.queue.put_nowait(chunk)
-        if ls.lost:
-            logger.warning("log stream dropped data: %s", ls.lost)
-        ls.wake.set()
+    @property
+    def stray_log_chunks(self) -> int:
+        """Log chunks dropped because their node was not asked for that request."""
+        return self.log_relay.stray_chunks
 
-    async def read_logs(self, req: pb.ReadLogsRequest, client: str = "") -> AsyncIterator[bytes]:
-        """Relay one rank's log from the node that holds it, paced by what the client takes.
-
-        The node gets LOG_WINDOW_CHUNKS chunks of credit and more as the client consumes, so a
-        slow reader slows the node's reading of the file instead of losing data. Data that is
-        lost anyway ends the call with DATA_LOSS; a node that goes away ends it with UNAVAILABLE.
-        """
-        if req.stream not in ("stdout", "stderr"):
-            raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT, "stream: must be 'stdout' or 'stderr'"
-            )
-        attempt = None if req.attempt < 0 else req.attempt
-        where = self.cluster.log_location(req.job_id, req.rank, attempt)
-        if where is None:
-            raise RequestError(
-                grpc.StatusCode.NOT_FOUND,
-                f"no logs for rank {req.rank} of job {req.job_id}"
-                + (f" in attempt {attempt}" if attempt is not None else ""),
-            )
-        node, found_attempt = where
-        session = self._sessions.get(node)
-        if session is None or session.closed:
-            raise RequestError(
-                grpc.StatusCode.UNAVAILABLE,
-                f"node {node}, which holds these logs, is not connected",
-            )
-        if len(self._log_streams) >= LOG_STREAMS_MAX:
-            raise RequestError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"the coordinator already relays {LOG_STREAMS_MAX} log streams; try again later",
-            )
-        mine = sum(1 for ls in self._log_streams.values() if ls.client == client)
-        if mine >= LOG_STREAMS_PER_CLIENT:
-            raise RequestError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"at most {LOG_STREAMS_PER_CLIENT} log streams per client at once; "
-                "end one before starting another",
-            )
-        # Random, not sequential: a request id names nothing another node could guess.
-        request_id = secrets.randbits(63)
-        while request_id == 0 or request_id in self._log_streams:
-            request_id = secrets.randbits(63)
-        ls = _LogStream(node, session, client)
-        self._log_streams[request_id] = ls
-        gone = asyncio.get_running_loop().create_task(session.ended.wait())
-        gone.add_done_callback(lambda _t: ls.wake.set())
-        session.send(
-            encode_coordinator(
-                StartLogs(
-                    request_id,
-                    req.job_id,
-                    found_attempt,
-                    req.rank,
-                    req.stream,
-                    req.follow,
-                    credit_chunks=LOG_WINDOW_CHUNKS,
-                )
-            )
-        )
-        consumed = 0
-        try:
-            while True:
-                while ls.queue.empty():
-                    if ls.lost:
-                        raise RequestError(
-                            grpc.StatusCode.DATA_LOSS, f"{ls.lost}; the log is incomplete"
-                        )
-                    if session.closed:
-                        raise RequestError(
-                            grpc.StatusCode.UNAVAILABLE
-                            if req.follow
-                            else grpc.StatusCode.DATA_LOSS,
-                            f"node {node} disconnected before the end of the log"
-                            + ("" if req.follow else "; the log is incomplete"),
-                        )
-                    ls.wake.clear()
-                    try:
-                        async with asyncio.timeout(None if req.follow else LOG_FIRST_WAIT_S):
-                            await ls.wake.wait()
-                    except TimeoutError:
-                        raise RequestError(
-                            grpc.StatusCode.DEADLINE_EXCEEDED,
-                            f"node {node} did not send the logs",
-                        ) from None
-                chunk = ls.queue.get_nowait()
-                if chunk.error:
-                    raise RequestError(grpc.StatusCode.NOT_FOUND, chunk.error)
-                if chunk.data:
-                    yield chunk.data
-                    # The client took it: room for one more chunk, granted a few at a time.
-                    consumed += 1
-                    if consumed >= LOG_WINDOW_CHUNKS // 4 and not session.closed:
-                        ls.window += consumed
-                        session.send(encode_coordinator(LogCredit(request_id, consumed)))
-                        consumed = 0
-                if chunk.eof:
-                    return
-        finally:
-            gone.cancel()
-            del self._log_streams[request_id]
-            if not session.closed:
-                session.send(encode_coordinator(CancelLogs(request_id)))
+    def read_logs(self, req: pb.ReadLogsRequest, client: str = "") -> AsyncIterator[bytes]:
+        """Relay one rank's log from the node that holds it (see LogRelay.read_logs)."""
+        return self.log_relay.read_logs(req, client)
 
 
 def _always() -> bool:

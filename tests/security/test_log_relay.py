@@ -22,12 +22,13 @@ import grpc
 import grpc.aio
 import pytest
 
-import coordinator._service as service_module
+import coordinator._log_relay as relay_module
 import nodeagent.session as session_module
 from client import Client
 from client._client import GelasticError
 from client.cli import main as cli_main
 from client.model import JobSpec
+from coordinator._errors import RequestError
 from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent.session import AgentConfig, NodeAgent
 from protos.gelastic.v1 import gelastic_pb2 as pb
@@ -36,7 +37,7 @@ from tests._helpers import wait_for
 from tests.service._fakes import FakeNode
 
 WAIT_S = 30.0
-LOG_WINDOW = service_module.LOG_WINDOW_CHUNKS
+LOG_WINDOW = relay_module.LOG_WINDOW_CHUNKS
 LOG_BYTES = 3_072_000
 # Writes LOG_BYTES of a pattern that shows any lost or reordered kilobyte, then exits 0.
 WRITER = (
@@ -159,10 +160,10 @@ async def test_a_chunk_over_the_limit_ends_the_stream_with_data_loss(
     job_id = await _job_on(coordinator, node)
     ch, call = await _stream(coordinator.address, job_id, follow=False)
     start = (await node.expect("start_logs")).start_logs
-    assert start.credit_chunks == service_module.LOG_WINDOW_CHUNKS
+    assert start.credit_chunks == relay_module.LOG_WINDOW_CHUNKS
     rid = start.request_id
     await node.send(log_chunk=pb.LogChunk(request_id=rid, data=b"first\n"))
-    big = b"y" * (service_module.LOG_CHUNK_MAX_BYTES + 1)
+    big = b"y" * (relay_module.LOG_CHUNK_MAX_BYTES + 1)
     await node.send(log_chunk=pb.LogChunk(request_id=rid, data=big))
     await node.send(log_chunk=pb.LogChunk(request_id=rid, data=b"after\n", eof=True))
     data, code, details = await asyncio.wait_for(_drain(call), WAIT_S)
@@ -185,21 +186,21 @@ async def test_more_chunks_than_granted_end_the_stream_with_data_loss(
     reader = svc.read_logs(req, client="ipv4:10.0.0.7")
     first = asyncio.create_task(anext(reader))  # type: ignore[arg-type]
     rid = (await node.expect("start_logs")).start_logs.request_id
-    window = service_module.LOG_WINDOW_CHUNKS
+    window = relay_module.LOG_WINDOW_CHUNKS
     for i in range(2 * window):
         await node.send(log_chunk=pb.LogChunk(request_id=rid, data=b"%d\n" % i))
     assert await asyncio.wait_for(first, WAIT_S) == b"0\n"
-    stream = svc._log_streams[rid]
+    stream = svc.log_relay.streams[rid]
     await wait_for(lambda: bool(stream.lost), WAIT_S, what="the stream to be lost")
     got = []
-    with pytest.raises(service_module.RequestError) as err:
+    with pytest.raises(RequestError) as err:
         while True:
             got.append(await asyncio.wait_for(anext(reader), WAIT_S))  # type: ignore[arg-type]
     # Everything before the loss arrives, in order; then the loss is said.
     assert got == [b"%d\n" % i for i in range(1, window)]
     assert err.value.code == grpc.StatusCode.DATA_LOSS
     assert "node-a" in err.value.message and "granted" in err.value.message
-    await wait_for(lambda: not svc._log_streams, WAIT_S, what="every log stream to close")
+    await wait_for(lambda: not svc.log_relay.streams, WAIT_S, what="every log stream to close")
     await node.close()
 
 
@@ -222,7 +223,7 @@ async def test_a_node_gone_mid_read_is_data_loss_and_mid_follow_unavailable(
     assert "node node-a disconnected" in details
     await ch.close()
     await wait_for(
-        lambda: not coordinator.service._log_streams, WAIT_S, what="every log stream to close"
+        lambda: not coordinator.service.log_relay.streams, WAIT_S, what="every log stream to close"
     )
 
 
@@ -254,7 +255,7 @@ def test_cli_follow_of_a_node_that_goes_says_so(capfd: pytest.CaptureFixture[str
             ready.set()
             rid = (await node.expect("start_logs")).start_logs.request_id
             await node.send(log_chunk=pb.LogChunk(request_id=rid, data=b"hello from rank 0\n"))
-            stream = c.service._log_streams[rid]
+            stream = c.service.log_relay.streams[rid]
             # The coordinator has the chunk and passed it on; then the node goes.
             await wait_for(
                 lambda: stream.window < LOG_WINDOW and stream.queue.empty(),
@@ -285,21 +286,23 @@ async def test_log_streams_are_capped_per_client_and_in_all(
     await node.connect()
     job_id = await _job_on(coordinator, node)
     svc = coordinator.service
-    cap = service_module.LOG_STREAMS_PER_CLIENT
+    cap = relay_module.LOG_STREAMS_PER_CLIENT
     opened = [await _stream(coordinator.address, job_id, follow=True) for _ in range(cap)]
-    await wait_for(lambda: len(svc._log_streams) == cap, WAIT_S, what=f"{cap} log streams")
+    await wait_for(lambda: len(svc.log_relay.streams) == cap, WAIT_S, what=f"{cap} log streams")
     ch, extra = await _stream(coordinator.address, job_id, follow=True)
     _, code, details = await asyncio.wait_for(_drain(extra), WAIT_S)
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and f"at most {cap}" in details
     await ch.close()
     # Another client is not held back by this one's streams, up to the cap of all clients.
-    monkeypatch.setattr(service_module, "LOG_STREAMS_MAX", cap + 1)
+    monkeypatch.setattr(relay_module, "LOG_STREAMS_MAX", cap + 1)
     req = pb.ReadLogsRequest(job_id=job_id, rank=0, stream="stdout", attempt=-1, follow=True)
     other = svc.read_logs(req, client="ipv4:10.0.0.7")
     first = asyncio.create_task(anext(other))  # type: ignore[arg-type]
-    await wait_for(lambda: len(svc._log_streams) == cap + 1, WAIT_S, what=f"{cap + 1} log streams")
+    await wait_for(
+        lambda: len(svc.log_relay.streams) == cap + 1, WAIT_S, what=f"{cap + 1} log streams"
+    )
     third = svc.read_logs(req, client="ipv4:10.0.0.8")
-    with pytest.raises(service_module.RequestError) as err:
+    with pytest.raises(RequestError) as err:
         await anext(third)  # type: ignore[arg-type]
     assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "already relays" in err.value.message
@@ -310,13 +313,15 @@ async def test_log_streams_are_capped_per_client_and_in_all(
     ch0, call0 = opened.pop()
     call0.cancel()  # type: ignore[attr-defined]
     await ch0.close()
-    await wait_for(lambda: len(svc._log_streams) == cap - 1, WAIT_S, what=f"{cap - 1} log streams")
+    await wait_for(
+        lambda: len(svc.log_relay.streams) == cap - 1, WAIT_S, what=f"{cap - 1} log streams"
+    )
     ch, again = await _stream(coordinator.address, job_id, follow=True)
-    await wait_for(lambda: len(svc._log_streams) == cap, WAIT_S, what=f"{cap} log streams")
+    await wait_for(lambda: len(svc.log_relay.streams) == cap, WAIT_S, what=f"{cap} log streams")
     for c, call in [*opened, (ch, again)]:
         call.cancel()  # type: ignore[attr-defined]
         await c.close()
-    await wait_for(lambda: not svc._log_streams, WAIT_S, what="every log stream to close")
+    await wait_for(lambda: not svc.log_relay.streams, WAIT_S, what="every log stream to close")
     await node.close()
 
 
@@ -387,10 +392,10 @@ async def test_a_reader_that_takes_nothing_stalls_the_agents_file_reading_not_it
                 what="the served request's credit to run out",
             )
             # And every chunk the agent sent has arrived: none is still on its way.
-            (stream,) = svc._log_streams.values()
+            (stream,) = svc.log_relay.streams.values()
             await wait_for(lambda: stream.window == 0, WAIT_S, what="every chunk sent to arrive")
             sent = kinds.count("log_chunk")
-            assert sent <= service_module.LOG_WINDOW_CHUNKS
+            assert sent <= relay_module.LOG_WINDOW_CHUNKS
             beats = kinds.count("heartbeat")
             await wait_for(
                 lambda: kinds.count("heartbeat") >= beats + 3, WAIT_S, what="three more heartbeats"
@@ -398,7 +403,7 @@ async def test_a_reader_that_takes_nothing_stalls_the_agents_file_reading_not_it
             assert kinds.count("log_chunk") == sent  # nothing read meanwhile
             await reader.aclose()
             await wait_for(
-                lambda: not agent._log_requests and not svc._log_streams,
+                lambda: not agent._log_requests and not svc.log_relay.streams,
                 WAIT_S,
                 what="every log request and stream to close",
             )

@@ -364,7 +364,7 @@ async def test_over_tls_the_session_cookie_is_secure(tmp_path: Path) -> None:
 async def test_log_tail_is_relayed_from_the_node_with_the_relays_caps(coord: Coordinator) -> None:
     """The log tail is the agents' log relay (what `gelastic logs` reads): the node is asked
     with StartLogs, its chunks reach the page, and the relay's per-client cap holds."""
-    from coordinator._service import LOG_STREAMS_PER_CLIENT
+    from coordinator._log_relay import LOG_STREAMS_PER_CLIENT
 
     node = _node(coord, "n1", slots=1)
     await node.connect()
