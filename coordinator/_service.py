@@ -15,7 +15,6 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from typing import Any
 
 import grpc
 
@@ -51,9 +50,9 @@ from coordinator._cluster import (
     RequestPort,
     StopRound,
 )
-from coordinator._codec import encode
 from coordinator._errors import RequestError
 from coordinator._job_messages import _bounded_job
+from coordinator._journal import Journal
 from coordinator._log_relay import LOG_CHUNK_MAX_BYTES as LOG_CHUNK_MAX_BYTES
 from coordinator._log_relay import LOG_STREAMS_MAX as LOG_STREAMS_MAX
 from coordinator._log_relay import LOG_STREAMS_PER_CLIENT as LOG_STREAMS_PER_CLIENT
@@ -70,7 +69,7 @@ from coordinator._node_sessions import (
 from coordinator._rpc import ATTEMPTS_PAGE_MAX as ATTEMPTS_PAGE_MAX
 from coordinator._rpc import _attempt_page as _attempt_page
 from coordinator._rpc import _CoordinatorServicer
-from coordinator._store import StateStore, StoreFenced, StoreUnavailable
+from coordinator._store import StateStore, StoreFenced
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
@@ -79,16 +78,11 @@ __all__ = ["CoordinatorService"]
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.1
-FLUSH_INTERVAL_S = 0.05
 RECONNECT_GRACE_S = 15.0
-EVENT_SEQ_KEY = "event_seq_reserved"
-EVENT_SEQ_BLOCK = 10_000
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 MAX_NODE_MESSAGE_BYTES = 16 * 1024 * 1024
 """The largest message a node's stream carries: the server's send limit and the agent's receive
 limit (coordinator/server.py, nodeagent/session.py). A bigger one fails the whole stream."""
-WRITE_WAIT_S = 30.0
-"""How long a reader waits for the state it would see to be on disk."""
 
 
 class CoordinatorService:
@@ -109,39 +103,23 @@ class CoordinatorService:
         self._reconnect_grace = reconnect_grace
         self.refusals = RefusalLog()
         """Refused agents and clients, logged at WARNING at a bounded rate."""
-        self._dirty_jobs: set[str] = set()
-        self._pending_events: list[tuple[int, str, dict[str, Any]]] = []
-        self._dirty_nodes: set[str] = set()
-        self._forget_jobs: set[str] = set()
-        self._forget_nodes: set[str] = set()
-        self._cut_events: list[tuple[str, int, int]] = []
-        self._flush_lock = asyncio.Lock()
         self._notify_pending = False
         self._notify_task: asyncio.Task[None] | None = None
-        self._flush_wanted = asyncio.Event()
         self._flush_task: asyncio.Task[None] | None = None
         self._restore_effects: list[Effect] = []
         self._stopping = False
-        # Nothing an agent is told and nothing a client reads runs ahead of the disk: messages
-        # to agents wait here (in order) while a change they follow is not yet written, and
-        # readers of a job wait while that job has unwritten changes.
-        self._held: list[tuple[_Session, pb.CoordinatorMessage]] = []
-        self._unwritten_jobs: set[str] = set()
-        self._written = asyncio.Condition()
-        self._readers_waiting = 0
-        self._urgent = asyncio.Event()
-        self._seq_reserved = 0
-        self._seq_reservation_dirty = False
+        self.journal = Journal(store, self.cluster, self._fenced)
+        """What is not on disk yet, and what waits for it (messages to agents, readers)."""
         if store is not None:
             state = store.load()
-            self._seq_reserved = _int(state.meta.get(EVENT_SEQ_KEY, "0"))
+            floor = self.journal.resume_numbering(state.meta)
             self._restore_effects = self.cluster.restore(
                 state.jobs,
                 state.events,
                 state.nodes,
                 clock(),
                 reconnect_grace,
-                event_seq_floor=self._seq_reserved,
+                event_seq_floor=floor,
             )
             if self.cluster.bad_records:
                 keys: dict[str, Sequence[object]] = {
@@ -152,7 +130,7 @@ class CoordinatorService:
                 store.quarantine(
                     (kind, keys[kind][i], why) for kind, i, why in self.cluster.bad_records
                 )
-            self._reserve_event_numbers()
+            self.journal.reserve_event_numbers()
             for job_id in self.cluster.job_ids():
                 self._job_versions[job_id] = 0
         self._sessions: dict[str, _Session] = {}
@@ -185,7 +163,7 @@ class CoordinatorService:
             loop = asyncio.get_running_loop()
             self._tick_task = loop.create_task(self._tick_loop(), name="tick")
             if self._store is not None:
-                self._flush_task = loop.create_task(self._flush_loop(), name="flush")
+                self._flush_task = loop.create_task(self.journal.flush_loop(), name="flush")
             effects, self._restore_effects = self._restore_effects, []
             self.apply(effects)
 
@@ -217,132 +195,26 @@ class CoordinatorService:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._tick_task = self._flush_task = None
-        self._held = []
+        self.journal.drop_held()
         for s in list(self._sessions.values()):
             s.close()
 
     # ---- persistence -----------------------------------------------------------------------
 
     async def flush(self) -> None:
-        """Write every change made so far; returns once it is on disk.
-
-        The messages to agents decided up to now go out only after the write, and readers
-        waiting for these jobs are woken.
-        """
-        store = self._store
-        if store is None:
-            return
-        async with self._flush_lock:
-            c = self.cluster
-            batch = sorted(self._dirty_jobs)
-            jobs = [
-                (j, c.job_submitted_at(j), c.job_state(j).value, c.dump_job(j))
-                for j in batch
-                if c.has_job(j)
-            ]
-            events, nodes = self._pending_events, None
-            if self._dirty_nodes:
-                nodes = [
-                    (n, d) for n in sorted(self._dirty_nodes) if (d := c.dump_node(n)) is not None
-                ]
-            held, self._held = self._held, []
-            self._dirty_jobs, self._pending_events, self._dirty_nodes = set(), [], set()
-            forget_jobs, forget_nodes = self._forget_jobs, self._forget_nodes
-            self._forget_jobs, self._forget_nodes = set(), set()
-            cuts, self._cut_events = self._cut_events, []
-            meta = None
-            if self._seq_reservation_dirty:
-                meta = {EVENT_SEQ_KEY: str(self._seq_reserved)}
-                self._seq_reservation_dirty = False
-            if jobs or events or nodes is not None or meta or forget_jobs or forget_nodes or cuts:
-                try:
-                    await asyncio.to_thread(
-                        store.save, jobs, events, nodes, meta, forget_jobs, forget_nodes, cuts
-                    )
-                except Exception as exc:
-                    if isinstance(exc, StoreFenced):
-                        logger.error("the coordinator state was not written: %s", exc)
-                        if self.on_fenced is not None:
-                            self.on_fenced(str(exc))
-                    elif isinstance(exc, StoreUnavailable):  # no traceback each second it is down
-                        logger.error("could not write the coordinator state; will retry: %s", exc)
-                    else:
-                        logger.exception("could not write the coordinator state; will retry")
-                    self._dirty_jobs.update(j for j, _, _, _ in jobs)
-                    self._pending_events = events + self._pending_events
-                    self._dirty_nodes.update(n for n, _ in nodes or ())
-                    self._held = held + self._held
-                    self._seq_reservation_dirty |= meta is not None
-                    self._forget_jobs |= forget_jobs
-                    self._forget_nodes |= forget_nodes
-                    self._cut_events = cuts + self._cut_events
-                    raise
-            written = set(batch) | {j for _, j, _ in events}
-            still = self._dirty_jobs | {j for _, j, _ in self._pending_events}
-            self._unwritten_jobs = (self._unwritten_jobs - written) | still
-            for session, msg in held:
-                session.send(msg)
-        async with self._written:
-            self._written.notify_all()
+        """Write every change made so far; returns once it is on disk (see Journal.flush)."""
+        await self.journal.flush()
 
     async def written(self, job_ids: Collection[str] | None = None) -> None:
         """Return once the named jobs (every job: None) have no change that is not on disk.
 
         A client must never see a state, a result or an event that a crash could take back.
         """
-        if self._store is None:
-            return
+        await self.journal.written(job_ids)
 
-        def settled() -> bool:
-            if job_ids is None:
-                return not self._unwritten_jobs
-            return self._unwritten_jobs.isdisjoint(job_ids)
-
-        if settled():
-            return
-        self._readers_waiting += 1
-        self._urgent.set()
-        try:
-            async with asyncio.timeout(WRITE_WAIT_S), self._written:
-                while not settled():
-                    self._flush_wanted.set()
-                    await self._written.wait()
-        except TimeoutError:
-            raise RequestError(
-                grpc.StatusCode.UNAVAILABLE,
-                f"the coordinator could not write its state for {WRITE_WAIT_S:.0f} s; try again",
-            ) from None
-        finally:
-            self._readers_waiting -= 1
-
-    async def _flush_loop(self) -> None:
-        # Batching: one transaction per burst of changes, however many node messages made them.
-        while True:
-            await self._flush_wanted.wait()
-            self._flush_wanted.clear()
-            started, cpu_started = time.monotonic(), time.process_time()
-            try:
-                await self.flush()
-            except Exception:
-                await asyncio.sleep(1.0)
-                self._flush_wanted.set()
-                continue  # a failed write is no batch to pause after: try again
-            # A flush of a huge job costs O(ranks): pause in proportion so that a burst of
-            # worker messages never spends more than a fifth of the loop on writing state. While
-            # messages or readers wait on the write, the pause is only that proportion. Time
-            # spent waiting on the store (an etcd that just got its quorum back) is no cost:
-            # counted, it would hold back the messages that waited for that very write.
-            cost = 4 * min(time.monotonic() - started, time.process_time() - cpu_started)
-            await asyncio.sleep(cost)
-            # The rest of the batching pause ends early once a message or a reader waits on the
-            # write: they are what a user waits for (a round's Assign, a job's end).
-            self._urgent.clear()
-            if not (self._held or self._readers_waiting):
-                # asyncio.timeout, not wait_for: on 3.11, wait_for swallows a cancel that lands
-                # in the step where the wait ends, and stop() would then wait on this forever.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(0.0, FLUSH_INTERVAL_S - cost)):
-                        await self._urgent.wait()
+    def _fenced(self, why: str) -> None:
+        if self.on_fenced is not None:
+            self.on_fenced(why)
 
     def add_to_server(
         self, server: grpc.aio.Server, current: Callable[[], CoordinatorService] | None = None
@@ -370,41 +242,24 @@ class CoordinatorService:
         for observe in self.effect_observers:
             observe(effects)
         changed = False
-        # The state first: a message below must see every change it follows as unwritten.
         for eff in effects:
             if isinstance(eff, JobChanged):
                 self._job_versions[eff.job_id] = self._job_versions.get(eff.job_id, 0) + 1
-                if eff.durable:
-                    self._dirty_jobs.add(eff.job_id)
-                    self._unwritten_jobs.add(eff.job_id)
                 changed = True
             elif isinstance(eff, EventRecorded):
-                e = eff.event
-                self._pending_events.append((e.seq, e.job_id, encode(e)))
-                self._unwritten_jobs.add(e.job_id)
                 changed = True
-            elif isinstance(eff, EventsCut):
-                self._cut_events.append((eff.job_id, eff.after_seq, eff.before_seq))
-                self._unwritten_jobs.add(eff.job_id)
-            elif isinstance(eff, Forgotten):
-                if eff.job_id:
-                    self._forget_jobs.add(eff.job_id)
-                    self._dirty_jobs.discard(eff.job_id)
-                    self._unwritten_jobs.discard(eff.job_id)
-                    self._job_versions.pop(eff.job_id, None)
-                    self._pending_events = [e for e in self._pending_events if e[1] != eff.job_id]
-                if eff.node:
-                    self._forget_nodes.add(eff.node)
-                    self._dirty_nodes.discard(eff.node)
-        self._reserve_event_numbers()
+            elif isinstance(eff, Forgotten) and eff.job_id:
+                self._job_versions.pop(eff.job_id, None)
+        # The state first: a message below must see every change it follows as unwritten.
+        self.journal.record(effects)
         for eff in effects:
             if isinstance(eff, JobChanged | EventRecorded | EventsCut | Forgotten):
                 continue
             if isinstance(eff, NodeChanged):
-                self._dirty_nodes.add(eff.node)
+                self.journal.node_changed(eff.node)
                 continue
             if isinstance(eff, CloseSession):
-                self._dirty_nodes.add(eff.node)
+                self.journal.node_changed(eff.node)
                 s = self._sessions.get(eff.node)
                 if s is not None and s.incarnation == eff.incarnation:
                     logger.warning("closing the session of node %s: %s", eff.node, eff.reason)
@@ -415,25 +270,8 @@ class CoordinatorService:
             # One wake-up per burst of changes, not one task per node message.
             self._notify_pending = True
             self._notify_task = asyncio.get_running_loop().create_task(self._notify())
-        if self._store is not None and (
-            self._dirty_jobs
-            or self._pending_events
-            or self._dirty_nodes
-            or self._forget_jobs
-            or self._forget_nodes
-            or self._cut_events
-        ):
-            self._flush_wanted.set()
-
-    def _reserve_event_numbers(self) -> None:
-        # Event numbers are reserved on disk a block ahead, written with the events that use
-        # them: after a crash numbering resumes past the block, so no number is given twice.
-        if (
-            self._store is not None
-            and self.cluster.event_seq + EVENT_SEQ_BLOCK // 2 > self._seq_reserved
-        ):
-            self._seq_reserved = self.cluster.event_seq + EVENT_SEQ_BLOCK
-            self._seq_reservation_dirty = True
+        if self.journal.wants_flush():
+            self.journal.flush_wanted.set()
 
     async def _notify(self) -> None:
         self._notify_pending = False
@@ -473,13 +311,7 @@ class CoordinatorService:
                 why,
             )
             return
-        if self._store is not None and (
-            self._held or self._dirty_jobs or self._pending_events or self._dirty_nodes
-        ):
-            self._held.append((s, msg))  # after the write that makes it safe (see flush)
-            self._urgent.set()
-            return
-        s.send(msg)
+        self.journal.send_after_write(s, msg)
 
     def _assign_undeliverable(self, node: str, job_id: str, round_: int, why: str) -> None:
         if self.cluster.has_job(job_id):
@@ -554,14 +386,11 @@ class CoordinatorService:
             await self.flush()
             await self.written([job_id])
         except Exception as exc:
-            if c.has_job(job_id) and job_id in self._unwritten_jobs:
+            if c.has_job(job_id) and self.journal.is_unwritten(job_id):
                 c.withdraw(job_id)
                 # A write whose outcome is unknown (etcd: no answer in time) may have landed:
                 # the next write deletes the job, so a restart cannot bring it back.
-                self._forget_jobs.add(job_id)
-                self._dirty_jobs.discard(job_id)
-                self._pending_events = [e for e in self._pending_events if e[1] != job_id]
-                self._unwritten_jobs.discard(job_id)
+                self.journal.discard(job_id)
                 self._job_versions.pop(job_id, None)
                 raise RequestError(
                     grpc.StatusCode.UNAVAILABLE,
@@ -594,7 +423,7 @@ class CoordinatorService:
         )
         session = _Session(hello.name, hello.incarnation)
         self._sessions[hello.name] = session
-        self._dirty_nodes.add(hello.name)
+        self.journal.node_changed(hello.name)
         session.send(
             encode_coordinator(
                 Welcome(self.config.heartbeat_interval, self.config.lease, self.coordinator_id)
@@ -607,7 +436,7 @@ class CoordinatorService:
         session.close()
         if self._sessions.get(session.name) is session:
             del self._sessions[session.name]
-            self._dirty_nodes.add(session.name)
+            self.journal.node_changed(session.name)
             if self._stopping:
                 return
             self.apply(
@@ -645,16 +474,6 @@ def _always() -> bool:
 
 def _never() -> bool:
     return False
-
-
-def _int(text: str) -> int:
-    try:
-        return max(0, int(text))
-    except ValueError:
-        logger.error(
-            "ignoring a stored event-number reservation that is not a number: %r", text[:40]
-        )
-        return 0
 
 
 def _new_job_id(name: str) -> str:

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from coordinator import _service
+from coordinator import _journal
 from coordinator._service import CoordinatorService
 from coordinator._store import Store
 
@@ -22,22 +22,22 @@ async def test_stop_ends_the_flush_loop_even_when_a_wake_up_races_the_cancel(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A long batching pause, so that a slow flush on a busy machine still leaves one to catch.
-    monkeypatch.setattr(_service, "FLUSH_INTERVAL_S", 30.0)
+    monkeypatch.setattr(_journal, "FLUSH_INTERVAL_S", 30.0)
     for _ in range(ROUNDS):
         svc = CoordinatorService(store=Store(":memory:"))
         svc.start()
         task = svc._flush_task
         assert task is not None
-        svc._flush_wanted.set()
+        svc.journal.flush_wanted.set()
         # Let the loop flush (nothing to write) and reach its batching pause: it waits on
-        # `_urgent` then.
+        # `urgent` then.
         for _ in range(5000):
-            if svc._urgent._waiters:  # type: ignore[attr-defined]
+            if svc.journal.urgent._waiters:  # type: ignore[attr-defined]
                 break
             await asyncio.sleep(0.001)
-        assert svc._urgent._waiters  # type: ignore[attr-defined]
+        assert svc.journal.urgent._waiters  # type: ignore[attr-defined]
         # The wake-up lands, and the cancel (as stop() sends it) comes in the very next step.
-        svc._urgent.set()
+        svc.journal.urgent.set()
         await asyncio.sleep(0)
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=5)
