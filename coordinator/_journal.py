@@ -5,7 +5,8 @@ Nothing an agent is told and nothing a client reads runs ahead of the disk: mess
 wait here (in order) while a change they follow is not yet written, and readers of a job wait
 while that job has unwritten changes. `Journal.flush` writes every change noted so far in one
 batch, then lets the held messages go and wakes the readers; `Journal.flush_loop` makes one
-such batch of each burst of changes.
+such batch of each burst of changes. `Ready` splits the effects the state machine returns into
+the changes the journal records and what the service then sends.
 """
 
 from __future__ import annotations
@@ -14,12 +15,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from coordinator._cluster import Cluster, Effect, EventRecorded, EventsCut, Forgotten, JobChanged
+from coordinator._cluster import (
+    AssignRound,
+    CloseSession,
+    Cluster,
+    Effect,
+    EventRecorded,
+    EventsCut,
+    Forgotten,
+    JobChanged,
+    NodeChanged,
+    ReleaseRound,
+    RequestPort,
+    StopRound,
+)
 from coordinator._codec import encode
 from coordinator._errors import RequestError
 from coordinator._node_sessions import _Session
@@ -33,6 +48,36 @@ EVENT_SEQ_KEY = "event_seq_reserved"
 EVENT_SEQ_BLOCK = 10_000
 WRITE_WAIT_S = 30.0
 """How long a reader waits for the state it would see to be on disk."""
+
+
+Change = JobChanged | EventRecorded | EventsCut | Forgotten | NodeChanged | CloseSession
+"""An effect on what the store holds."""
+Action = RequestPort | AssignRound | StopRound | ReleaseRound | CloseSession
+"""An effect carried out on a node's session."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    """One batch of effects, split as a raft node splits its Ready: `persist`, the changes to the
+    stored state, recorded first; then `send`, what goes to the nodes' sessions, each message
+    held until the write that makes it safe. Both keep the order the state machine made them in;
+    a CloseSession is in both (its node's record changes, and its session closes)."""
+
+    persist: tuple[Change, ...]
+    send: tuple[Action, ...]
+
+    @classmethod
+    def of(cls, effects: Iterable[Effect]) -> Ready:
+        persist: list[Change] = []
+        send: list[Action] = []
+        for eff in effects:
+            if isinstance(eff, JobChanged | EventRecorded | EventsCut | Forgotten | NodeChanged):
+                persist.append(eff)
+            else:
+                if isinstance(eff, CloseSession):
+                    persist.append(eff)
+                send.append(eff)
+        return cls(tuple(persist), tuple(send))
 
 
 class Journal:
@@ -73,9 +118,10 @@ class Journal:
         self._seq_reserved = _int(meta.get(EVENT_SEQ_KEY, "0"))
         return self._seq_reserved
 
-    def record(self, effects: Sequence[Effect]) -> None:
-        """Note what `effects` change on disk: jobs, events, cuts of events, forgettings."""
-        for eff in effects:
+    def record(self, persist: Sequence[Change]) -> None:
+        """Note what a batch's `Ready.persist` changes on disk: jobs, events, cuts of events,
+        forgettings, nodes."""
+        for eff in persist:
             if isinstance(eff, JobChanged):
                 if eff.durable:
                     self._dirty_jobs.add(eff.job_id)
@@ -93,6 +139,11 @@ class Journal:
                 if eff.node:
                     self._forget_nodes.add(eff.node)
                     self._dirty_nodes.discard(eff.node)
+        # The nodes' records after the forgettings: a node changed and forgotten in one batch
+        # stays dirty (the write then finds no record of it to save, and deletes it).
+        for eff in persist:
+            if isinstance(eff, NodeChanged | CloseSession):
+                self._dirty_nodes.add(eff.node)
         self.reserve_event_numbers()
 
     def node_changed(self, name: str) -> None:

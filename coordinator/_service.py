@@ -41,10 +41,8 @@ from coordinator._cluster import (
     ClusterConfig,
     Effect,
     EventRecorded,
-    EventsCut,
     Forgotten,
     JobChanged,
-    NodeChanged,
     NodeNameInUse,
     ReleaseRound,
     RequestPort,
@@ -52,7 +50,7 @@ from coordinator._cluster import (
 )
 from coordinator._errors import RequestError
 from coordinator._job_messages import _bounded_job
-from coordinator._journal import Journal
+from coordinator._journal import Journal, Ready
 from coordinator._log_relay import LOG_CHUNK_MAX_BYTES as LOG_CHUNK_MAX_BYTES
 from coordinator._log_relay import LOG_STREAMS_MAX as LOG_STREAMS_MAX
 from coordinator._log_relay import LOG_STREAMS_PER_CLIENT as LOG_STREAMS_PER_CLIENT
@@ -241,25 +239,20 @@ class CoordinatorService:
     def apply(self, effects: list[Effect]) -> None:
         for observe in self.effect_observers:
             observe(effects)
+        ready = Ready.of(effects)
         changed = False
-        for eff in effects:
-            if isinstance(eff, JobChanged):
-                self._job_versions[eff.job_id] = self._job_versions.get(eff.job_id, 0) + 1
+        for change in ready.persist:  # the watchers' versions
+            if isinstance(change, JobChanged):
+                self._job_versions[change.job_id] = self._job_versions.get(change.job_id, 0) + 1
                 changed = True
-            elif isinstance(eff, EventRecorded):
+            elif isinstance(change, EventRecorded):
                 changed = True
-            elif isinstance(eff, Forgotten) and eff.job_id:
-                self._job_versions.pop(eff.job_id, None)
+            elif isinstance(change, Forgotten) and change.job_id:
+                self._job_versions.pop(change.job_id, None)
         # The state first: a message below must see every change it follows as unwritten.
-        self.journal.record(effects)
-        for eff in effects:
-            if isinstance(eff, JobChanged | EventRecorded | EventsCut | Forgotten):
-                continue
-            if isinstance(eff, NodeChanged):
-                self.journal.node_changed(eff.node)
-                continue
+        self.journal.record(ready.persist)
+        for eff in ready.send:
             if isinstance(eff, CloseSession):
-                self.journal.node_changed(eff.node)
                 s = self._sessions.get(eff.node)
                 if s is not None and s.incarnation == eff.incarnation:
                     logger.warning("closing the session of node %s: %s", eff.node, eff.reason)
