@@ -5,8 +5,9 @@ Nothing an agent is told and nothing a client reads runs ahead of the disk: mess
 wait here (in order) while a change they follow is not yet written, and readers of a job wait
 while that job has unwritten changes. `Journal.flush` writes every change noted so far in one
 batch, then lets the held messages go and wakes the readers; `Journal.flush_loop` makes one
-such batch of each burst of changes. `Ready` splits the effects the state machine returns into
-the changes the journal records and what the service then sends.
+such batch of each burst of changes; `Journal.restore` reads back what an earlier process
+wrote. `Ready` splits the effects the state machine returns into the changes the journal
+records and what the service then sends.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,11 +113,36 @@ class Journal:
 
     # ---- what changed ----------------------------------------------------------------------
 
-    def resume_numbering(self, meta: Mapping[str, str]) -> int:
-        """Take the event-number reservation from what the store loaded; return it (the
-        numbers a restart must not give again)."""
-        self._seq_reserved = _int(meta.get(EVENT_SEQ_KEY, "0"))
-        return self._seq_reserved
+    def restore(self, clock: Callable[[], float], reconnect_grace: float) -> list[Effect]:
+        """Load what an earlier coordinator process wrote into the cluster; return the effects
+        of the restart (see Cluster.restore).
+
+        Event numbering resumes past the reservation on disk, and the records the cluster could
+        not read are set aside in the store (quarantined), not lost.
+        """
+        store = self._store
+        assert store is not None
+        state = store.load()
+        self._seq_reserved = _int(state.meta.get(EVENT_SEQ_KEY, "0"))
+        effects = self._cluster.restore(
+            state.jobs,
+            state.events,
+            state.nodes,
+            clock(),
+            reconnect_grace,
+            event_seq_floor=self._seq_reserved,
+        )
+        if self._cluster.bad_records:
+            keys: dict[str, Sequence[object]] = {
+                "jobs": state.job_keys,
+                "events": state.event_keys,
+                "nodes": state.node_keys,
+            }
+            store.quarantine(
+                (kind, keys[kind][i], why) for kind, i, why in self._cluster.bad_records
+            )
+        self.reserve_event_numbers()
+        return effects
 
     def record(self, persist: Sequence[Change]) -> None:
         """Note what a batch's `Ready.persist` changes on disk: jobs, events, cuts of events,

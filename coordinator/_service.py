@@ -14,7 +14,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection
 
 import grpc
 
@@ -109,26 +109,7 @@ class CoordinatorService:
         self.journal = Journal(store, self.cluster, self._fenced)
         """What is not on disk yet, and what waits for it (messages to agents, readers)."""
         if store is not None:
-            state = store.load()
-            floor = self.journal.resume_numbering(state.meta)
-            self._restore_effects = self.cluster.restore(
-                state.jobs,
-                state.events,
-                state.nodes,
-                clock(),
-                reconnect_grace,
-                event_seq_floor=floor,
-            )
-            if self.cluster.bad_records:
-                keys: dict[str, Sequence[object]] = {
-                    "jobs": state.job_keys,
-                    "events": state.event_keys,
-                    "nodes": state.node_keys,
-                }
-                store.quarantine(
-                    (kind, keys[kind][i], why) for kind, i, why in self.cluster.bad_records
-                )
-            self.journal.reserve_event_numbers()
+            self._restore_effects = self.journal.restore(clock, reconnect_grace)
             for job_id in self.cluster.job_ids():
                 self._job_versions[job_id] = 0
         self._sessions: dict[str, _Session] = {}
