@@ -42,6 +42,9 @@ from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 logger = logging.getLogger(__name__)
 
 MAX_SLOTS = 4096
+MAX_NODE_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The largest message a node's stream carries: the server's send limit and the agent's receive
+limit (coordinator/server.py, nodeagent/_agent_link.py). A bigger one fails the whole stream."""
 OUTBOX_LIMIT = 10_000
 HELLO_TIMEOUT_S = 10.0
 
@@ -243,6 +246,29 @@ def _command(eff: RequestPort | AssignRound | StopRound | ReleaseRound) -> Coord
     if isinstance(eff, StopRound):
         return Stop(eff.job_id, eff.round, eff.grace, eff.reason, eff.replaced)
     return Release(eff.job_id, eff.round)
+
+
+def _undeliverable(eff: AssignRound, msg: pb.CoordinatorMessage) -> str:
+    """Why the assignment `msg` (encoded `eff`) cannot go to its node, logged; "" if it can."""
+    if (
+        _assign_size_bound(eff.assignment) <= MAX_NODE_MESSAGE_BYTES
+        or msg.ByteSize() <= MAX_NODE_MESSAGE_BYTES
+    ):
+        return ""
+    # Writing it would end the node's stream and lose the node, and the job would then re-form
+    # on the next one: the job fails instead, and the node stays.
+    why = (
+        f"the assignment is {msg.ByteSize():,} bytes, over the node message limit of "
+        f"{MAX_NODE_MESSAGE_BYTES:,}"
+    )
+    logger.error(
+        "job %s round %d: not sending the assignment to node %s: %s",
+        eff.assignment.job_id,
+        eff.assignment.round,
+        eff.node,
+        why,
+    )
+    return why
 
 
 def _assign_size_bound(a: RoundAssignment) -> int:

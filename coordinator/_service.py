@@ -1,9 +1,14 @@
-"""The coordinator's service around the `Cluster` state machine; its gRPC servicers are
-coordinator._rpc's (the client RPCs) and coordinator._node_sessions' (the node agents' streams).
+"""The coordinator's service: the `Cluster` state machine, and what carries out its effects.
 
 Everything runs on one asyncio loop, so the state machine is called one event at a time without
-locks. Servicers translate protobuf to domain calls and carry out the effects the state machine
-returns: messages to node streams, wake-ups for job watchers, log relays.
+locks. `CoordinatorService` splits each batch of effects the state machine returns into a
+`Ready`: the changes go to its journal (coordinator._journal), which writes them and holds back
+what must wait for the write; the messages go to the node sessions; the job watchers are woken.
+Around it sit the client RPCs (coordinator._rpc), the node agents' streams
+(coordinator._node_sessions) and the log relay (coordinator._log_relay).
+
+The names imported here as themselves (`from m import X as X`) stay importable from this module
+for whoever took them from here; they live in their own modules, and are patched there.
 """
 
 from __future__ import annotations
@@ -56,13 +61,15 @@ from coordinator._log_relay import LOG_STREAMS_MAX as LOG_STREAMS_MAX
 from coordinator._log_relay import LOG_STREAMS_PER_CLIENT as LOG_STREAMS_PER_CLIENT
 from coordinator._log_relay import LOG_WINDOW_CHUNKS as LOG_WINDOW_CHUNKS
 from coordinator._log_relay import LogRelay
+from coordinator._node_sessions import MAX_NODE_MESSAGE_BYTES as MAX_NODE_MESSAGE_BYTES
 from coordinator._node_sessions import OUTBOX_LIMIT as OUTBOX_LIMIT
+from coordinator._node_sessions import _assign_size_bound as _assign_size_bound
 from coordinator._node_sessions import (
-    _assign_size_bound,
     _check_hello,
     _command,
     _NodeSessionServicer,
     _Session,
+    _undeliverable,
 )
 from coordinator._rpc import ATTEMPTS_PAGE_MAX as ATTEMPTS_PAGE_MAX
 from coordinator._rpc import _attempt_page as _attempt_page
@@ -78,13 +85,11 @@ logger = logging.getLogger(__name__)
 TICK_S = 0.1
 RECONNECT_GRACE_S = 15.0
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-MAX_NODE_MESSAGE_BYTES = 16 * 1024 * 1024
-"""The largest message a node's stream carries: the server's send limit and the agent's receive
-limit (coordinator/server.py, nodeagent/session.py). A bigger one fails the whole stream."""
 
 
 class CoordinatorService:
-    """Owns the cluster state, the node sessions, the job watchers and the tick loop."""
+    """Owns the cluster state, its journal, the node sessions, the log relay, the job watchers
+    and the tick loop."""
 
     def __init__(
         self,
@@ -150,12 +155,7 @@ class CoordinatorService:
         # The sessions end because this process stops, not because their nodes went away:
         # nobody is told those nodes were lost (a restart gives them the reconnect grace).
         self._stopping = True
-        for task in (self._tick_task, self._flush_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._tick_task = self._flush_task = None
+        await self._end_tasks()
         for s in list(self._sessions.values()):
             s.close()
         # Fenced: another coordinator leads (this one had not noticed yet), so what was not
@@ -168,15 +168,18 @@ class CoordinatorService:
         sessions close; what was not written is dropped with the rest of this state."""
         self._stopping = True
         self.may_send = _never
+        await self._end_tasks()
+        self.journal.drop_held()
+        for s in list(self._sessions.values()):
+            s.close()
+
+    async def _end_tasks(self) -> None:
         for task in (self._tick_task, self._flush_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._tick_task = self._flush_task = None
-        self.journal.drop_held()
-        for s in list(self._sessions.values()):
-            s.close()
 
     # ---- persistence -----------------------------------------------------------------------
 
@@ -258,24 +261,7 @@ class CoordinatorService:
             logger.info("node %s has no session; dropping %s", eff.node, type(eff).__name__)
             return
         msg = encode_coordinator(_command(eff))
-        if (
-            isinstance(eff, AssignRound)
-            and _assign_size_bound(eff.assignment) > MAX_NODE_MESSAGE_BYTES
-            and msg.ByteSize() > MAX_NODE_MESSAGE_BYTES
-        ):
-            # Writing it would end the node's stream and lose the node, and the job would then
-            # re-form on the next one: the job fails instead, and the node stays.
-            why = (
-                f"the assignment is {msg.ByteSize():,} bytes, over the node message limit of "
-                f"{MAX_NODE_MESSAGE_BYTES:,}"
-            )
-            logger.error(
-                "job %s round %d: not sending the assignment to node %s: %s",
-                eff.assignment.job_id,
-                eff.assignment.round,
-                eff.node,
-                why,
-            )
+        if isinstance(eff, AssignRound) and (why := _undeliverable(eff, msg)):
             # After the effects being applied now, so none of them follows the stop it causes.
             asyncio.get_running_loop().call_soon(
                 self._assign_undeliverable,

@@ -23,7 +23,8 @@ from client.assignment import RoundAssignment, WorkerRanks
 from client.model import MAX_STRING, FailureCategory
 from client.node_protocol import PortReserved
 from coordinator._cluster import AssignRound, Cluster, ClusterConfig, RequestPort, StopRound
-from coordinator._service import MAX_NODE_MESSAGE_BYTES, CoordinatorService
+from coordinator._node_sessions import MAX_NODE_MESSAGE_BYTES
+from coordinator._service import CoordinatorService
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from tests._helpers import wait_for

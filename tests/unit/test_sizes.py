@@ -27,10 +27,7 @@ LIMITS = {"module": 800, "class": 400, "function": 80}
 """The most a room of each kind may hold: lines of a module or class, statements of a function."""
 UNITS = {"module": "lines", "class": "lines", "function": "statements"}
 
-TOO_BIG_TODAY: dict[str, int] = {
-    "coordinator/_service.py": 1363,
-    "coordinator/_service.py:CoordinatorService": 684,
-}
+TOO_BIG_TODAY: dict[str, int] = {}
 """Rooms over their limit today -> their size today ("path" for a module, "path:Qualified.name"
 for a class or function). Only ever lower an entry or remove it."""
 
