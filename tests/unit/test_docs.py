@@ -313,3 +313,38 @@ def test_spec_error_is_a_gelastic_error_and_a_value_error() -> None:
     assert caught.value.code is None and caught.value.field == "nproc_per_node"
     with pytest.raises(ValueError, match="nproc_per_node: must be between 1 and 4096"):
         JobSpec(entrypoint=["python"], nproc_per_node=0).validate()
+
+
+_HOP = re.compile(r"\d+\. (.*)")
+_PY_FILE = re.compile(r"[a-z_]+(?:/[a-z_]+)*\.py")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _reading_the_code() -> list[str]:
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    section = text.split("\n## Reading the code\n", 1)[1].split("\n## ", 1)[0]
+    return [m.group(1) for line in section.splitlines() if (m := _HOP.fullmatch(line))]
+
+
+def test_the_reading_the_code_hops_name_files_and_names_that_exist() -> None:
+    # docs/concepts.md walks a submit and an exit hop by hop: each file it names must exist,
+    # and each name a hop gives (a function, a class, a message) must be in one of its files.
+    hops = _reading_the_code()
+    assert len(hops) >= 20, hops
+    wrong = []
+    for hop in hops:
+        spans = re.findall(r"`([^`\n]+)`", hop)
+        files = [s for s in spans if _PY_FILE.fullmatch(s)]
+        assert files, f"a hop names no file: {hop}"
+        texts = []
+        for f in files:
+            path = ROOT / f
+            if not path.is_file():
+                wrong.append(f"{f}: no such file ({hop[:60]})")
+                continue
+            texts.append(path.read_text())
+        for name in (s for s in spans if s not in files and _NAME.fullmatch(s)):
+            last = name.rsplit(".", 1)[-1]
+            if not any(re.search(rf"\b{re.escape(last)}\b", t) for t in texts):
+                wrong.append(f"{name}: in none of {files} ({hop[:60]})")
+    assert not wrong, "\n".join(wrong)
