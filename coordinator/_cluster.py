@@ -1,7 +1,8 @@
 """The coordinator's decisions: node registry, job queue, rendezvous rounds, restarts, barrier.
 
 `Cluster` takes one fact at a time and returns the effects to carry out (send this node an
-assignment, stop that round, the job changed). It never touches the network, the disk or the
+assignment, stop that round, the job changed) as a `Ready`: `persist`, what the store must hold
+before anything follows, and `send`, what goes to the agents once it does. It never touches the network, the disk or the
 clock (`now` is a parameter), so every decision is tested directly with a fake clock. Its inputs:
 
 - node sessions: `step(node, incarnation, msg, now)` takes every message of an agent's session
@@ -63,7 +64,9 @@ from coordinator._cluster_records import (
     NODE_RETENTION_EVERY_S,
     PORT_RETRY_MAX_S,
     STOP_MARGIN_S,
+    Action,
     AssignRound,
+    Change,
     CloseSession,
     ClusterConfig,
     Effect,
@@ -75,6 +78,7 @@ from coordinator._cluster_records import (
     NodeChanged,
     NodeIsLive,
     NodeNameInUse,
+    Ready,
     ReleaseRound,
     RequestPort,
     RunningGroupReport,
@@ -97,7 +101,9 @@ from coordinator._cluster_words import (
 __all__ = [
     "MAX_FAILURE_TEXT",
     "STOP_MARGIN_S",
+    "Action",
     "AssignRound",
+    "Change",
     "CloseSession",
     "Cluster",
     "ClusterConfig",
@@ -110,6 +116,7 @@ __all__ = [
     "NodeChanged",
     "NodeIsLive",
     "NodeNameInUse",
+    "Ready",
     "ReleaseRound",
     "RequestPort",
     "RunningGroupReport",
@@ -132,7 +139,7 @@ class Cluster(_Views):
         *,
         request_id: str = "",
         awaiting_write: bool = False,
-    ) -> list[Effect]:
+    ) -> Ready:
         """A validated spec enters the queue.
 
         With `awaiting_write` the job waits, unscheduled, until `confirm_written` (its write is on
@@ -162,7 +169,7 @@ class Cluster(_Views):
         self._changed(job)
         return self._finish(now)
 
-    def confirm_written(self, job_id: str, now: float) -> list[Effect]:
+    def confirm_written(self, job_id: str, now: float) -> Ready:
         """The submitted job is on disk: it may be scheduled."""
         job = self._job(job_id)
         if job.awaiting_write:
@@ -180,7 +187,7 @@ class Cluster(_Views):
         if job.request_id:
             self._by_request.pop(job.request_id, None)
 
-    def cancel(self, job_id: str, now: float) -> list[Effect]:
+    def cancel(self, job_id: str, now: float) -> Ready:
         self._reschedule = True
         job = self._job(job_id)
         if job.state.is_terminal():
@@ -192,7 +199,7 @@ class Cluster(_Views):
             self._begin_stop(job, _StopKind.CANCEL, "canceled by the user", now)
         return self._finish(now)
 
-    def step(self, name: str, incarnation: str, msg: NodeMsg, now: float) -> list[Effect]:
+    def step(self, name: str, incarnation: str, msg: NodeMsg, now: float) -> Ready:
         """One message of node `name`'s session, from the agent process `incarnation`.
 
         A message of any session but the node's live one is dropped here, once. Any other
@@ -205,12 +212,12 @@ class Cluster(_Views):
             self._reschedule = True
         node = self._live(name, incarnation)
         if node is None:
-            return self._finish(now) if isinstance(msg, PortReserved) else []
+            return self._finish(now) if isinstance(msg, PortReserved) else Ready()
         node.last_seen = now
         if isinstance(msg, Heartbeat):
             return self._on_heartbeat(node, msg, now)
         if isinstance(msg, LogChunk):
-            return self._finish(now) if self._effects else []
+            return self._finish(now) if self._effects else Ready()
         if isinstance(msg, Hello):
             raise ValueError(f"node {name} said hello twice on one session")
         if isinstance(msg, PortReserved):
@@ -354,7 +361,7 @@ class Cluster(_Views):
 
     def assign_undeliverable(
         self, name: str, job_id: str, round_: int, why: str, now: float
-    ) -> list[Effect]:
+    ) -> Ready:
         """The round's assignment to node `name` could not be sent (say, over the message limit).
 
         The spec is what makes it unsendable, so every round would fail alike: an input failure
@@ -399,7 +406,7 @@ class Cluster(_Views):
         self._changed(job)
         return self._finish(now)
 
-    def tick(self, now: float) -> list[Effect]:
+    def tick(self, now: float) -> Ready:
         """Time passed: leases, last calls, join timeouts, barrier and stop deadlines, retention."""
         self._retain(now)
         if now >= self._next_node_retention:

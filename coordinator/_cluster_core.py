@@ -21,6 +21,7 @@ from coordinator._cluster_records import (
     EventsCut,
     JobChanged,
     JobNotFound,
+    Ready,
     StopRound,
     _Job,
     _Member,
@@ -53,13 +54,13 @@ class _Core:
         self._changed_keys: set[tuple[str, bool]] = set()
         self._n_live = 0  # kept as a count: a join must not cost O(nodes)
 
-    def _finish(self, now: float, *, force: bool = False) -> list[Effect]:
+    def _finish(self, now: float, *, force: bool = False) -> Ready:
         # Placement only changes when capacity or the queue does (or time passes, on a tick):
         # skipping it otherwise keeps a worker message O(1) however large the cluster.
         if force or self._reschedule:
             self._reschedule = False
             self._schedule(now, tick=force)
-        effects, self._effects = self._effects, []
+        effects, self._effects = Ready(self._effects), []
         self._changed_keys.clear()
         return effects
 

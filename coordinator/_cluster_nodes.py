@@ -16,10 +16,10 @@ from client.model import (
 from client.node_protocol import Heartbeat
 from coordinator._cluster_records import (
     STALE_HOLD_S,
-    Effect,
     Forgotten,
     NodeIsLive,
     NodeNameInUse,
+    Ready,
     ReleaseRound,
     RunningGroupReport,
     StopRound,
@@ -48,7 +48,7 @@ class _Nodes(_Rounds):
         now: float,
         running: Sequence[RunningGroupReport] = (),
         gpus: Sequence[GpuDevice] = (),
-    ) -> list[Effect]:
+    ) -> Ready:
         node = self._nodes.get(name)
         if node is not None and node.live and node.incarnation != incarnation:
             if node.attached:
@@ -141,7 +141,7 @@ class _Nodes(_Rounds):
             self._reschedule = True
         return self._finish(now)
 
-    def node_disconnected(self, name: str, incarnation: str, now: float) -> list[Effect]:
+    def node_disconnected(self, name: str, incarnation: str, now: float) -> Ready:
         self._reschedule = True
         node = self._nodes.get(name)
         if node is None or node.incarnation != incarnation or not node.live:
@@ -149,7 +149,7 @@ class _Nodes(_Rounds):
         self._lose_node(node, "its stream to the coordinator ended", now)
         return self._finish(now)
 
-    def _on_heartbeat(self, node: _Node, beat: Heartbeat, now: float) -> list[Effect]:
+    def _on_heartbeat(self, node: _Node, beat: Heartbeat, now: float) -> Ready:
         """A live node's heartbeat: its groups' states, its workers' and GPUs' health."""
         name = node.name
         group_states = [(g.job_id, g.round, g.state) for g in beat.groups if g.state is not None]
@@ -185,7 +185,7 @@ class _Nodes(_Rounds):
                         s.rss_bytes,
                         s.proc_state,
                     )
-        return self._finish(now) if self._effects else []
+        return self._finish(now) if self._effects else Ready()
 
     def _retain_nodes(self, now: float) -> None:
         """Drop lost nodes past `lost_node_retention`, then the longest unseen past the count."""
@@ -206,7 +206,7 @@ class _Nodes(_Rounds):
             del self._nodes[node.name]
             self._effects.append(Forgotten(node=node.name))
 
-    def forget_node(self, name: str, now: float) -> list[Effect]:
+    def forget_node(self, name: str, now: float) -> Ready:
         """Drop a lost node from the list now. A live node is refused (NodeIsLive); an unknown
         name is nothing to do."""
         node = self._nodes.get(name)
@@ -265,7 +265,7 @@ class _Nodes(_Rounds):
         node.fenced.clear()
         node.gpu_jobs.clear()
 
-    def clear_quarantine(self, name: str, now: float) -> tuple[bool, list[Effect]]:
+    def clear_quarantine(self, name: str, now: float) -> tuple[bool, Ready]:
         """An operator lets a quarantined node take new rounds again: (it was quarantined,
         effects). The uncorrectable ECC counts it shows now are accepted: only a new error
         quarantines it again. A GPU still lost quarantines it again at its next heartbeat."""

@@ -158,6 +158,37 @@ Effect = (
     | NodeChanged
 )
 
+Change = JobChanged | EventRecorded | EventsCut | Forgotten | NodeChanged | CloseSession
+"""An effect on what the store holds."""
+Action = RequestPort | AssignRound | StopRound | ReleaseRound | CloseSession
+"""An effect carried out on a node's session."""
+
+
+class Ready(list[Effect]):
+    """What one input to `Cluster` produced: its effects in the order they were made, split as
+    a raft node's Ready is. `persist`, the changes to the stored state, is recorded first;
+    `send`, what goes to the nodes' sessions, follows, each message held until the write that
+    makes it safe. A CloseSession is in both (its node's record changes, and its session
+    closes). A list, so that it can be read, compared and joined as the effects it holds."""
+
+    @property
+    def persist(self) -> tuple[Change, ...]:
+        return tuple(
+            e
+            for e in self
+            if isinstance(
+                e, JobChanged | EventRecorded | EventsCut | Forgotten | NodeChanged | CloseSession
+            )
+        )
+
+    @property
+    def send(self) -> tuple[Action, ...]:
+        return tuple(
+            e
+            for e in self
+            if isinstance(e, RequestPort | AssignRound | StopRound | ReleaseRound | CloseSession)
+        )
+
 
 @dataclass(frozen=True)
 class ClusterConfig:

@@ -20,7 +20,7 @@ from client.model import (
 )
 from coordinator._cluster_nodes import _Nodes
 from coordinator._cluster_records import (
-    Effect,
+    Ready,
     _Job,
     _Node,
     job_doc_with_round,
@@ -197,7 +197,7 @@ class _Views(_Nodes):
         now: float,
         reconnect_grace: float,
         event_seq_floor: int = 0,
-    ) -> list[Effect]:
+    ) -> Ready:
         """Load state written by an earlier coordinator process.
 
         Event numbers go on after `event_seq_floor` (the reservation the service kept on disk)

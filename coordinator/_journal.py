@@ -6,8 +6,8 @@ wait here (in order) while a change they follow is not yet written, and readers 
 while that job has unwritten changes. `Journal.flush` writes every change noted so far in one
 batch, then lets the held messages go and wakes the readers; `Journal.flush_loop` makes one
 such batch of each burst of changes; `Journal.restore` reads back what an earlier process
-wrote. `Ready` splits the effects the state machine returns into the changes the journal
-records and what the service then sends.
+wrote. The state machine's `Ready` (coordinator._cluster) splits its effects into the
+changes the journal records and what the service then sends.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import grpc
 
 from coordinator._cluster import (
-    AssignRound,
+    Change,
     CloseSession,
     Cluster,
     Effect,
@@ -32,9 +31,6 @@ from coordinator._cluster import (
     Forgotten,
     JobChanged,
     NodeChanged,
-    ReleaseRound,
-    RequestPort,
-    StopRound,
 )
 from coordinator._codec import encode
 from coordinator._errors import RequestError
@@ -49,36 +45,6 @@ EVENT_SEQ_KEY = "event_seq_reserved"
 EVENT_SEQ_BLOCK = 10_000
 WRITE_WAIT_S = 30.0
 """How long a reader waits for the state it would see to be on disk."""
-
-
-Change = JobChanged | EventRecorded | EventsCut | Forgotten | NodeChanged | CloseSession
-"""An effect on what the store holds."""
-Action = RequestPort | AssignRound | StopRound | ReleaseRound | CloseSession
-"""An effect carried out on a node's session."""
-
-
-@dataclass(frozen=True)
-class Ready:
-    """One batch of effects, split as a raft node splits its Ready: `persist`, the changes to the
-    stored state, recorded first; then `send`, what goes to the nodes' sessions, each message
-    held until the write that makes it safe. Both keep the order the state machine made them in;
-    a CloseSession is in both (its node's record changes, and its session closes)."""
-
-    persist: tuple[Change, ...]
-    send: tuple[Action, ...]
-
-    @classmethod
-    def of(cls, effects: Iterable[Effect]) -> Ready:
-        persist: list[Change] = []
-        send: list[Action] = []
-        for eff in effects:
-            if isinstance(eff, JobChanged | EventRecorded | EventsCut | Forgotten | NodeChanged):
-                persist.append(eff)
-            else:
-                if isinstance(eff, CloseSession):
-                    persist.append(eff)
-                send.append(eff)
-        return cls(tuple(persist), tuple(send))
 
 
 class Journal:

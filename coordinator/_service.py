@@ -1,9 +1,10 @@
 """The coordinator's service: the `Cluster` state machine, and what carries out its effects.
 
 Everything runs on one asyncio loop, so the state machine is called one event at a time without
-locks. `CoordinatorService` splits each batch of effects the state machine returns into a
-`Ready`: the changes go to its journal (coordinator._journal), which writes them and holds back
-what must wait for the write; the messages go to the node sessions; the job watchers are woken.
+locks. Each input to the state machine returns a `Ready`, its effects split as a raft node's
+are: the changes go to the service's journal (coordinator._journal), which writes them and holds
+back what must wait for the write; the messages go to the node sessions; the job watchers are
+woken.
 Around it sit the client RPCs (coordinator._rpc), the node agents' streams
 (coordinator._node_sessions) and the log relay (coordinator._log_relay).
 
@@ -49,13 +50,14 @@ from coordinator._cluster import (
     Forgotten,
     JobChanged,
     NodeNameInUse,
+    Ready,
     ReleaseRound,
     RequestPort,
     StopRound,
 )
 from coordinator._errors import RequestError
 from coordinator._job_messages import _bounded_job
-from coordinator._journal import Journal, Ready
+from coordinator._journal import Journal
 from coordinator._log_relay import LOG_CHUNK_MAX_BYTES as LOG_CHUNK_MAX_BYTES
 from coordinator._log_relay import LOG_STREAMS_MAX as LOG_STREAMS_MAX
 from coordinator._log_relay import LOG_STREAMS_PER_CLIENT as LOG_STREAMS_PER_CLIENT
@@ -223,7 +225,7 @@ class CoordinatorService:
     def apply(self, effects: list[Effect]) -> None:
         for observe in self.effect_observers:
             observe(effects)
-        ready = Ready.of(effects)
+        ready = effects if isinstance(effects, Ready) else Ready(effects)
         changed = False
         for change in ready.persist:  # the watchers' versions
             if isinstance(change, JobChanged):
