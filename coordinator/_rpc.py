@@ -209,11 +209,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def ForgetNode(
         self, request: pb.ForgetNodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.ForgetNodeResponse:
-        if not is_name(request.name):
-            raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"name: must be 1-128 of [A-Za-z0-9_.-], got {request.name[:200]!r}",
-            )
+        _check_node_name(request.name)
         svc = self._svc
         known = svc.cluster.dump_node(request.name) is not None
         try:
@@ -232,11 +228,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def ClearQuarantine(
         self, request: pb.ClearQuarantineRequest, context: grpc.aio.ServicerContext
     ) -> pb.ClearQuarantineResponse:
-        if not is_name(request.name):
-            raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"name: must be 1-128 of [A-Za-z0-9_.-], got {request.name[:200]!r}",
-            )
+        _check_node_name(request.name)
         svc = self._svc
         cleared, effects = svc.cluster.clear_quarantine(request.name, svc.now())
         svc.apply(effects)
@@ -350,6 +342,14 @@ def _event_page(events: Sequence[Any]) -> tuple[list[pb.Event], bool]:
 
 def _attempt_page(attempts: Sequence[Any]) -> tuple[list[pb.AttemptSummary], bool]:
     return _page(attempts, attempt_to_pb, ATTEMPTS_PAGE_MAX, ATTEMPTS_PAGE_BYTES)
+
+
+def _check_node_name(name: str) -> None:
+    if not is_name(name):
+        raise RequestError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"name: must be 1-128 of [A-Za-z0-9_.-], got {name[:200]!r}",
+        )
 
 
 def _check_job_ref(svc: Service, job_id: str) -> None:
