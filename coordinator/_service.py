@@ -226,8 +226,9 @@ class CoordinatorService:
         for observe in self.effect_observers:
             observe(effects)
         ready = effects if isinstance(effects, Ready) else Ready(effects)
+        persist = ready.persist  # made on each read: once per batch on this hot path
         changed = False
-        for change in ready.persist:  # the watchers' versions
+        for change in persist:  # the watchers' versions
             if isinstance(change, JobChanged):
                 self._job_versions[change.job_id] = self._job_versions.get(change.job_id, 0) + 1
                 changed = True
@@ -236,7 +237,7 @@ class CoordinatorService:
             elif isinstance(change, Forgotten) and change.job_id:
                 self._job_versions.pop(change.job_id, None)
         # The state first: a message below must see every change it follows as unwritten.
-        self.journal.record(ready.persist)
+        self.journal.record(persist)
         for eff in ready.send:
             if isinstance(eff, CloseSession):
                 s = self._sessions.get(eff.node)
