@@ -377,9 +377,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--trusted-load",
         action="store_true",
-        help="unpickle the return values and print them; this runs code chosen by whoever "
-        "wrote them (the job's workers, or anyone who could change them on the way), so only "
-        "for jobs whose nodes and channel you trust",
+        help="also unpickle the return values that are pickles (JSON values are printed "
+        "without it); this runs code chosen by whoever wrote them (the job's workers, any node "
+        "placed on the job, or anyone who could change them on the way), so only for jobs "
+        "whose nodes and channel you trust",
     )
     _add_json(s)
 

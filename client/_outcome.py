@@ -20,6 +20,7 @@ from client.errors import (
     format_failure_table,
     indent_continuation,
 )
+from client.results import PickledReturnValue
 
 
 class FailureCategory(enum.Enum):
@@ -93,11 +94,14 @@ class RunResult:
     `return_values` and `failures` are keyed by global rank and never share a key; workers
     that gelastic stopped on purpose are in neither.
 
-    `return_values` holds loaded values only when they were verified: the result of a `Job`
-    that this process submitted (it holds the job's key). A result fetched without the key (a
-    job looked up by id, `gelastic result`) is never unpickled: `return_values` is empty and
-    `raw_return_values` holds the tagged bytes; `client.results.trusted_load` loads one, and
-    `client.results.verified_load` checks it against the key first.
+    `return_values` holds data, never anything unpickled: a value the worker stored as JSON
+    (one that JSON gives back exactly) is decoded; any other value (a tuple, an int-keyed
+    dict, NaN, bytes, a tensor) is a `client.results.PickledReturnValue` holding the pickle,
+    and `trusted_return_values()` (or ``Job.wait(trust_pickles=True)``) unpickles those, for
+    a caller who trusts every node of the job; a value that cannot be read is a
+    `client.results.UnreadableReturnValue` saying why. A `Job` holding the job's key (it
+    submitted the job) checks each value's tag first (`return_values_verified`); a job looked
+    up by id, or `gelastic result`, decodes without checking.
     """
 
     state: WorkerState
@@ -108,12 +112,24 @@ class RunResult:
     job_id: str = ""
     name: str = ""
     raw_return_values: dict[int, bytes] = field(default_factory=dict, repr=False)
-    """The return values as the workers wrote them (tag + pickle), by global rank; not loaded."""
+    """The return values as the workers stored them (tagged bytes), by global rank."""
     return_value_sizes: dict[int, int] = field(default_factory=dict)
     """Size in bytes of each rank's return value, as jobs, lists and watches report it."""
+    return_values_verified: bool = False
+    """Every return value's tag matched the job's key: a process holding the key (a node of
+    the job) wrote it for its rank. It says nothing about whether loading a pickle is safe."""
 
     def is_failed(self) -> bool:
         return self.state == WorkerState.FAILED
+
+    def trusted_return_values(self) -> dict[int, Any]:
+        """`return_values` with every `PickledReturnValue` UNPICKLED: this runs code chosen by
+        whoever wrote them (see `PickledReturnValue.trusted_load`). Values that cannot be read
+        stay `UnreadableReturnValue`s."""
+        return {
+            rank: v.trusted_load() if isinstance(v, PickledReturnValue) else v
+            for rank, v in sorted(self.return_values.items())
+        }
 
     @property
     def root_cause(self) -> ProcessFailure | None:

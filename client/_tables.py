@@ -24,6 +24,7 @@ from client.model import (
     WorkerStatus,
     signal_name,
 )
+from client.results import PickledReturnValue
 
 __all__ = [
     "ago",
@@ -298,14 +299,15 @@ def result_text(result: RunResult, state: str) -> str:
             if len(text) > MAX_REPR_CHARS:
                 text = text[:MAX_REPR_CHARS] + f"... ({len(text)} chars)"
             lines.append(f"  rank {rank}: {text}")
+        if any(isinstance(v, PickledReturnValue) for v in result.return_values.values()):
+            lines.append(
+                "  pickles are not loaded: `gelastic result --trusted-load` unpickles and prints "
+                "them, which runs code chosen by whoever wrote them"
+            )
     elif result.return_value_sizes:
-        lines.append("return values (not loaded):")
+        lines.append("return values (not fetched):")
         for rank in sorted(result.return_value_sizes):
             lines.append(f"  rank {rank}: {result.return_value_sizes[rank]} bytes")
-        lines.append(
-            "  they are pickles: `gelastic result --trusted-load` unpickles and prints them, "
-            "which runs code chosen by whoever wrote them"
-        )
     if result.failures:
         lines.append(result.format_failures())
     return "\n".join(lines)

@@ -13,6 +13,12 @@ afterwards is returned (and kept in `killed`), so a caller can treat it as the b
 The coordinator listens on loopback, which every user of this host can reach, so it requires a
 random token: kept in a file (0600) in a private temp dir (0700), handed to the agents and to
 `client`/`connect()`, and to the CLI through `client_env`; nothing prints it.
+
+Return values come back as from any cluster: JSON values decoded, pickles left unloaded. Every
+node here is a child process of the caller's, holding a token only the caller's user can read,
+so trusting the pickles of its jobs is sound (`job.wait(trust_pickles=True)`); it is still not
+the default, so that code written against a LocalCluster behaves the same on a shared cluster,
+where it is not (docs/deployment.md, "What a node can do to a client").
 """
 
 from __future__ import annotations
