@@ -53,7 +53,8 @@ class ProcessFailure:
     exitcode: int
     message: str
     timestamp: float
-    """Seconds since the epoch; sub-second when gelastic's own writer or agent set it."""
+    """Seconds since the epoch; sub-second when gelastic's own writer or agent set it. On the
+    coordinator's clock once the coordinator recorded it (see `clock_offset`)."""
     node: str = ""
     signal: str = ""
     error_file: str = "<N/A>"
@@ -65,6 +66,16 @@ class ProcessFailure:
     stderr_tail: str = ""
     role: str = ""
     role_rank: int = -1
+    clock_offset: float = 0.0
+    """Seconds the node's clock was ahead of the coordinator's (negative: behind) when the
+    coordinator recorded the failure; `timestamp` is already corrected by it (the node read
+    `timestamp + clock_offset`). 0.0 for a time the coordinator took itself, or a node whose
+    clock was not measured yet."""
+    time_uncertainty: float = 0.0
+    """+/- seconds of `timestamp`: the resolution of its source (1.0 for the whole seconds of
+    torch's own error file; 0.01 for a file's modification time) plus the uncertainty of the
+    node's clock offset. Failures closer than their uncertainties together are in no known
+    order (see `first_failure`)."""
 
     def signal_name(self) -> str:
         return self.signal or "<N/A>"
