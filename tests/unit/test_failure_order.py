@@ -1,13 +1,16 @@
-"""The root cause when the failures' times are uncertain.
+"""The root cause across hosts whose clocks disagree.
 
-Where two failures are closer than their uncertainties together, a collective's communication
-error gives way to a failure that is not one, and the reports say that the order was uncertain.
+The coordinator measures each node's clock (`coordinator._clock_offset`) and puts the failures
+a node reports on its own clock before it picks the earliest; where two failures are closer than
+their uncertainties together, a collective's communication error gives way to a failure that is
+not one, and the reports say that the order was uncertain.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from client._tables import nodes_table
 from client.model import (
     ProcessFailure,
     RunResult,
@@ -17,6 +20,11 @@ from client.model import (
     is_collective_error,
     order_note,
 )
+from client.node_protocol import ClockReply
+from coordinator._clock_offset import FAST_PROBES
+from tests.unit._cluster_driver import Driver
+
+from .test_cluster import running_job
 
 T = 1_700_000_000.0
 
@@ -157,3 +165,111 @@ def test_without_uncertainty_the_order_is_the_timestamps_as_before() -> None:
     assert first_failure(failures) == failures[0]
     tie = {3: pf(3, T), 1: pf(1, T)}
     assert first_failure(tie) == tie[1]
+
+
+# ---- the coordinator: a node's clock measured, its failures put on the coordinator's clock ----
+
+
+def measure(d: Driver, name: str, offset: float, trip: float = 0.002) -> None:
+    """Answer every probe a fresh session gets: node `name`'s clock reads `offset` ahead."""
+    n = d.nodes[name]
+    for _ in range(FAST_PROBES):
+        t1 = d.now
+        assert d.cluster.clock_probe_due(name, n.incarnation, t1)
+        t2 = t1 + trip / 2 + offset
+        d.cluster.step(name, n.incarnation, ClockReply(t1, t2, t2), t1 + trip)
+        d.now += 0.5
+
+
+def skewed_failures(d: Driver, *, second: str = GLOO_CLOSED, late: float = 0.15) -> None:
+    """Rank 0 on n0 fails for real at d.now, rank 1 on n1 `late` s later with `second`; n0's
+    agent stamps its time on a clock 0.5 s ahead."""
+    for n in d.nodes.values():
+        n.auto_stop = False
+    first_at = d.now
+    d.exit("n0", 0, 1, timestamp=first_at + 0.5, failure=pf(0, first_at + 0.5, TRUE_FIRST))
+    d.now += late
+    d.exit("n1", 0, 1, timestamp=d.now, failure=pf(1, d.now, second))
+    d.group_stopped("n0", "j", 1)
+    d.group_stopped("n1", "j", 1)
+
+
+def test_the_root_cause_is_the_true_first_failure_on_a_node_whose_clock_is_ahead() -> None:
+    d = running_job(nodes=2, nproc=1)
+    measure(d, "n0", +0.5)
+    measure(d, "n1", 0.0)
+    first_at = d.now
+    skewed_failures(d)
+    result = d.cluster.job_result("j")
+    assert result is not None and result.is_failed()
+    root = result.root_cause
+    assert root is not None and root.global_rank == 0 and root.message == TRUE_FIRST
+    assert result.failures[0].root_cause and not result.failures[1].root_cause
+    # On the coordinator's clock, the offset kept, and how sure it is.
+    assert root.timestamp == pytest.approx(first_at, abs=0.002)
+    assert root.clock_offset == pytest.approx(0.5, abs=0.002)
+    assert 0 < root.time_uncertainty <= 0.002
+    assert result.failures[1].clock_offset == pytest.approx(0.0, abs=0.002)
+    assert "uncertain" not in result.reason
+    nodes = {n.name: n for n in d.cluster.nodes()}
+    assert nodes["n0"].clock_offset == pytest.approx(0.5, abs=0.002)
+    assert 0 < nodes["n0"].clock_uncertainty <= 0.002
+    rows = nodes_table(d.cluster.nodes(), now=d.now).splitlines()
+    assert "CLOCK_MS" in rows[0]
+    assert "+500.0 +/-1.0" in rows[1] and "+0.0 +/-1.0" in rows[2], rows
+
+
+def test_a_node_whose_clock_is_not_measured_is_taken_at_its_word() -> None:
+    d = running_job(nodes=2, nproc=1)
+    skewed_failures(d)
+    result = d.cluster.job_result("j")
+    assert result is not None
+    root = result.root_cause
+    assert root is not None and root.global_rank == 1
+    assert root.clock_offset == 0.0 and result.failures[0].clock_offset == 0.0
+    assert all(n.clock_uncertainty == 0.0 for n in d.cluster.nodes())
+    assert nodes_table(d.cluster.nodes(), now=d.now).splitlines()[1].split()[5] == "-"
+
+
+def test_a_near_tie_on_the_coordinators_clock_prefers_the_non_collective_error() -> None:
+    d = running_job(nodes=2, nproc=1)
+    # A slow trip to n0: its offset is known to +/- 0.2 s only.
+    measure(d, "n0", +0.5, trip=0.4)
+    measure(d, "n1", 0.0)
+    for n in d.nodes.values():
+        n.auto_stop = False
+    at = d.now
+    d.exit("n1", 0, 1, timestamp=at, failure=pf(1, at, GLOO_CLOSED))
+    # n0's rank failed 0.1 s after by the corrected clocks: the order is not known.
+    d.exit("n0", 0, 1, timestamp=at + 0.6, failure=pf(0, at + 0.6, TRUE_FIRST))
+    d.group_stopped("n0", "j", 1)
+    d.group_stopped("n1", "j", 1)
+    result = d.cluster.job_result("j")
+    assert result is not None
+    root = result.root_cause
+    assert root is not None and root.global_rank == 0
+    assert result.failures[0].root_cause and not result.failures[1].root_cause
+    assert "; root cause rank 0 on n0: order uncertain within 0.20" in result.reason
+    assert result.reason.endswith("chosen because the failures before it are collective errors")
+    assert "order     : uncertain within 0.20" in result.format_failures("j")
+
+
+def test_the_order_note_of_a_result_follows_a_failure_reported_after_it() -> None:
+    d = running_job(nodes=2, nproc=1)
+    measure(d, "n0", +0.5, trip=0.4)
+    measure(d, "n1", 0.0)
+    for n in d.nodes.values():
+        n.auto_stop = False
+    at = d.now
+    d.exit("n1", 0, 1, timestamp=at, failure=pf(1, at, GLOO_CLOSED))
+    d.group_stopped("n1", "j", 1)
+    first = d.cluster.job_result("j")
+    assert first is not None and first.root_cause is not None
+    assert first.root_cause.global_rank == 1 and "uncertain" not in first.reason
+    # Its collateral error came first; the true root cause's report comes after the result.
+    d.exit("n0", 0, 1, timestamp=at + 0.6, failure=pf(0, at + 0.6, TRUE_FIRST))
+    amended = d.cluster.job_result("j")
+    assert amended is not None and amended.root_cause is not None
+    assert amended.root_cause.global_rank == 0
+    assert amended.reason.count("; root cause rank ") == 1
+    assert amended.reason.startswith(first.reason)
