@@ -176,6 +176,11 @@ class NodeInfo:
     """Why the node is quarantined (state "quarantined"): no new round is placed there."""
     quarantined_until: float = 0.0
     """When the quarantine ends by itself (seconds since the epoch), unless cleared first."""
+    clock_offset: float = 0.0
+    """Seconds the node's clock is ahead of the coordinator's (negative: behind), as the
+    coordinator measures it over the node's session; failures' times are corrected by it."""
+    clock_uncertainty: float = 0.0
+    """+/- seconds of `clock_offset`; 0.0 when it is not measured (yet)."""
 
 
 @dataclass(frozen=True)

@@ -128,11 +128,14 @@ def nodes_table(nodes: Sequence[NodeInfo], now: float | None = None) -> str:
             n.state,
             f"{n.slots_used}/{n.slots}",
             ago(n.last_seen, now),
+            _clock_cell(n),
             ",".join(n.jobs) or "-",
         )
         for n in nodes
     ]
-    text = table(("NODE", "ADDR", "STATE", "SLOTS", "SEEN", "JOBS"), rows, right="SLOTS,SEEN")
+    text = table(
+        ("NODE", "ADDR", "STATE", "SLOTS", "SEEN", "CLOCK_MS", "JOBS"), rows, right="SLOTS,SEEN"
+    )
     gpu_rows = [
         (
             n.name,
@@ -167,6 +170,14 @@ def nodes_table(nodes: Sequence[NodeInfo], now: float | None = None) -> str:
         text += "\n\nquarantined (no new rounds; `gelastic nodes --clear-quarantine NAME`):\n"
         text += "\n".join(quarantined)
     return text
+
+
+def _clock_cell(n: NodeInfo) -> str:
+    """How far the node's clock is ahead of the coordinator's, +/- how sure, in milliseconds:
+    "-" when not measured."""
+    if not n.clock_uncertainty > 0:
+        return "-"
+    return f"{n.clock_offset * 1000:+.1f} +/-{n.clock_uncertainty * 1000:.1f}"
 
 
 def status_text(s: JobStatus) -> str:

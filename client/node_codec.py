@@ -16,6 +16,8 @@ from client.model import GpuDevice, JobSpec
 from client.node_protocol import (
     Assign,
     CancelLogs,
+    ClockProbe,
+    ClockReply,
     CoordinatorMsg,
     GroupHealth,
     GroupStopped,
@@ -288,6 +290,12 @@ def encode_node(msg: NodeMsg) -> pb.NodeMessage:
         return pb.NodeMessage(
             group_unknown=pb.GroupUnknown(job_id=msg.job_id, round=msg.round, reason=msg.reason)
         )
+    if isinstance(msg, ClockReply):
+        return pb.NodeMessage(
+            clock_reply=pb.ClockReply(
+                probe_sent_at=msg.probe_sent_at, received_at=msg.received_at, sent_at=msg.sent_at
+            )
+        )
     if isinstance(msg, Hello):
         return pb.NodeMessage(
             hello=pb.Hello(
@@ -341,6 +349,9 @@ def decode_node(m: pb.NodeMessage) -> NodeMsg:
     if kind == "group_unknown":
         u = m.group_unknown
         return GroupUnknown(u.job_id, u.round, u.reason[:MAX_REASON_TEXT])
+    if kind == "clock_reply":
+        r = m.clock_reply
+        return ClockReply(r.probe_sent_at, r.received_at, r.sent_at)
     if kind == "hello":
         hello = m.hello
         return Hello(
@@ -434,6 +445,8 @@ def encode_coordinator(msg: CoordinatorMsg, epoch: int = 0) -> pb.CoordinatorMes
         )
     elif isinstance(msg, CancelLogs):
         out = pb.CoordinatorMessage(cancel_logs=pb.CancelLogs(request_id=msg.request_id))
+    elif isinstance(msg, ClockProbe):
+        out = pb.CoordinatorMessage(clock_probe=pb.ClockProbe(sent_at=msg.sent_at))
     elif isinstance(msg, Welcome):
         out = pb.CoordinatorMessage(
             welcome=pb.Welcome(
@@ -470,6 +483,8 @@ def decode_coordinator(m: pb.CoordinatorMessage) -> CoordinatorMsg:
         )
     if kind == "cancel_logs":
         return CancelLogs(m.cancel_logs.request_id)
+    if kind == "clock_probe":
+        return ClockProbe(m.clock_probe.sent_at)
     if kind == "welcome":
         w = m.welcome
         return Welcome(w.heartbeat_interval_ms / 1000, w.lease_ms / 1000, w.coordinator_id)

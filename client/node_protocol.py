@@ -6,10 +6,10 @@ pure data with no transport: the coordinator's decision code takes `NodeMsg` val
 them into protobuf messages and back.
 
 Agent to coordinator: `Hello` (first, once), then `Heartbeat`, `PortReserved`, `WorkersStarted`,
-`WorkerExited`, `WorkerFailing`, `GroupStopped`, `GroupUnknown` and `LogChunk`.
+`WorkerExited`, `WorkerFailing`, `GroupStopped`, `GroupUnknown`, `LogChunk` and `ClockReply`.
 Coordinator to agent: `Welcome` (first, once), then `ReservePort`, `Assign`, `Stop`, `Release`,
-`StartLogs`, `CancelLogs` and `LogCredit`, each under the leader epoch of the coordinator that
-sent it.
+`StartLogs`, `CancelLogs`, `LogCredit` and `ClockProbe`, each under the leader epoch of the
+coordinator that sent it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from client.model import GpuDevice, GpuHealth, ProcessFailure, WorkerState
 __all__ = [
     "Assign",
     "CancelLogs",
+    "ClockProbe",
+    "ClockReply",
     "CoordinatorMsg",
     "GroupHealth",
     "GroupStopped",
@@ -206,6 +208,19 @@ class LogChunk:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class ClockReply:
+    """The answer to a `ClockProbe`, sent at once: with the probe's own time, the four times of
+    an NTP exchange (`coordinator._clock_offset`)."""
+
+    probe_sent_at: float
+    """The probe's `sent_at`, echoed (the coordinator's clock)."""
+    received_at: float
+    """When the agent read the probe (its own clock, seconds since the epoch)."""
+    sent_at: float
+    """When the agent sent this answer (its own clock)."""
+
+
 NodeMsg = (
     Hello
     | Heartbeat
@@ -216,6 +231,7 @@ NodeMsg = (
     | GroupStopped
     | GroupUnknown
     | LogChunk
+    | ClockReply
 )
 """Anything an agent sends."""
 
@@ -294,7 +310,23 @@ class LogCredit:
     chunks: int
 
 
+@dataclass(frozen=True)
+class ClockProbe:
+    """A probe of the node's clock: answer at once with a `ClockReply`."""
+
+    sent_at: float
+    """The coordinator's clock, seconds since the epoch."""
+
+
 CoordinatorMsg = (
-    Welcome | ReservePort | Assign | Stop | Release | StartLogs | CancelLogs | LogCredit
+    Welcome
+    | ReservePort
+    | Assign
+    | Stop
+    | Release
+    | StartLogs
+    | CancelLogs
+    | LogCredit
+    | ClockProbe
 )
 """Anything a coordinator sends."""

@@ -19,8 +19,10 @@ from coordinator._cluster_failures import (
     _exit_text,
     _label_failures,
     _last_line,
+    _on_coordinator_clock,
     _sanitized,
     _stamp,
+    _with_order_note,
     _within_result_budget,
 )
 from coordinator._cluster_outcome import _Outcome
@@ -119,6 +121,11 @@ class _Exits(_Outcome):
         if member.group_state != WorkerState.UNKNOWN:
             member.group_state = WorkerState.FAILED
         failure = _stamp(failure, member.node, w, job)
+        node = self._nodes.get(member.node)
+        # On one clock with the other nodes' failures, for the root cause's sake.
+        failure = _on_coordinator_clock(
+            failure, self._measured(node) if node is not None else None, now
+        )
         # A failure of the running attempt that no restart can mend fails the job at once.
         no_restart = (
             no_restart_reason(job.spec, failure)
@@ -237,8 +244,12 @@ class _Exits(_Outcome):
         last = job.attempts[-1]
         if last.attempt == job.attempt and last.round == job.round:
             job.attempts[-1] = replace(last, failures=self._attempt_failures(job)[0])
+        failures = _label_failures(job.current.failures)
         job.result = replace(
-            result, failures=_label_failures(job.current.failures), attempts=tuple(job.attempts)
+            result,
+            failures=failures,
+            attempts=tuple(job.attempts),
+            reason=_with_order_note(result.reason, failures),
         )
         self._changed(job)
 

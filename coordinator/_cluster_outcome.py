@@ -24,6 +24,7 @@ from coordinator._cluster_failures import (
     _label_failures,
     _last_line,
     _stamp,
+    _with_order_note,
 )
 from coordinator._cluster_records import (
     MAX_ATTEMPTS_KEPT,
@@ -254,7 +255,7 @@ class _Outcome(_Core):
             return_values=dict(job.current.return_values) if state == JobState.SUCCEEDED else {},
             failures=failures,
             attempts=tuple(job.attempts),
-            reason=reason,
+            reason=_with_order_note(reason, failures),
             job_id=job.job_id,
             name=job.spec.name,
         )

@@ -131,8 +131,11 @@ class _Views(_Nodes):
                 gpus_used=tuple(sorted(i for indices in n.gpu_jobs.values() for i in indices)),
                 quarantine_reason=n.quarantine_reason,
                 quarantined_until=n.quarantined_until,
+                clock_offset=clock.offset if clock is not None else 0.0,
+                clock_uncertainty=clock.uncertainty if clock is not None else 0.0,
             )
             for n in sorted(self._nodes.values(), key=lambda n: n.name)
+            for clock in [self._measured(n)]
         ]
 
     def node_is_live(self, name: str, incarnation: str) -> bool:

@@ -30,6 +30,8 @@ from client.model import (
 )
 from client.node_codec import MessageError, decode_node, encode_coordinator
 from client.node_protocol import (
+    ClockProbe,
+    Heartbeat,
     Hello,
     LogChunk,
     Welcome,
@@ -392,6 +394,7 @@ class CoordinatorService:
                 Welcome(self.config.heartbeat_interval, self.config.lease, self.coordinator_id)
             )
         )
+        self._probe_clock(session)
         self.apply(effects)
         return session
 
@@ -418,6 +421,16 @@ class CoordinatorService:
         if isinstance(decoded, LogChunk):
             self.log_relay.on_chunk(session, decoded)
         self.apply(self.cluster.step(session.name, session.incarnation, decoded, self.now()))
+        if isinstance(decoded, Heartbeat):
+            self._probe_clock(session)
+
+    def _probe_clock(self, session: _Session) -> None:
+        """Probe the node's clock when the cluster says it is time. Straight to the session:
+        a probe changes nothing stored, so it waits for no write (a wait would only widen the
+        round trip it measures)."""
+        now = self.now()
+        if self.cluster.clock_probe_due(session.name, session.incarnation, now):
+            session.send(encode_coordinator(ClockProbe(now)))
 
     # ---- logs ------------------------------------------------------------------------------
 

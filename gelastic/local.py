@@ -325,8 +325,16 @@ class LocalCluster:
                 self.dashboard_port = int(s.getsockname()[1])
         return ["--dashboard-port", str(self.dashboard_port)]
 
-    def start_agent(self, name: str, slots: int | None = None, wait: bool = True) -> None:
-        """Start agent `name` with its own directories; a restarted agent gets the same ones."""
+    def start_agent(
+        self,
+        name: str,
+        slots: int | None = None,
+        wait: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Start agent `name` with its own directories; a restarted agent gets the same ones.
+
+        `env`: more environment for this agent (and its workers) alone, over the cluster's."""
         home = self.node_dir(name)
         tmp = home / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
@@ -354,13 +362,13 @@ class LocalCluster:
             *self.agent_args,
         ]
         # Workers inherit the agent's environment: their temp files stay on "their host" too.
-        env = {**self.env, AGENT_ENV: name, "TMPDIR": str(tmp)}
+        agent_env = {**self.env, **(env or {}), AGENT_ENV: name, "TMPDIR": str(tmp)}
         old = self.agents.get(name)
         if old is not None:
             if old.popen.poll() is None:
                 raise RuntimeError(f"agent {name} is still running")
             old.log.close()
-        self.agents[name] = self._spawn(name, argv, env)
+        self.agents[name] = self._spawn(name, argv, agent_env)
         if wait:
             self.wait_nodes(lambda live: name in live, f"node {name} to register")
 

@@ -49,6 +49,7 @@ from client.node_protocol import (
     Stop,
 )
 from client.security import Security
+from nodeagent import _faults
 from nodeagent._agent_core import (
     Refusal,
     StaleEpoch,
@@ -346,7 +347,7 @@ class NodeAgent:
     # ---- the session -----------------------------------------------------------------------
 
     def _tell(self, msg: NodeMsg) -> None:
-        self._send(encode_node(msg))
+        self._send(_encode(msg))
 
     def _send(self, msg: pb.NodeMessage) -> None:
         if self._outbox is not None:
@@ -360,7 +361,7 @@ class NodeAgent:
         self._logs.end_session()
 
     def _hello(self) -> pb.NodeMessage:
-        return encode_node(
+        return _encode(
             hello(
                 self._held,
                 name=self.config.name,
@@ -373,7 +374,7 @@ class NodeAgent:
 
     def _replay(self) -> list[pb.NodeMessage]:
         """What follows the welcome: every held exit (and then the stops), each on its own."""
-        return [encode_node(m) for m in replay(self._held)]
+        return [_encode(m) for m in replay(self._held)]
 
     def _heartbeat(self, outbox: Outbox, seq: int) -> None:
         groups = [
@@ -472,6 +473,11 @@ class NodeAgent:
 
     def _pid_file(self) -> Path:
         return self.state_dir / f"agent-{self.config.name}.pids.json"
+
+
+def _encode(msg: NodeMsg) -> pb.NodeMessage:
+    """What the agent says, its times on this host's clock (skewed only by a test's fault)."""
+    return encode_node(_faults.skewed(msg))
 
 
 def _decode_assign(m: pb.Assign) -> Assign:

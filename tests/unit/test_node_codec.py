@@ -25,6 +25,8 @@ from client.node_codec import (
 from client.node_protocol import (
     Assign,
     CancelLogs,
+    ClockProbe,
+    ClockReply,
     CoordinatorMsg,
     GroupHealth,
     GroupStopped,
@@ -78,6 +80,8 @@ FAILURES = st.builds(
     stderr_tail=TEXT,
     role=TEXT,
     role_rank=I32,
+    clock_offset=FLOAT,
+    time_uncertainty=FLOAT,
 )
 EXITS = st.builds(
     WorkerExit,
@@ -184,6 +188,7 @@ NODE_MESSAGES: dict[type, st.SearchStrategy[NodeMsg]] = {
     LogChunk: st.builds(
         LogChunk, request_id=I64, data=st.binary(max_size=64), eof=st.booleans(), error=TEXT
     ),
+    ClockReply: st.builds(ClockReply, probe_sent_at=FLOAT, received_at=FLOAT, sent_at=FLOAT),
 }
 
 SPECS = st.sampled_from(
@@ -243,6 +248,7 @@ COORDINATOR_MESSAGES: dict[type, st.SearchStrategy[CoordinatorMsg]] = {
     ),
     CancelLogs: st.builds(CancelLogs, request_id=I64),
     LogCredit: st.builds(LogCredit, request_id=I64, chunks=I64),
+    ClockProbe: st.builds(ClockProbe, sent_at=FLOAT),
 }
 
 
