@@ -19,6 +19,8 @@ from client.node_protocol import (
     ClockProbe,
     ClockReply,
     CoordinatorMsg,
+    DrainAccepted,
+    DrainRequest,
     GroupHealth,
     GroupStopped,
     GroupUnknown,
@@ -55,6 +57,8 @@ from client.wire import (
 from protos.gelastic.v1 import gelastic_pb2 as pb
 
 __all__ = [
+    "MAX_DRAIN_REASON",
+    "MAX_DRAIN_S",
     "MAX_GPUS",
     "MAX_GPU_TEXT",
     "MAX_REASON_TEXT",
@@ -75,6 +79,10 @@ MAX_GPU_TEXT = 96
 """Longest GPU name or uuid."""
 MAX_REASON_TEXT = 4000
 """Longest reason a GroupUnknown keeps."""
+MAX_DRAIN_REASON = 1000
+"""Longest reason a drain keeps."""
+MAX_DRAIN_S = 7 * 86400.0
+"""Longest drain deadline a message may carry (seconds)."""
 
 
 class MessageError(ValueError):
@@ -308,7 +316,22 @@ def encode_node(msg: NodeMsg) -> pb.NodeMessage:
                 gpus=[gpu_device_to_pb(d) for d in msg.gpus],
             )
         )
+    if isinstance(msg, DrainRequest):
+        return pb.NodeMessage(
+            drain_request=pb.DrainRequest(deadline_ms=_deadline_ms(msg.deadline), reason=msg.reason)
+        )
     raise TypeError(f"not a node message: {type(msg).__name__}")
+
+
+def _deadline_ms(deadline: float | None) -> int:
+    """A drain's deadline on the wire: milliseconds, at least 1 (0 means none given)."""
+    return 0 if deadline is None else max(1, round(deadline * 1000))
+
+
+def _deadline_from_ms(ms: int, field: str) -> float | None:
+    if ms < 0 or ms > MAX_DRAIN_S * 1000:
+        raise MessageError(f"{field}: must be 0-{MAX_DRAIN_S * 1000:.0f} ms, got {ms}")
+    return ms / 1000 if ms else None
 
 
 def decode_node(m: pb.NodeMessage) -> NodeMsg:
@@ -362,6 +385,12 @@ def decode_node(m: pb.NodeMessage) -> NodeMsg:
             version=hello.version,
             running=tuple(_running_from_pb(g) for g in hello.running),
             gpus=_gpus_from_hello(hello),
+        )
+    if kind == "drain_request":
+        d = m.drain_request
+        return DrainRequest(
+            _deadline_from_ms(d.deadline_ms, "drain_request.deadline_ms"),
+            d.reason[:MAX_DRAIN_REASON],
         )
     raise MessageError("empty node message")
 
@@ -421,6 +450,9 @@ def encode_coordinator(msg: CoordinatorMsg, epoch: int = 0) -> pb.CoordinatorMes
                 grace_ms=round(msg.grace * 1000),
                 reason=msg.reason,
                 replaced=msg.replaced,
+                notice=msg.notice,
+                term_after_ms=round(msg.term_after * 1000),
+                drain_node=msg.drain_node,
             )
         )
     elif isinstance(msg, ReservePort):
@@ -455,6 +487,10 @@ def encode_coordinator(msg: CoordinatorMsg, epoch: int = 0) -> pb.CoordinatorMes
                 coordinator_id=msg.coordinator_id,
             )
         )
+    elif isinstance(msg, DrainAccepted):
+        out = pb.CoordinatorMessage(
+            drain_accepted=pb.DrainAccepted(deadline_ms=_deadline_ms(msg.deadline))
+        )
     else:
         raise TypeError(f"not a coordinator message: {type(msg).__name__}")
     if epoch:
@@ -469,7 +505,16 @@ def decode_coordinator(m: pb.CoordinatorMessage) -> CoordinatorMsg:
         return _assign_from_pb(m.assign)
     if kind == "stop":
         s = m.stop
-        return Stop(s.job_id, s.round, s.grace_ms / 1000, s.reason, s.replaced)
+        return Stop(
+            s.job_id,
+            s.round,
+            s.grace_ms / 1000,
+            s.reason,
+            s.replaced,
+            notice=s.notice,
+            term_after=max(0, min(s.term_after_ms, round(MAX_DRAIN_S * 1000))) / 1000,
+            drain_node=s.drain_node[:MAX_DRAIN_REASON],
+        )
     if kind == "reserve_port":
         return ReservePort(m.reserve_port.job_id, m.reserve_port.round)
     if kind == "release":
@@ -488,4 +533,8 @@ def decode_coordinator(m: pb.CoordinatorMessage) -> CoordinatorMsg:
     if kind == "welcome":
         w = m.welcome
         return Welcome(w.heartbeat_interval_ms / 1000, w.lease_ms / 1000, w.coordinator_id)
+    if kind == "drain_accepted":
+        return DrainAccepted(
+            _deadline_from_ms(m.drain_accepted.deadline_ms, "drain_accepted.deadline_ms")
+        )
     raise MessageError("empty coordinator message")

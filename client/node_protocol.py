@@ -6,10 +6,11 @@ pure data with no transport: the coordinator's decision code takes `NodeMsg` val
 them into protobuf messages and back.
 
 Agent to coordinator: `Hello` (first, once), then `Heartbeat`, `PortReserved`, `WorkersStarted`,
-`WorkerExited`, `WorkerFailing`, `GroupStopped`, `GroupUnknown`, `LogChunk` and `ClockReply`.
+`WorkerExited`, `WorkerFailing`, `GroupStopped`, `GroupUnknown`, `LogChunk`, `ClockReply` and
+`DrainRequest`.
 Coordinator to agent: `Welcome` (first, once), then `ReservePort`, `Assign`, `Stop`, `Release`,
-`StartLogs`, `CancelLogs`, `LogCredit` and `ClockProbe`, each under the leader epoch of the
-coordinator that sent it.
+`StartLogs`, `CancelLogs`, `LogCredit`, `ClockProbe` and `DrainAccepted`, each under the leader
+epoch of the coordinator that sent it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ __all__ = [
     "ClockProbe",
     "ClockReply",
     "CoordinatorMsg",
+    "DrainAccepted",
+    "DrainRequest",
     "GroupHealth",
     "GroupStopped",
     "GroupUnknown",
@@ -221,6 +224,16 @@ class ClockReply:
     """When the agent sent this answer (its own clock)."""
 
 
+@dataclass(frozen=True)
+class DrainRequest:
+    """The agent asks to be drained (it got SIGTERM): its rounds are replaced on the other
+    nodes, its workers stopped with a notice, and no new round comes to it."""
+
+    deadline: float | None = None
+    """Seconds its workers have until SIGKILL; None: each job's stop_grace."""
+    reason: str = ""
+
+
 NodeMsg = (
     Hello
     | Heartbeat
@@ -232,6 +245,7 @@ NodeMsg = (
     | GroupUnknown
     | LogChunk
     | ClockReply
+    | DrainRequest
 )
 """Anything an agent sends."""
 
@@ -277,6 +291,12 @@ class Stop:
     reason: str = ""
     replaced: bool = False
     """The round is stopped to be replaced by a new round of the same job (restart, re-form)."""
+    notice: bool = False
+    """A drain's stop: the workers get a preemption notice first (GELASTIC_PREEMPT_FILE)."""
+    term_after: float = 0.0
+    """With a notice: seconds the workers run on before SIGTERM, unless they all left first."""
+    drain_node: str = ""
+    """With a notice: the node whose drain stops the round."""
 
 
 @dataclass(frozen=True)
@@ -318,6 +338,14 @@ class ClockProbe:
     """The coordinator's clock, seconds since the epoch."""
 
 
+@dataclass(frozen=True)
+class DrainAccepted:
+    """The coordinator recorded the drain its agent asked for; the stops it made came first."""
+
+    deadline: float | None = None
+    """Seconds the drain gives the workers; None: each job's stop_grace."""
+
+
 CoordinatorMsg = (
     Welcome
     | ReservePort
@@ -328,5 +356,6 @@ CoordinatorMsg = (
     | CancelLogs
     | LogCredit
     | ClockProbe
+    | DrainAccepted
 )
 """Anything a coordinator sends."""
