@@ -499,6 +499,10 @@ def node_to_pb(n: NodeInfo) -> pb.Node:
         # No incarnation: it is what an agent's session is known by, never shown to clients.
         quarantine_reason=n.quarantine_reason,
         quarantined_until=n.quarantined_until,
+        drain_reason=n.drain_reason,
+        drain_deadline=n.drain_deadline,
+        drained_since=n.drained_since,
+        drain_by_agent=n.drain_by_agent,
         gpus=[gpu_device_to_pb(g) for g in n.gpus],
         gpu_health=[gpu_health_to_pb(h) for h in n.gpu_health],
         gpus_used=list(n.gpus_used),
@@ -555,6 +559,10 @@ def node_from_pb(m: pb.Node) -> NodeInfo:
         quarantined_until=m.quarantined_until,
         clock_offset=m.clock_offset,
         clock_uncertainty=m.clock_uncertainty,
+        drain_reason=m.drain_reason,
+        drain_deadline=m.drain_deadline,
+        drained_since=m.drained_since,
+        drain_by_agent=m.drain_by_agent,
     )
 
 

@@ -7,10 +7,11 @@ clock (`now` is a parameter), so every decision is tested directly with a fake c
 
 - node sessions: `step(node, incarnation, msg, now)` takes every message of an agent's session
   (`client.node_protocol`: heartbeats, reserved ports, started workers, exits, failure notices,
-  stopped and unknown groups, log chunks, answers to clock probes); the session's opening and
-  end are `node_connected` and `node_disconnected`, and `assign_undeliverable` says an
-  assignment could not be sent;
-- clients: `submit`, `confirm_written`, `withdraw`, `cancel`, `forget_node`, `clear_quarantine`;
+  stopped and unknown groups, log chunks, answers to clock probes, an agent's drain request);
+  the session's opening and end are `node_connected` and `node_disconnected`, and
+  `assign_undeliverable` says an assignment could not be sent;
+- clients: `submit`, `confirm_written`, `withdraw`, `cancel`, `forget_node`, `clear_quarantine`,
+  `drain`, `undrain`;
 - time: `tick`; the store: `restore` (and `dump_job`, `dump_nodes`, `dump_node` out).
 
 Everything else public is a read: `job_ids`, `has_job`, `job_spec`, `job_state`, `job_status`,
@@ -26,7 +27,8 @@ membership (a node lost, a node joined) re-forms the job without spending it.
 The class is a facade over rooms, each a module of its own, stacked from the bottom:
 `_cluster_core` (state, fencing, transitions, events), `_cluster_outcome` (stops, restarts, the
 end of a job, quarantine), `_cluster_exits` (exits and failures), `_cluster_rounds` (scheduling
-and forming rounds, with `_placement`), `_cluster_nodes` (sessions, leases, adoption),
+and forming rounds, with `_placement`), `_cluster_drain` (drains: a node's rounds replaced with
+a notice to their workers), `_cluster_nodes` (sessions, leases, adoption),
 `_cluster_views` (views, dumps, restore); the records and effects are in `_cluster_records`.
 A job's round is a `_Round` record of its own (`job.current`): `_form` makes it whole and
 going back to the queue drops it whole, so no field of one round leaks into the next.
@@ -45,6 +47,7 @@ from client.model import (
 )
 from client.node_protocol import (
     ClockReply,
+    DrainRequest,
     GroupStopped,
     GroupUnknown,
     Heartbeat,
@@ -71,6 +74,7 @@ from coordinator._cluster_records import (
     Change,
     CloseSession,
     ClusterConfig,
+    DrainAccepted,
     Effect,
     EventRecorded,
     EventsCut,
@@ -109,6 +113,7 @@ __all__ = [
     "CloseSession",
     "Cluster",
     "ClusterConfig",
+    "DrainAccepted",
     "Effect",
     "EventRecorded",
     "EventsCut",
@@ -225,6 +230,9 @@ class Cluster(_Views):
             return self._finish(now) if self._effects else Ready()
         if isinstance(msg, Hello):
             raise ValueError(f"node {name} said hello twice on one session")
+        if isinstance(msg, DrainRequest):
+            self._on_drain_request(node, msg, now)
+            return self._finish(now)
         if isinstance(msg, PortReserved):
             self._on_port_reserved(node, msg, now)
         elif isinstance(msg, GroupStopped):

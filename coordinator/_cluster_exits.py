@@ -68,7 +68,10 @@ class _Exits(_Outcome):
             if w.phase in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
                 job.set_phase(w, _WorkerPhase.STOPPED)
             return
-        if report.stopped_by_agent and job.state == JobState.STOPPING:
+        # A worker that leaves cleanly after a drain's notice (it checkpointed) is part of the
+        # drain, as one stopped by its agent: neither a failure nor a result.
+        left = bool(job.current.drain_node) and report.exitcode == 0 and report.failure is None
+        if (report.stopped_by_agent or left) and job.state == JobState.STOPPING:
             if w.phase in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
                 job.set_phase(w, _WorkerPhase.STOPPED)  # a failed one stays failed
             return

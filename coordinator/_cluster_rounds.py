@@ -161,6 +161,7 @@ class _Rounds(_Exits):
         return not any(
             n.live
             and not n.quarantine_reason
+            and not n.drain_reason
             and n.name not in taken
             and job.job_id not in n.jobs
             and _total_room(n) >= need
@@ -194,7 +195,11 @@ class _Rounds(_Exits):
         """Why the live nodes do not count for `job` when none of them can hold a group."""
         if capacity:
             return ""
-        live = [n for n in self._nodes.values() if n.live and not n.quarantine_reason]
+        live = [
+            n
+            for n in self._nodes.values()
+            if n.live and not n.quarantine_reason and not n.drain_reason
+        ]
         if not live:
             return ""
         need = _smallest_group(job.spec)
@@ -255,6 +260,7 @@ class _Rounds(_Exits):
             if n.live
             and n.attached
             and not n.quarantine_reason
+            and not n.drain_reason
             and job.job_id not in n.jobs
             and n.fits(need)
         ]
@@ -267,6 +273,7 @@ class _Rounds(_Exits):
             for n in self._nodes.values()
             if n.live
             and not n.quarantine_reason
+            and not n.drain_reason
             and n.slots >= need
             and (not n.gpus or len(n.gpus) >= need)
         ]

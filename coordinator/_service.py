@@ -47,6 +47,7 @@ from coordinator._cluster import (
     CloseSession,
     Cluster,
     ClusterConfig,
+    DrainAccepted,
     Effect,
     EventRecorded,
     Forgotten,
@@ -260,8 +261,12 @@ class CoordinatorService:
         async with self._changed:
             self._changed.notify_all()
 
-    def _send(self, eff: RequestPort | AssignRound | StopRound | ReleaseRound) -> None:
+    def _send(
+        self, eff: RequestPort | AssignRound | StopRound | ReleaseRound | DrainAccepted
+    ) -> None:
         s = self._sessions.get(eff.node)
+        if isinstance(eff, DrainAccepted) and s is not None and s.incarnation != eff.incarnation:
+            return  # the agent that asked is gone
         if s is None:
             logger.info("node %s has no session; dropping %s", eff.node, type(eff).__name__)
             return

@@ -31,6 +31,7 @@ OURS = (*PACKAGES, "protos")
 PURE = (
     "coordinator._cluster",
     "coordinator._cluster_core",
+    "coordinator._cluster_drain",
     "coordinator._cluster_exits",
     "coordinator._cluster_failures",
     "coordinator._cluster_nodes",
