@@ -53,6 +53,7 @@ WORKER_SIDE = (
     "nodeagent._pdeathsig",
     "nodeagent._sentinel",
     "client.errors",
+    "client.preempt",
 )
 """Modules that run inside a user's worker process: the standard library only."""
 
