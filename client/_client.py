@@ -371,6 +371,23 @@ class Client:
         )
         return bool(resp.cleared)
 
+    def drain_node(self, name: str, deadline: float | None = None, reason: str = "") -> str:
+        """Drain node `name`: no new round goes there, and its rounds are replaced on the other
+        nodes without spending a restart, their workers told first, SIGKILLed at `deadline`
+        seconds (None: each job's stop_grace). Returns the node's state then ("draining" while
+        workers run there, "drained"), or "" when no node had that name."""
+        ms = 0 if deadline is None else max(1, round(deadline * 1000))
+        req = pb.DrainNodeRequest(name=name, deadline_ms=ms, reason=reason)
+        call = lambda stub, t: stub.DrainNode(req, timeout=t, metadata=self._md)  # noqa: E731
+        resp = self._call(call, idempotent=True)
+        return str(resp.state or "drained") if resp.drained else ""
+
+    def undrain_node(self, name: str) -> bool:
+        """Let drained node `name` take new rounds again; False when it was not drained."""
+        req = pb.UndrainNodeRequest(name=name)
+        call = lambda stub, t: stub.UndrainNode(req, timeout=t, metadata=self._md)  # noqa: E731
+        return bool(self._call(call, idempotent=True).undrained)
+
     def cancel(self, job_id: str) -> JobStatus:
         req = pb.CancelJobRequest(job_id=job_id)
         # Cancelling twice is harmless, so the call is safe to retry.

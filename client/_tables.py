@@ -169,6 +169,19 @@ def nodes_table(nodes: Sequence[NodeInfo], now: float | None = None) -> str:
     if quarantined:
         text += "\n\nquarantined (no new rounds; `gelastic nodes --clear-quarantine NAME`):\n"
         text += "\n".join(quarantined)
+    drained = [
+        f"  {n.name}: {_cell(n.drain_reason)} (since {_datetime(n.drained_since)}; workers "
+        + (
+            f"killed at {_datetime(n.drain_deadline)})"
+            if n.drain_deadline
+            else "get their job's stop_grace)"
+        )
+        for n in nodes
+        if n.drain_reason
+    ]
+    if drained:
+        text += "\n\ndrained (no new rounds; `gelastic nodes --undrain NAME`):\n"
+        text += "\n".join(drained)
     return text
 
 

@@ -575,10 +575,12 @@ class DrainNodeRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class DrainNodeResponse(_message.Message):
-    __slots__ = ("drained",)
+    __slots__ = ("drained", "state")
     DRAINED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     drained: bool
-    def __init__(self, drained: _Optional[bool] = ...) -> None: ...
+    state: str
+    def __init__(self, drained: _Optional[bool] = ..., state: _Optional[str] = ...) -> None: ...
 
 class UndrainNodeRequest(_message.Message):
     __slots__ = ("name",)
