@@ -280,7 +280,7 @@ function renderCluster(app) {
     return {
       cells: [
         el("td", { class: "name" }, n.name),
-        el("td", {}, badge(n.state)),
+        el("td", n.drain_reason ? { title: "drained: " + n.drain_reason + (n.drain_deadline ? "; workers killed at " + clock(n.drain_deadline) : "") } : {}, badge(n.state)),
         el("td", {}, slotBar(n.slots_used, n.slots), " ", n.slots_used + " used / " + n.slots_free + " free"),
         el("td", { class: age > 3 ? "warn" : "" }, duration(age) + " ago"),
         n.cpu_percent.toFixed(0) + " %",

@@ -255,3 +255,21 @@ def _no_token_in(requested: list[str], cluster: LocalCluster) -> None:
     assert requested, "no request was recorded"
     leaked = [u for u in requested if token in u]
     assert not leaked, f"the token appeared in a URL: {len(leaked)} requests"
+
+
+def test_the_cluster_page_shows_a_drained_node_and_why(
+    session: Any, cluster: LocalCluster, script_errors: list[str], shots: Path
+) -> None:
+    assert cluster.client.drain_node("node-1", reason="kernel upgrade") == "drained"
+    page = session.new_page()
+    try:
+        page.goto(cluster.dashboard_url)
+        row = 'tr[data-node="node-1"]'
+        page.wait_for_selector(f"{row} .s-drained", timeout=WAIT_MS)
+        title = page.get_attribute(f"{row} td:nth-child(2)", "title") or ""
+        assert "drained: kernel upgrade" in title
+        _shot(page, shots, "cluster-drained")
+    finally:
+        page.close()
+        cluster.client.undrain_node("node-1")
+    assert not script_errors, script_errors
