@@ -33,6 +33,7 @@ from coordinator._cluster_records import (
 )
 from coordinator._cluster_words import (
     _count,
+    _drained_note,
     _more,
     _named,
     _then,
@@ -149,7 +150,8 @@ class _Rounds(_Exits):
                     job,
                     f"rendezvous: {capacity}/{spec.min_nodes} nodes, waiting up to "
                     f"{job.join_deadline - now:.0f} s more for min_nodes"
-                    + self._too_small(job, capacity),
+                    + self._too_small(job, capacity)
+                    + _drained_note(self._nodes.values()),
                     now,
                 )
         self._scale_up(claimed, now)

@@ -143,7 +143,7 @@ def test_a_drain_that_leaves_fewer_than_min_nodes_waits_for_nodes() -> None:
     d._take(d.cluster.drain("n1", 5.0, d.now))
     d.settle()
     assert (d.state("j"), d.attempt("j")) == (JobState.QUEUED, 0)
-    assert "1/2 nodes" in d.reason("j")
+    assert "1/2 nodes" in d.reason("j") and "(drained: n1)" in d.reason("j")
     d.connect("n2", addr="10.0.0.3")
     d.settle()
     assert (d.state("j"), d.attempt("j")) == (JobState.RUNNING, 0)
