@@ -3,7 +3,9 @@ are killed at the drain's deadline, and it takes no new job until it is undraine
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -106,3 +108,76 @@ def test_a_drain_kills_at_its_deadline_and_the_node_takes_no_job_until_undrained
     pair.wait(TIMEOUT)
     assert pair.status().state == JobState.SUCCEEDED
     assert node_row(gelastic(cluster, "nodes"), node)[2] == "live"
+
+
+TRAIN_DDP = str(Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py")
+
+
+def test_a_ddp_job_checkpoints_on_the_notice_and_resumes_from_that_step_elsewhere(
+    make_cluster: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    cluster = make_cluster(nodes=2, slots=1)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    steps = 300
+    spec = JobSpec(
+        entrypoint=[PY, TRAIN_DDP],
+        args=[
+            "--steps",
+            str(steps),
+            "--step-time",
+            "0.05",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--checkpoint-every",
+            "100000",
+            "--leave-on-notice",
+        ],
+        nproc_per_node=1,
+        min_nodes=1,
+        max_nodes=2,
+        max_restarts=0,
+        stop_grace=10,
+        last_call_timeout=0,
+    )
+    job = cluster.client.submit(spec)
+
+    def both_running() -> bool:
+        status = job.status()
+        return status.state == JobState.RUNNING and len(status.workers) == 2
+
+    poll_until(both_running, 120, what="both ranks running")
+    ranks = {w.global_rank: w.node for w in job.status().workers}
+    first, drained = ranks[0], ranks[1]
+
+    def rank0_log() -> str:
+        """Rank 0's output over both rounds (the job re-forms with rank 0 where it was)."""
+        logs = cluster.agent_log_dir(first).glob(f"{job.job_id}/attempt_0*/0/stdout.log")
+        return "".join(p.read_text() for p in logs)
+
+    poll_until(lambda: "step  20" in rank0_log(), 120, what="training under way")
+    drained_at = time.time()
+    # 30 s to go, 10 s of stop_grace: 20 s with the notice before any SIGTERM.
+    assert cluster.client.drain_node(drained, 30.0, "spot reclaim") == "draining"
+    result = job.wait(TIMEOUT)
+    assert job.status().state == JobState.SUCCEEDED, result.format_failures()
+    assert [a.attempt for a in job.attempts()] == [0, 0]
+    assert job.attempts()[0].failures == ()
+
+    # Every rank of the round, on both nodes, got the notice.
+    for node in (first, drained):
+        (path,) = cluster.agent_log_dir(node).glob(f"{job.job_id}/attempt_0/preempt-{node}.json")
+        notice = json.loads(path.read_text())
+        assert notice["node"] == drained and "spot reclaim" in notice["reason"]
+        assert drained_at + 25 < notice["deadline"] < drained_at + 40
+    # They left on it, long before SIGTERM would have come: the next round formed within 20 s.
+    (formed,) = [e for e in job.events() if e.kind == "round_formed" and e.round == 2]
+    assert formed.timestamp < drained_at + 20
+    # The job checkpointed step N on the notice and the re-formed job went on from step N.
+    said = rank0_log()
+    left = int(re.search(r"preemption notice: checkpointed step (\d+); leaving", said)[1])  # type: ignore[index]
+    assert 20 < left < steps
+    assert f"resumed from step {left} (world size 1, round 2)" in said
+    # It ran to the end, and from step 0 only once (the first round).
+    assert f"step {steps - 1:3d}" in said and said.count("step   0 ") == 1
+    assert json.loads((ckpt / "checkpoint.json").read_text()) == {"step": steps}
