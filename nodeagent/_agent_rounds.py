@@ -178,7 +178,8 @@ class RoundControl:
         # Every stop, a restart's and a re-form's too, gives the workers the job's grace: a
         # SIGTERM handler that saves a checkpoint finishes it. Workers that exit on SIGTERM (a
         # torch rank blocked in a collective does within tens of ms) cost the next round nothing.
-        if not m.replaced:
+        if not m.replaced or m.drain_node == self.node:
+            # No next round of the job comes here (a drained node gets none).
             self._standbys.discard(m.job_id)
         notice: tuple[float, bytes] | None = None
         if m.notice:
