@@ -17,7 +17,7 @@ from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 from tests._helpers import free_port
-from tests.service._fakes import run_round
+from tests.service._fakes import FakeNode, run_round
 from tests.service.test_dashboard import TOKEN, _node, base
 
 STEP = 10.0
@@ -140,3 +140,25 @@ async def test_a_node_of_no_round_is_drained_at_once(coord: Coordinator, client:
     await n.connect()
     assert await asyncio.to_thread(client.drain_node, "idle") == "drained"
     await n.close()
+
+
+async def test_a_drain_and_its_lifting_are_written_and_outlive_a_restart(tmp_path: Path) -> None:
+    def config() -> CoordinatorConfig:
+        return CoordinatorConfig(state_dir=str(tmp_path / "state"), port=0, lease=30.0)
+
+    async with Coordinator(config()) as c:
+        n = FakeNode(c.address, "n1", "10.0.0.1", slots=1)
+        await n.connect()
+        with Client(c.address, timeout=10) as client:
+            state = await asyncio.to_thread(client.drain_node, "n1", 90.0, "maintenance")
+            assert state == "drained"
+        await n.close()
+    async with Coordinator(config()) as c:
+        (info,) = c.service.cluster.nodes()
+        assert (info.drain_reason, info.state) == ("maintenance", "drained")
+        assert info.drain_deadline > 0 and not info.drain_by_agent
+        with Client(c.address, timeout=10) as client:
+            assert await asyncio.to_thread(client.undrain_node, "n1")
+    async with Coordinator(config()) as c:
+        (info,) = c.service.cluster.nodes()
+        assert info.drain_reason == "" and info.state != "drained"
