@@ -1,6 +1,7 @@
 """Drains through the real service: DrainNode/UndrainNode (token, checks, answers), the stop with
 a notice that reaches every node of the round, an agent's own DrainRequest answered after its
-stops, and the dashboard's view of a drained node."""
+stops, the dashboard's view of a drained node, the drain kept across a restart, and an agent
+that leaves first when its drain is not accepted in time."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import pytest
 
 from client import Client, GelasticError, JobSpec
 from coordinator.server import Coordinator, CoordinatorConfig
+from nodeagent.session import DRAIN_ANSWER_S, AgentConfig, NodeAgent
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
-from tests._helpers import free_port
+from tests._helpers import free_port, wait_for
 from tests.service._fakes import FakeNode, run_round
 from tests.service.test_dashboard import TOKEN, _node, base
 
@@ -162,3 +164,40 @@ async def test_a_drain_and_its_lifting_are_written_and_outlive_a_restart(tmp_pat
     async with Coordinator(config()) as c:
         (info,) = c.service.cluster.nodes()
         assert info.drain_reason == "" and info.state != "drained"
+
+
+async def test_an_agent_whose_drain_is_not_accepted_in_time_leaves_first(tmp_path: Path) -> None:
+    config = CoordinatorConfig(state_dir=":memory:", port=0, lease=30.0, heartbeat_interval=0.2)
+    async with Coordinator(config) as c:
+        cluster = c.service.cluster
+        # A coordinator that never answers a drain request (one from before drains, say).
+        cluster._on_drain_request = lambda node, msg, now: None  # type: ignore[method-assign]
+        agent = NodeAgent(
+            AgentConfig(
+                coordinator=c.address,
+                name="node-a",
+                slots=1,
+                addr="127.0.0.1",
+                log_dir=str(tmp_path / "logs"),
+            )
+        )
+        await agent.start()
+        try:
+            await asyncio.wait_for(agent.connected.wait(), STEP)
+            job_id = await c.service.submit(
+                JobSpec(entrypoint=["sleep", "60"], max_restarts=0, stop_grace=5.0)
+            )
+            await wait_for(
+                lambda: any(e.kind == "workers_started" for e in cluster.job_events(job_id)),
+                STEP,
+                what="the worker to start",
+            )
+            t0 = asyncio.get_running_loop().time()
+        finally:
+            await agent.stop(None, leave_first=True)
+        waited = asyncio.get_running_loop().time() - t0
+        assert DRAIN_ANSWER_S <= waited < DRAIN_ANSWER_S + 5.0
+        kinds = [e.kind for e in cluster.job_events(job_id)]
+        # It left first: the node was lost, not drained, and no restart was spent.
+        assert "node_lost" in kinds and "node_draining" not in kinds
+        assert cluster.job_status(job_id).attempt == 0
