@@ -22,7 +22,7 @@ Everything else public is a read: `job_ids`, `has_job`, `job_spec`, `job_state`,
 `step` checks once what every node message needs: that it comes from the node's live session,
 and, for a message about a round, that the round is the job's current one (any other is refused
 and that round stopped on the node). Restart accounting is one budget per job; a change of
-membership (a node lost, a node joined) re-forms the job without spending it.
+membership (a node lost, joined or drained) re-forms the job without spending it.
 
 The class is a facade over rooms, each a module of its own, stacked from the bottom:
 `_cluster_core` (state, fencing, transitions, events), `_cluster_outcome` (stops, restarts, the
