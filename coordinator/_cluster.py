@@ -15,9 +15,9 @@ clock (`now` is a parameter), so every decision is tested directly with a fake c
 - time: `tick`; the store: `restore` (and `dump_job`, `dump_nodes`, `dump_node` out).
 
 Everything else public is a read: `job_ids`, `has_job`, `job_spec`, `job_state`, `job_status`,
-`job_result`, `job_attempts`, `job_events`, `job_for_request`, `job_submitted_at`,
-`round_progress`, `failure`, `log_location`, `nodes`, `node_is_live`, `event_seq`; and
-`clock_probe_due` says when to probe a node's clock.
+`job_summary`, `job_result`, `job_attempts`, `job_events`, `job_for_request`,
+`job_submitted_at`, `round_progress`, `failure`, `log_location`, `nodes`, `node_is_live`,
+`event_seq`; and `clock_probe_due` says when to probe a node's clock.
 
 `step` checks once what every node message needs: that it comes from the node's live session,
 and, for a message about a round, that the round is the job's current one (any other is refused

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -75,6 +76,16 @@ class _Views(_Nodes):
                     )
                 )
         workers.sort(key=lambda w: w.global_rank)
+        summary = self.job_summary(job_id, members_shown=len(job.current.members))
+        return dataclasses.replace(summary, workers=tuple(workers))
+
+    def job_summary(self, job_id: str, members_shown: int = 0) -> JobStatus:
+        """`job_status` without its workers, and with only its first `members_shown` members:
+        what a list of jobs shows, in time and size independent of the job's width.
+        `nodes_joined` still counts every member (or, before a round, the nodes that could
+        join its rendezvous)."""
+        job = self._job(job_id)
+        members = job.current.members
         return JobStatus(
             job_id=job.job_id,
             name=job.spec.name,
@@ -95,12 +106,11 @@ class _Views(_Nodes):
                     role=m.ranks.role,
                     group_state=m.group_state,
                 )
-                for m in job.current.members
+                for m in members[: max(0, members_shown)]
             ),
-            workers=tuple(workers),
-            nodes_joined=len(job.current.members) if job.current.members else self._free_count(job),
+            nodes_joined=len(members) if members else self._free_count(job),
             last_call_deadline=job.last_call_deadline or 0.0,
-            world_size=sum(m.ranks.local_world_size for m in job.current.members),
+            world_size=sum(m.ranks.local_world_size for m in members),
             submitted_at=job.submitted_at,
             finished_at=job.finished_at,
         )
