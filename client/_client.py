@@ -81,6 +81,10 @@ MAX_EVENT_PAGES = 1000
 """Most GetEvents pages one `events()` call reads (a job keeps at most 10,000 events)."""
 MAX_ATTEMPT_PAGES = 200
 """Most GetAttempts pages one `attempts()` call reads (a job keeps at most 100 attempts)."""
+JOBS_PAGE_SIZE = 500
+"""Jobs asked for in each ListJobs page (the coordinator may give fewer)."""
+MAX_LISTED_JOBS = 100_000
+"""Most jobs one `list_jobs()` call reads (a coordinator keeps 10,000 finished ones by default)."""
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -316,12 +320,15 @@ class Client:
         )
 
     def list_jobs(self, include_finished: bool = True) -> list[JobStatus]:
-        req = pb.ListJobsRequest(include_finished=include_finished)
-        resp = self._call(
-            lambda stub, t: stub.ListJobs(req, timeout=t, metadata=self._md),
-            idempotent=True,
-        )
-        return [job_status_from_pb(j) for j in resp.jobs]
+        """Every job (or only those not finished), oldest submit first, read a bounded page at
+        a time (at most `MAX_LISTED_JOBS`). Each is a summary: no workers and no members
+        (`nodes_joined` counts them); `job(id).status()` has the rest."""
+
+        def page(req: pb.ListJobsRequest) -> pb.ListJobsResponse:
+            call = functools.partial(_unary, "ListJobs", req, metadata=self._md)
+            return self._call(call, idempotent=True)
+
+        return _all_pages(page, include_finished)
 
     def list_nodes(self) -> list[NodeInfo]:
         req = pb.ListNodesRequest()
@@ -630,6 +637,28 @@ class Job:
     ) -> Iterator[bytes]:
         """Stream a rank's log from the agent that holds it, through the coordinator."""
         return self.client.logs(self.job_id, rank, stream, attempt, follow)
+
+
+def _all_pages(
+    page: Callable[[pb.ListJobsRequest], pb.ListJobsResponse], include_finished: bool
+) -> list[JobStatus]:
+    """ListJobs' pages one after the other, until the last or `MAX_LISTED_JOBS` jobs."""
+    out: list[JobStatus] = []
+    token = ""
+    while len(out) < MAX_LISTED_JOBS:
+        resp = page(
+            pb.ListJobsRequest(
+                include_finished=include_finished,
+                page_size=min(JOBS_PAGE_SIZE, MAX_LISTED_JOBS - len(out)),
+                page_token=token,
+            )
+        )
+        out.extend(job_status_from_pb(j) for j in resp.jobs)
+        # A coordinator that pages no more (or an older one that never did) says "".
+        if not resp.next_page_token or resp.next_page_token == token or not resp.jobs:
+            break
+        token = resp.next_page_token
+    return out[:MAX_LISTED_JOBS]
 
 
 def _unary(name: str, req: Any, stub: Stub, timeout: float, *, metadata: Any) -> Any:

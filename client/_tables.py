@@ -106,7 +106,9 @@ def jobs_table(jobs: Sequence[JobStatus], now: float | None = None) -> str:
             j.name or "-",
             j.state,
             j.attempt,
-            f"{len(j.members)} ({j.min_nodes}:{j.max_nodes})",
+            # A list's entries carry no members; `nodes_joined` counts them (before a round,
+            # the nodes its rendezvous has).
+            f"{len(j.members) or j.nodes_joined} ({j.min_nodes}:{j.max_nodes})",
             j.world_size or "-",
             ago(j.submitted_at, now),
             j.reason,

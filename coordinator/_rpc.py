@@ -2,7 +2,7 @@
 service, answers out.
 
 `_CoordinatorServicer` checks what a request names, waits until what it would read is on disk,
-and pages what could be big (events, attempts, results). Every handler's error reaches the
+and pages what could be big (jobs, events, attempts, results). Every handler's error reaches the
 client as the status `status_for` gives it; anything else is an internal error, logged.
 """
 
@@ -30,6 +30,7 @@ from client.wire import attempt_to_pb, event_to_pb, node_to_pb, spec_from_pb
 from coordinator._cluster import Cluster, Effect, NodeChanged, NodeIsLive
 from coordinator._cluster_drain import MAX_DRAIN_S
 from coordinator._errors import RequestError, status_for
+from coordinator._job_list import list_page
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
@@ -193,13 +194,15 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         ids = [
             j for j in c.job_ids() if request.include_finished or not c.job_state(j).is_terminal()
         ]
-        # The wait's error is answered with its status; the listing below raises only for a
-        # bug, which grpc answers as UNKNOWN.
+        # The wait's error is answered with its status, as is a bad page token or size.
         await _mapping_errors(context, self._svc.written(ids))
-        # No await since the wait: what is read now of these jobs is on disk.
-        return pb.ListJobsResponse(
-            jobs=[_list_entry(self._svc.job_message(j)) for j in ids if c.has_job(j)]
-        )
+
+        async def page() -> tuple[list[pb.Job], str]:
+            # No await since the wait: what is read now of these jobs is on disk.
+            return list_page(c, ids, request.page_size, request.page_token)
+
+        jobs, token = await _mapping_errors(context, page())
+        return pb.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     async def ListNodes(
         self, request: pb.ListNodesRequest, context: grpc.aio.ServicerContext
@@ -341,20 +344,6 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         _check_job_id(request.job_id)
         async for data in self._svc.read_logs(request, _peer_host(context.peer())):
             yield pb.LogData(data=data)
-
-
-def _list_entry(msg: pb.Job) -> pb.Job:
-    """A job as ListJobs shows it: its result reduced to state, reason and sizes."""
-    if msg.has_result:
-        r = msg.result
-        summary = pb.RunResult(
-            state=r.state,
-            reason=r.reason,
-            root_cause_rank=r.root_cause_rank,
-            return_value_sizes=r.return_value_sizes,
-        )
-        msg.result.CopyFrom(summary)
-    return msg
 
 
 P = TypeVar("P", pb.Event, pb.AttemptSummary)
