@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from client.model import (
     AttemptSummary,
     JobEvent,
-    JobState,
     ProcessFailure,
     first_failure,
 )
@@ -34,6 +33,10 @@ ATTEMPTS_SHOWN = 20
 """The latest attempts a job's timeline draws."""
 NODES_PER_ATTEMPT_SHOWN = 64
 """Nodes of one attempt the timeline draws a bar for."""
+NODES_PER_JOB_ROW = 16
+"""Nodes a job's row names (`nodes_total` counts them all)."""
+ROW_TEXT_MAX = 1024
+"""A job row's reason and root cause are cut to this many characters."""
 
 
 def _cut(text: str, most: int = TEXT_MAX) -> str:
@@ -111,14 +114,15 @@ class DashboardModel:
         return ""
 
     def job_row(self, job_id: str, now: float) -> dict[str, Any]:
+        """A job as the jobs page lists it: bounded in size and time whatever the job's width."""
         c = self.svc.cluster
-        s = c.job_status(job_id)
+        s = c.job_summary(job_id, members_shown=NODES_PER_JOB_ROW)
         end = s.finished_at if s.state.is_terminal() and s.finished_at else now
         return {
             "job_id": s.job_id,
             "name": s.name,
             "state": s.state.value,
-            "reason": _one_line(s.reason),
+            "reason": _cut(_one_line(s.reason), ROW_TEXT_MAX),
             "attempt": s.attempt,
             "round": s.round,
             "max_restarts": s.max_restarts,
@@ -128,7 +132,8 @@ class DashboardModel:
             "duration": max(0.0, end - s.submitted_at) if s.submitted_at else 0.0,
             "world_size": s.world_size,
             "nodes": [m.node for m in s.members],
-            "root_cause": self.root_cause_line(job_id),
+            "nodes_total": s.nodes_joined if s.members else 0,
+            "root_cause": _cut(self.root_cause_line(job_id), ROW_TEXT_MAX),
         }
 
     def overview(self) -> dict[str, Any]:
@@ -136,9 +141,11 @@ class DashboardModel:
         c = self.svc.cluster
         now = self.svc.now()
         ids = c.job_ids()
-        rows = [self.job_row(j, now) for j in ids]
-        rows.sort(key=lambda r: (r["state"] in _TERMINAL_NAMES, -r["submitted_at"]))
-        rows = rows[:JOBS_SHOWN]
+        # Active jobs first, then the most recent: only the rows shown are made.
+        shown = sorted(ids, key=lambda j: (c.job_state(j).is_terminal(), -c.job_submitted_at(j)))[
+            :JOBS_SHOWN
+        ]
+        rows = [self.job_row(j, now) for j in shown]
         usage: dict[str, list[float]] = {}
         for j in ids:
             if c.job_state(j).is_terminal():
@@ -256,6 +263,3 @@ class DashboardModel:
             "failures": [failure_json(f) for f in failures[:50] if f is not root],
             "result_reason": _one_line(result.reason) if result is not None else "",
         }
-
-
-_TERMINAL_NAMES = frozenset(s.value for s in JobState if s.is_terminal())
