@@ -9,11 +9,12 @@ import logging
 import signal
 import sys
 
+from client.open_files import raise_open_files_limit
 from client.version import VersionAction as _Version
 from coordinator._dashboard_guard import AcceptErrorLog
 from coordinator.server import Coordinator, CoordinatorConfig
 
-__all__ = ["main", "raise_open_files_limit"]
+__all__ = ["main"]
 
 logger = logging.getLogger(__name__)
 
@@ -177,30 +178,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
-
-
-def raise_open_files_limit() -> int:
-    """Raise the soft limit on open files to the hard one; return the soft limit now in force.
-
-    Every agent's session, client call, log relay and dashboard connection holds a descriptor,
-    and the usual soft limit (1,024) is far below what a large cluster needs.
-    """
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    # Where the hard limit is "unlimited" (macOS), the kernel takes a finite soft one only.
-    for target in (hard, 1 << 20, 1 << 16, 10_240):
-        if target == resource.RLIM_INFINITY or target <= soft:
-            continue
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError):
-            continue
-        logger.info("open files limit raised from %d to %d", soft, target)
-        return target
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        logger.warning("open files limit stays at %d (hard limit %d)", soft, hard)
-    return soft
 
 
 async def _serve(config: CoordinatorConfig, port_file: str) -> None:
