@@ -8,6 +8,7 @@ and the HTTP modules are imported only when an endpoint starts.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import selectors
 import socket
@@ -28,10 +29,21 @@ STOP_JOIN_S = 5.0
 CONNECTION_TIMEOUT_S = 10.0
 """Seconds a connection has, from its accept, to send its request and take the answer."""
 MAX_CONNECTIONS = 64
-"""Connections served at once; one more is closed as soon as it is accepted."""
+"""Connections served at once. At the cap the one waiting longest for its request is closed to
+make room; a new one is closed at once only when every open one is being answered."""
+LISTEN_BACKLOG = 64
+"""Connections the kernel queues before their accept."""
 MAX_REQUEST_BYTES = 8 * 1024
 """The request line and headers; a scrape sends a few hundred bytes."""
+ACCEPTS_PER_WAKE = 16
+"""Connections accepted in a row before the loop serves the open ones again."""
+ACCEPT_PAUSE_S = 1.0
+"""Out of descriptors, the endpoint stops accepting this long, rather than spin on accept."""
+LOG_INTERVAL_S = 60.0
+"""At most one line per kind of trouble (failed accepts, connections closed at the cap) this
+often; the next says how many were left out."""
 _TICK_S = 0.5
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class _Connection:
@@ -43,6 +55,24 @@ class _Connection:
         self.answered = False
 
 
+class _SummaryLog:
+    """One WARNING per kind per `interval` at most; the next says how many were left out."""
+
+    def __init__(self, interval: float = LOG_INTERVAL_S) -> None:
+        self._interval = interval
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def note(self, kind: str, detail: str) -> None:
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last[0] < self._interval:
+            self._last[kind] = (last[0], last[1] + 1)
+            return
+        more = f" ({last[1]} more since the last line)" if last is not None and last[1] else ""
+        self._last[kind] = (now, 0)
+        logger.warning("metrics endpoint: %s: %s%s", kind, detail, more)
+
+
 class MetricsEndpoint:
     """`GET /metrics` for one registry: prometheus_client's WSGI app behind a small HTTP loop.
 
@@ -51,8 +81,11 @@ class MetricsEndpoint:
     forks workers: threads coming and going in the parent at that moment are what
     fork-with-threads handles worst. Connections are served side by side, so one that sends
     nothing does not hold up a scrape; each has CONNECTION_TIMEOUT_S in all, and at most
-    MAX_CONNECTIONS are open. The HTTP modules are imported only when metrics are on, to keep
-    an idle agent small.
+    MAX_CONNECTIONS are open: at the cap the one that has waited longest without a whole
+    request is closed to make room, so connections that only wait cannot keep a scrape out.
+    Out of descriptors (EMFILE), the endpoint stops accepting for ACCEPT_PAUSE_S instead of
+    spinning on accept, and says so once a minute. The HTTP modules are imported only when
+    metrics are on, to keep an idle agent small.
 
     `start()` binds (an OSError names the address); `stop()` ends the loop, closes every socket
     and joins its thread. Both are idempotent.
@@ -77,6 +110,14 @@ class MetricsEndpoint:
         self._stopping = threading.Event()
         self._wake: tuple[socket.socket, socket.socket] | None = None
         self._app: Callable[..., Iterable[bytes]] | None = None
+        self._log = _SummaryLog()
+        self._paused_until: float | None = None
+        """While out of descriptors: when the listener is watched again."""
+        self.evicted = 0
+        """Connections closed to make room at the cap."""
+        self.refused = 0
+        """Connections closed at their accept: every open one was being answered."""
+        self.failed_accepts = 0
 
     @property
     def url(self) -> str:
@@ -96,7 +137,7 @@ class MetricsEndpoint:
             try:
                 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 listener.bind(address)
-                listener.listen(min(self.max_connections, 128))
+                listener.listen(LISTEN_BACKLOG)
             except OSError:
                 listener.close()
                 raise
@@ -142,8 +183,13 @@ class MetricsEndpoint:
             sel.register(wake, selectors.EVENT_READ)
             while not self._stopping.is_set():
                 now = time.monotonic()
-                wait = min([_TICK_S] + [c.deadline - now for c in conns.values()])
-                for key, events in sel.select(max(0.0, wait)):
+                if self._paused_until is not None and now >= self._paused_until:
+                    self._paused_until = None
+                    sel.register(listener, selectors.EVENT_READ)
+                waits = [_TICK_S] + [c.deadline - now for c in conns.values()]
+                if self._paused_until is not None:
+                    waits.append(self._paused_until - now)
+                for key, events in sel.select(max(0.0, min(waits))):
                     sock = key.fileobj
                     if sock is listener:
                         self._accept(listener, sel, conns)
@@ -170,20 +216,45 @@ class MetricsEndpoint:
         sel: selectors.BaseSelector,
         conns: dict[socket.socket, _Connection],
     ) -> None:
-        try:
-            sock, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            logger.warning("metrics endpoint: accept failed: %s", exc)
-            return
-        if len(conns) >= self.max_connections:
-            sock.close()
-            return
-        sock.setblocking(False)
-        conn = _Connection(sock, time.monotonic() + self.connection_timeout)
-        conns[sock] = conn
-        sel.register(sock, selectors.EVENT_READ)
+        for _ in range(ACCEPTS_PER_WAKE):
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self.failed_accepts += 1
+                if exc.errno in _OUT_OF_RESOURCES:
+                    # The connection stays queued; accepting again at once would only fail again.
+                    sel.unregister(listener)
+                    self._paused_until = time.monotonic() + ACCEPT_PAUSE_S
+                    self._log.note(
+                        "cannot accept connections",
+                        f"{exc.strerror or exc}; retrying every {ACCEPT_PAUSE_S:g} s",
+                    )
+                    return
+                self._log.note("accept failed", str(exc))
+                continue
+            if len(conns) >= self.max_connections and not self._make_room(sel, conns):
+                self.refused += 1
+                self._log.note("connection refused", "every open connection is being answered")
+                sock.close()
+                continue
+            sock.setblocking(False)
+            conn = _Connection(sock, time.monotonic() + self.connection_timeout)
+            conns[sock] = conn
+            sel.register(sock, selectors.EVENT_READ)
+
+    def _make_room(
+        self, sel: selectors.BaseSelector, conns: dict[socket.socket, _Connection]
+    ) -> bool:
+        """Close the connection that has waited longest for its request; False if none waits."""
+        waiting = [c for c in conns.values() if not c.answered]
+        if not waiting:
+            return False
+        self.evicted += 1
+        self._log.note("connection closed to make room", "the one waiting longest for a request")
+        self._drop(min(waiting, key=lambda c: c.deadline), sel, conns)
+        return True
 
     def _drop(
         self,
