@@ -17,6 +17,7 @@ import logging  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 
+from client.open_files import raise_open_files_limit  # noqa: E402
 from nodeagent._launch import without_agent_secrets  # noqa: E402
 from nodeagent.session import AgentConfig, NodeAgent  # noqa: E402
 
@@ -128,6 +129,9 @@ def _scrub_token(token_file: str, token: str) -> None:
 
 async def _run(config: AgentConfig, grace: float | None) -> str:
     """Run the agent until a signal (""), or until the coordinator refuses it for good (why)."""
+    # Each worker holds a few pipes, each log relay and metrics scrape one descriptor. Workers
+    # inherit the raised soft limit (a DataLoader sharing tensors by descriptor needs it too).
+    raise_open_files_limit()
     agent = NodeAgent(config)
     _scrub_token(config.token_file, agent.security.token)
     await agent.start()
