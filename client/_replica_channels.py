@@ -26,6 +26,10 @@ LIST_CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+CLIENT_IDLE_MS = 50_000
+"""A channel with no call open this long lets its connection go (and makes a new one on its
+next call) before the coordinator closes it as idle (after 60 s, its default), which grpc
+would log on the client's stderr."""
 
 Stub: TypeAlias = pb_grpc.CoordinatorStub
 
@@ -39,6 +43,7 @@ class ReplicaChannels:
         self._options: list[tuple[str, object]] = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.client_idle_timeout_ms", CLIENT_IDLE_MS),
         ]
         if several:
             self._options.extend(LIST_CHANNEL_OPTIONS)

@@ -21,7 +21,7 @@ from urllib.parse import unquote
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = ["MetricsEndpoint"]
+__all__ = ["LISTEN_BACKLOG", "MAX_CONNECTIONS", "MetricsEndpoint"]
 
 logger = logging.getLogger(__name__)
 

@@ -174,6 +174,26 @@ def _parser() -> argparse.ArgumentParser:
         "(without this flag it refuses to start)",
     )
     s.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        help="gRPC connections open at once; more are closed at their accept (default 0 = "
+        "the open-files limit less room for the rest of the process)",
+    )
+    s.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=d.handshake_timeout,
+        help="seconds a new gRPC connection has to finish TLS and start HTTP/2 "
+        "(default %(default)s)",
+    )
+    s.add_argument(
+        "--connection-idle-timeout",
+        type=float,
+        default=d.connection_idle_timeout,
+        help="seconds a gRPC connection with no call open may stay (default %(default)s)",
+    )
+    s.add_argument(
         "--port-file", default="", help="write the port actually bound to this file once listening"
     )
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
@@ -247,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics_host=args.metrics_host,
         dashboard_port=args.dashboard_port,
         dashboard_without_token=args.dashboard_without_token,
+        max_connections=args.max_connections,
+        handshake_timeout=args.handshake_timeout,
+        connection_idle_timeout=args.connection_idle_timeout,
     )
     try:
         config.validate()

@@ -17,10 +17,21 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from client.metrics_http import LISTEN_BACKLOG as METRICS_BACKLOG
+from client.metrics_http import MAX_CONNECTIONS as METRICS_MAX_CONNECTIONS
 from client.metrics_http import MetricsEndpoint
 from client.security import check_tls_files, is_loopback, read_token
 from coordinator._auth import ServerTLS, TokenInterceptor
 from coordinator._cluster import ClusterConfig
+from coordinator._connections import (
+    DEFAULT_HANDSHAKE_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
+    connection_cap,
+    grpc_server_options,
+    open_files_limit,
+)
+from coordinator._dashboard_guard import DEFAULT_MAX_CONNECTIONS as DASHBOARD_MAX_CONNECTIONS
+from coordinator._dashboard_guard import LISTEN_BACKLOG as DASHBOARD_BACKLOG
 from coordinator._leader import (
     DEFAULT_TTL_S,
     MAX_TTL_S,
@@ -125,6 +136,13 @@ class CoordinatorConfig:
     dashboard_without_token: bool = False
     """Serve the dashboard even without a client token (to anyone who reaches it); without
     this, a dashboard without a token refuses to start."""
+    max_connections: int = 0
+    """gRPC connections open at once; one more is closed at its accept (0 = the open-files
+    limit less room for the rest of the process, at least 32; see coordinator._connections)."""
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT_S
+    """Seconds a new gRPC connection has to finish TLS and send its HTTP/2 settings."""
+    connection_idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S
+    """Seconds a gRPC connection with no call open may stay (a client reconnects by itself)."""
 
     def etcd_settings(self) -> EtcdSettings | None:
         """The etcd store's settings (None: SQLite). Raises ValueError naming the bad value."""
@@ -220,6 +238,20 @@ class CoordinatorConfig:
             raise ValueError(f"flaky_rounds: must be 0-1000, got {self.flaky_rounds}")
         if not 0 < self.flaky_window <= 7 * 86400:
             raise ValueError(f"flaky_window: must be in (0, 7 days] s, got {self.flaky_window}")
+        if not 0 <= self.max_connections <= 10_000_000:
+            raise ValueError(
+                f"max_connections: must be 0-10000000 (0 = from the open-files limit), "
+                f"got {self.max_connections}"
+            )
+        if not 0 < self.handshake_timeout <= 600:
+            raise ValueError(
+                f"handshake_timeout: must be in (0, 600] s, got {self.handshake_timeout}"
+            )
+        if not 0 < self.connection_idle_timeout <= 7 * 86400:
+            raise ValueError(
+                "connection_idle_timeout: must be in (0, 7 days] s, "
+                f"got {self.connection_idle_timeout}"
+            )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
         if self.tls_client_ca and not self.tls_cert:
@@ -390,6 +422,19 @@ class Coordinator:
         """True while this coordinator serves: always with SQLite, while elected with etcd."""
         return self._gate is None or self._gate.term is not None
 
+    def max_connections(self) -> int:
+        """The gRPC port's cap on connections open at once (`CoordinatorConfig.max_connections`,
+        else what the open-files limit leaves once the dashboard and metrics have their caps)."""
+        c = self.config
+        if c.max_connections:
+            return c.max_connections
+        elsewhere = 0
+        if c.dashboard_port:
+            elsewhere += DASHBOARD_MAX_CONNECTIONS + DASHBOARD_BACKLOG
+        if c.metrics_port:
+            elsewhere += METRICS_MAX_CONNECTIONS + METRICS_BACKLOG
+        return connection_cap(open_files_limit(), elsewhere)
+
     @property
     def address(self) -> str:
         host = self.config.host
@@ -413,24 +458,22 @@ class Coordinator:
         )
         if self._gate is not None:
             interceptors.append(self._gate)  # after the token: no leader address to strangers
+        c = self.config
+        cap = self.max_connections()
         server = grpc.aio.server(
             interceptors=interceptors,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.keepalive_time_ms", 10_000),
-                ("grpc.keepalive_timeout_ms", 5_000),
-                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.so_reuseport", 0),
-            ],
+            options=grpc_server_options(
+                MAX_MESSAGE_BYTES,
+                cap,
+                handshake_timeout=c.handshake_timeout,
+                idle_timeout=c.connection_idle_timeout,
+            ),
         )
         self.service.add_to_server(server, lambda: self.service)
         probes = Probes(server)
         await probes.starting()
-        host = self.config.host
-        bind = f"[{host}]:{self.config.port}" if ":" in host else f"{host}:{self.config.port}"
-        c = self.config
+        host = c.host
+        bind = f"[{host}]:{c.port}" if ":" in host else f"{host}:{c.port}"
         try:
             if c.tls_cert:
                 creds = ServerTLS(c.tls_cert, c.tls_key, c.tls_client_ca).credentials()
@@ -462,7 +505,7 @@ class Coordinator:
         else:
             self.service.start()
             await probes.serving()
-        logger.info("coordinator listening on %s", self.address)
+        logger.info("coordinator listening on %s (at most %d connections)", self.address, cap)
         if not agent_token and not c.tls_client_ca:
             logger.warning(
                 "coordinator on %s has no token: every local user (and anyone else who can reach "
