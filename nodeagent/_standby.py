@@ -123,8 +123,9 @@ class _JobPool:
     """A round's start waited `READY_WAIT_S` for this zygote in vain: later ones do not wait."""
 
 
-class StandbyPool:
-    """The standbys of every job on this agent. Call from the event-loop thread."""
+class _Pools:
+    """The pools of every job on this agent and their teardown: a job's standbys discarded,
+    lingering for a job of the same spec, or killed when the agent stops."""
 
     def __init__(self, *, spawner: Callable[..., RealProcess] = spawn) -> None:
         self._spawner = spawner
@@ -147,51 +148,6 @@ class StandbyPool:
         pool = self._jobs.get(job_id)
         return [] if pool is None else [s.handle.pid for s in pool.idle]
 
-    def fill(self, job_id: str, launch: StandbyLaunch, want: int) -> None:
-        """Start standbys of `job_id` until `want` wait (a new spec replaces the old ones)."""
-        pool = self._jobs.get(job_id)
-        if pool is not None and pool.launch != launch:
-            self.discard(job_id)
-            pool = None
-        if pool is None:
-            pool = self._jobs[job_id] = _JobPool(launch, want)
-        pool.want = want
-        self._cancel_timer(pool)
-        self._prune(pool)
-        zygote = self._zygote(pool)
-        if zygote is not None and not zygote.is_ready():
-            if not pool.refill:  # the forks come once the imports are done
-                pool.refill = True
-                zygote.ready.add_done_callback(lambda _: self._refill(job_id, zygote))
-            return
-        while len(pool.idle) < pool.want:
-            standby = self._new_standby(pool)
-            if standby is None:
-                return
-            pool.idle.append(standby)
-
-    def _refill(self, job_id: str, zygote: Zygote) -> None:
-        pool = self._jobs.get(job_id)
-        if pool is None or pool.zygote is not zygote:
-            return
-        pool.refill = False
-        if zygote.is_ready():
-            self.fill(job_id, pool.launch, pool.want)
-
-    def _zygote(self, pool: _JobPool) -> Zygote | None:
-        """The pool's zygote, started (again) when there is none alive; None if it cannot be."""
-        if pool.zygote is not None and pool.zygote.alive():
-            return pool.zygote
-        self._retire(pool)
-        try:
-            pool.zygote = Zygote.start(pool.launch, spawner=self._spawner)
-        except Exception:
-            logger.exception("cannot start a zygote; standbys and workers start on their own")
-            return None
-        pool.refill = False
-        pool.waited_out = False
-        return pool.zygote
-
     def _retire(self, pool: _JobPool) -> None:
         zygote, pool.zygote = pool.zygote, None
         if zygote is None:
@@ -201,117 +157,6 @@ class StandbyPool:
         self._retiring.append(zygote)
         self._dying_add(zygote.handle)
 
-    def _new_standby(self, pool: _JobPool) -> _Standby | None:
-        """One more standby of `pool`: forked when its zygote is ready, else spawned."""
-        zygote = pool.zygote
-        if zygote is None or not zygote.alive():
-            return self._start(pool.launch)
-        return self._fork(zygote)
-
-    def _fork(self, zygote: Zygote) -> _Standby | None:
-        try:
-            handle, wfd = self._forker(zygote)
-        except OSError as e:
-            logger.warning(
-                "zygote pid %d cannot fork a standby (%s); workers start cold", zygote.pid, e
-            )
-            return None
-        logger.info("forked standby pid %d from zygote pid %d", handle.pid, zygote.pid)
-        return _Standby(handle, wfd)
-
-    async def prepare(self, job_id: str, launch: StandbyLaunch) -> bool:
-        """Before a round of `job_id` starts here: its zygote, started if need be and waited for
-        (at most `READY_WAIT_S`); whether the round's workers can be forked from it."""
-        pool = self._jobs.get(job_id)
-        if pool is not None and pool.launch != launch:
-            self.discard(job_id)
-            pool = None
-        if pool is None:
-            pool = self._jobs[job_id] = _JobPool(launch, 0)
-        self._cancel_timer(pool)
-        zygote = self._zygote(pool)
-        if zygote is None or (pool.waited_out and not zygote.is_ready()):
-            return False
-        if not await zygote.wait_ready(READY_WAIT_S):
-            # An import that hangs must not hold every round: the next ones start cold at once.
-            logger.warning(
-                "zygote pid %d is not ready after %g s; workers start cold",
-                zygote.pid,
-                READY_WAIT_S,
-            )
-            pool.waited_out = True
-            return False
-        return not zygote.ready.result()  # a preload that failed to import: cold, as without
-
-    async def warm(self, job_id: str) -> int:
-        """Wait (at most `READY_WAIT_S`) until the standbys a `fill` asked for are there."""
-        pool = self._jobs.get(job_id)
-        if pool is None:
-            return 0
-        if pool.zygote is not None:
-            await pool.zygote.wait_ready(READY_WAIT_S)
-            self._refill(job_id, pool.zygote)
-        return self.count(job_id)
-
-    def fill_store(self, job_id: str, launch: StoreHostLaunch) -> None:
-        """Start a warm store host of `job_id` (after `fill`) unless one waits already."""
-        pool = self._jobs.get(job_id)
-        if pool is None or (pool.store is not None and pool.store.alive()):
-            return
-        if pool.store is not None:
-            self._dying_add(pool.store.process)
-            pool.store.discard()
-        zygote = pool.zygote
-        if zygote is not None and zygote.is_ready() and not zygote.ready.result():
-            # Forked from the job's zygote, with its imports (torch): no import of its own.
-            try:
-                pool.store = WarmStoreHost.forked(launch, zygote.fork_store)
-            except OSError as e:
-                pool.store = None
-                logger.warning("zygote pid %d cannot fork a warm store host: %s", zygote.pid, e)
-            else:
-                logger.info(
-                    "forked warm c10d store host pid %d from zygote pid %d",
-                    pool.store.process.pid,
-                    zygote.pid,
-                )
-                return
-        try:
-            pool.store = WarmStoreHost.start(launch)
-        except Exception:
-            pool.store = None
-            logger.exception("cannot start a warm c10d store host; the next one starts cold")
-            return
-        logger.info("started warm c10d store host pid %d", pool.store.process.pid)
-
-    def take_store(self, job_id: str) -> WarmStoreHost | None:
-        """The warm store host of `job_id`, now the caller's (None: start one cold)."""
-        pool = self._jobs.get(job_id)
-        if pool is None or pool.store is None:
-            return None
-        store, pool.store = pool.store, None
-        return store
-
-    def _start(self, launch: StandbyLaunch) -> _Standby | None:
-        rfd, wfd = os.pipe2(os.O_CLOEXEC)
-        try:
-            standby = StandbyLaunch(
-                prefix=launch.prefix,
-                argv=(*launch.prefix, "--standby", str(rfd), *launch.argv[len(launch.prefix) :]),
-                env=launch.env,
-                cwd=launch.cwd,
-                preload=launch.preload,
-            )
-            handle = self._spawner(standby, pass_fds=(rfd,))
-        except Exception:
-            os.close(wfd)
-            logger.exception("cannot start a standby worker; workers start cold")
-            return None
-        finally:
-            os.close(rfd)
-        logger.info("started standby pid %d preloading %s", handle.pid, ",".join(launch.preload))
-        return _Standby(handle, wfd)
-
     def _prune(self, pool: _JobPool) -> None:
         alive = []
         for s in pool.idle:
@@ -320,56 +165,6 @@ class StandbyPool:
             else:
                 self._let_go(s)
         pool.idle = alive
-
-    def take(self, job_id: str, launch: WorkerLaunch) -> ProcessHandle | None:
-        """A standby of `job_id` now running `launch`, or None (then start it cold)."""
-        pool = self._jobs.get(job_id)
-        if pool is None or launch.cwd != pool.launch.cwd:
-            return None
-        prefix = pool.launch.prefix
-        if tuple(launch.argv[: len(prefix)]) != prefix:
-            return None
-        try:
-            data = encode_handoff(launch, prefix)
-        except ValueError:
-            logger.warning("hand-off too big; rank %d starts cold", launch.global_rank)
-            return None
-        while pool.idle:
-            s = pool.idle.pop(0)
-            if self._hand(s, data):
-                return s.handle
-        # None waits: fork the worker now, when the zygote is ready and its imports all worked.
-        zygote = pool.zygote
-        if zygote is not None and zygote.is_ready() and not zygote.ready.result():
-            s_new = self._fork(zygote)
-            if s_new is not None and self._hand(s_new, data):
-                return s_new.handle
-        return None
-
-    def _hand(self, s: _Standby, data: bytes) -> bool:
-        if not s.handle.is_alive() or s.wfd is None:
-            self._let_go(s)
-            return False
-        try:
-            # The standby blocks reading: a hand-off above the pipe's buffer drains as it is
-            # written, and a standby that died meanwhile answers EPIPE.
-            os.write(s.wfd, data)
-        except OSError as e:
-            logger.warning("standby pid %d cannot take its hand-off: %s", s.handle.pid, e)
-            self._let_go(s)
-            return False
-        os.close(s.wfd)
-        s.wfd = None
-        return True
-
-    def spawner(self, job_id: str) -> Callable[[WorkerLaunch], ProcessHandle]:
-        """A `WorkerGroup` spawner: a standby when one fits, else a cold worker."""
-
-        def start(launch: WorkerLaunch) -> ProcessHandle:
-            handle = self.take(job_id, launch)
-            return handle if handle is not None else spawn(launch)
-
-        return start
 
     def idle(self, job_id: str) -> None:
         """No round of `job_id` holds this node now: kill its standbys after `IDLE_S`."""
@@ -498,3 +293,213 @@ class StandbyPool:
         for zygote in self._retiring:
             zygote.close()
         self._retiring = []
+
+
+class StandbyPool(_Pools):
+    """The standbys of every job on this agent. Call from the event-loop thread."""
+
+    def fill(self, job_id: str, launch: StandbyLaunch, want: int) -> None:
+        """Start standbys of `job_id` until `want` wait (a new spec replaces the old ones)."""
+        pool = self._jobs.get(job_id)
+        if pool is not None and pool.launch != launch:
+            self.discard(job_id)
+            pool = None
+        if pool is None:
+            pool = self._jobs[job_id] = _JobPool(launch, want)
+        pool.want = want
+        self._cancel_timer(pool)
+        self._prune(pool)
+        zygote = self._zygote(pool)
+        if zygote is not None and not zygote.is_ready():
+            if not pool.refill:  # the forks come once the imports are done
+                pool.refill = True
+                zygote.ready.add_done_callback(lambda _: self._refill(job_id, zygote))
+            return
+        while len(pool.idle) < pool.want:
+            standby = self._new_standby(pool)
+            if standby is None:
+                return
+            pool.idle.append(standby)
+
+    def _refill(self, job_id: str, zygote: Zygote) -> None:
+        pool = self._jobs.get(job_id)
+        if pool is None or pool.zygote is not zygote:
+            return
+        pool.refill = False
+        if zygote.is_ready():
+            self.fill(job_id, pool.launch, pool.want)
+
+    def _zygote(self, pool: _JobPool) -> Zygote | None:
+        """The pool's zygote, started (again) when there is none alive; None if it cannot be."""
+        if pool.zygote is not None and pool.zygote.alive():
+            return pool.zygote
+        self._retire(pool)
+        try:
+            pool.zygote = Zygote.start(pool.launch, spawner=self._spawner)
+        except Exception:
+            logger.exception("cannot start a zygote; standbys and workers start on their own")
+            return None
+        pool.refill = False
+        pool.waited_out = False
+        return pool.zygote
+
+    def _new_standby(self, pool: _JobPool) -> _Standby | None:
+        """One more standby of `pool`: forked when its zygote is ready, else spawned."""
+        zygote = pool.zygote
+        if zygote is None or not zygote.alive():
+            return self._start(pool.launch)
+        return self._fork(zygote)
+
+    def _fork(self, zygote: Zygote) -> _Standby | None:
+        try:
+            handle, wfd = self._forker(zygote)
+        except OSError as e:
+            logger.warning(
+                "zygote pid %d cannot fork a standby (%s); workers start cold", zygote.pid, e
+            )
+            return None
+        logger.info("forked standby pid %d from zygote pid %d", handle.pid, zygote.pid)
+        return _Standby(handle, wfd)
+
+    async def prepare(self, job_id: str, launch: StandbyLaunch) -> bool:
+        """Before a round of `job_id` starts here: its zygote, started if need be and waited for
+        (at most `READY_WAIT_S`); whether the round's workers can be forked from it."""
+        pool = self._jobs.get(job_id)
+        if pool is not None and pool.launch != launch:
+            self.discard(job_id)
+            pool = None
+        if pool is None:
+            pool = self._jobs[job_id] = _JobPool(launch, 0)
+        self._cancel_timer(pool)
+        zygote = self._zygote(pool)
+        if zygote is None or (pool.waited_out and not zygote.is_ready()):
+            return False
+        if not await zygote.wait_ready(READY_WAIT_S):
+            # An import that hangs must not hold every round: the next ones start cold at once.
+            logger.warning(
+                "zygote pid %d is not ready after %g s; workers start cold",
+                zygote.pid,
+                READY_WAIT_S,
+            )
+            pool.waited_out = True
+            return False
+        return not zygote.ready.result()  # a preload that failed to import: cold, as without
+
+    async def warm(self, job_id: str) -> int:
+        """Wait (at most `READY_WAIT_S`) until the standbys a `fill` asked for are there."""
+        pool = self._jobs.get(job_id)
+        if pool is None:
+            return 0
+        if pool.zygote is not None:
+            await pool.zygote.wait_ready(READY_WAIT_S)
+            self._refill(job_id, pool.zygote)
+        return self.count(job_id)
+
+    def fill_store(self, job_id: str, launch: StoreHostLaunch) -> None:
+        """Start a warm store host of `job_id` (after `fill`) unless one waits already."""
+        pool = self._jobs.get(job_id)
+        if pool is None or (pool.store is not None and pool.store.alive()):
+            return
+        if pool.store is not None:
+            self._dying_add(pool.store.process)
+            pool.store.discard()
+        zygote = pool.zygote
+        if zygote is not None and zygote.is_ready() and not zygote.ready.result():
+            # Forked from the job's zygote, with its imports (torch): no import of its own.
+            try:
+                pool.store = WarmStoreHost.forked(launch, zygote.fork_store)
+            except OSError as e:
+                pool.store = None
+                logger.warning("zygote pid %d cannot fork a warm store host: %s", zygote.pid, e)
+            else:
+                logger.info(
+                    "forked warm c10d store host pid %d from zygote pid %d",
+                    pool.store.process.pid,
+                    zygote.pid,
+                )
+                return
+        try:
+            pool.store = WarmStoreHost.start(launch)
+        except Exception:
+            pool.store = None
+            logger.exception("cannot start a warm c10d store host; the next one starts cold")
+            return
+        logger.info("started warm c10d store host pid %d", pool.store.process.pid)
+
+    def take_store(self, job_id: str) -> WarmStoreHost | None:
+        """The warm store host of `job_id`, now the caller's (None: start one cold)."""
+        pool = self._jobs.get(job_id)
+        if pool is None or pool.store is None:
+            return None
+        store, pool.store = pool.store, None
+        return store
+
+    def _start(self, launch: StandbyLaunch) -> _Standby | None:
+        rfd, wfd = os.pipe2(os.O_CLOEXEC)
+        try:
+            standby = StandbyLaunch(
+                prefix=launch.prefix,
+                argv=(*launch.prefix, "--standby", str(rfd), *launch.argv[len(launch.prefix) :]),
+                env=launch.env,
+                cwd=launch.cwd,
+                preload=launch.preload,
+            )
+            handle = self._spawner(standby, pass_fds=(rfd,))
+        except Exception:
+            os.close(wfd)
+            logger.exception("cannot start a standby worker; workers start cold")
+            return None
+        finally:
+            os.close(rfd)
+        logger.info("started standby pid %d preloading %s", handle.pid, ",".join(launch.preload))
+        return _Standby(handle, wfd)
+
+    def take(self, job_id: str, launch: WorkerLaunch) -> ProcessHandle | None:
+        """A standby of `job_id` now running `launch`, or None (then start it cold)."""
+        pool = self._jobs.get(job_id)
+        if pool is None or launch.cwd != pool.launch.cwd:
+            return None
+        prefix = pool.launch.prefix
+        if tuple(launch.argv[: len(prefix)]) != prefix:
+            return None
+        try:
+            data = encode_handoff(launch, prefix)
+        except ValueError:
+            logger.warning("hand-off too big; rank %d starts cold", launch.global_rank)
+            return None
+        while pool.idle:
+            s = pool.idle.pop(0)
+            if self._hand(s, data):
+                return s.handle
+        # None waits: fork the worker now, when the zygote is ready and its imports all worked.
+        zygote = pool.zygote
+        if zygote is not None and zygote.is_ready() and not zygote.ready.result():
+            s_new = self._fork(zygote)
+            if s_new is not None and self._hand(s_new, data):
+                return s_new.handle
+        return None
+
+    def _hand(self, s: _Standby, data: bytes) -> bool:
+        if not s.handle.is_alive() or s.wfd is None:
+            self._let_go(s)
+            return False
+        try:
+            # The standby blocks reading: a hand-off above the pipe's buffer drains as it is
+            # written, and a standby that died meanwhile answers EPIPE.
+            os.write(s.wfd, data)
+        except OSError as e:
+            logger.warning("standby pid %d cannot take its hand-off: %s", s.handle.pid, e)
+            self._let_go(s)
+            return False
+        os.close(s.wfd)
+        s.wfd = None
+        return True
+
+    def spawner(self, job_id: str) -> Callable[[WorkerLaunch], ProcessHandle]:
+        """A `WorkerGroup` spawner: a standby when one fits, else a cold worker."""
+
+        def start(launch: WorkerLaunch) -> ProcessHandle:
+            handle = self.take(job_id, launch)
+            return handle if handle is not None else spawn(launch)
+
+        return start
