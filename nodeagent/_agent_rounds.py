@@ -138,7 +138,7 @@ class RoundControl:
             pid_registry=self._registry,
             spawner=self._standbys.spawner(a.job_id),
             warm_store=lambda _launch: self._standbys.take_store(a.job_id),
-            before_spawn=lambda: self._prepare_zygote(a.job_id, group),
+            before_spawn=lambda: self._prepare_zygote(a.job_id, group, len(a.workers)),
         )
         held.group = group
         launch = group.standby_launch()
@@ -162,12 +162,13 @@ class RoundControl:
             {held.global_rank(lr): pid for lr, pid in pids.items()},
         )
 
-    async def _prepare_zygote(self, job_id: str, group: WorkerGroup) -> None:
+    async def _prepare_zygote(self, job_id: str, group: WorkerGroup, workers: int) -> None:
         """Before a round's workers start: its job's zygote (preload only), started if need be
-        and waited for, so the workers are forked from it (see nodeagent._standby)."""
+        and waited for, and its forks for the `workers`, so the workers are forks of it (see
+        nodeagent._standby). Awaited: the session's heartbeats go on meanwhile."""
         launch = group.standby_launch()
         if launch is not None and not self._closing():
-            await self._standbys.prepare(job_id, launch)
+            await self._standbys.prepare(job_id, launch, workers)
 
     def stop(self, m: Stop) -> None:
         held = self.held.get((m.job_id, m.round))

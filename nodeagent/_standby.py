@@ -4,8 +4,10 @@ A job whose spec names `preload` modules gets, on each agent that runs it, one z
 (`nodeagent._zygote`): the bootstrap in zygote mode under the job's interpreter, flags, cwd and
 env, without any per-round variable (RANK, MASTER_ADDR, TORCHELASTIC_RESTART_COUNT, ...). It
 imports the modules once and forks standbys on request; a round's start waits for its imports
-(`prepare`, at most `READY_WAIT_S`), so the round's workers are forks too and the node pays the
-import once per job, not once per worker. A zygote that cannot start, is not ready in time, or
+(`prepare`, at most `READY_WAIT_S`) and has it fork the round's workers, so they are forks too
+and the node pays the import once per job, not once per worker. Every fork's answer is awaited
+(a fill's in a task of the pool's), never waited for on the event loop: the zygote runs the
+job's code, which may delay a fork as long as it likes, and the agent's heartbeats go on. A zygote that cannot start, is not ready in time, or
 whose preload failed to import leaves the round to start cold, as without `preload`.
 
 Each standby (up to `nproc_per_node`, when they can serve a later round: `can_serve`) blocks
@@ -40,10 +42,12 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from client.assignment import RoundAssignment
+from nodeagent._agent_logs import log_task_failure
 from nodeagent._launch import StandbyLaunch, StoreHostLaunch, WorkerLaunch
 from nodeagent._process import ProcessHandle, RealProcess, spawn
 from nodeagent._store_host import WarmStoreHost
@@ -121,6 +125,14 @@ class _JobPool:
     """A fill waits for the zygote's imports: it forks the standbys once they are done."""
     waited_out: bool = False
     """A round's start waited `READY_WAIT_S` for this zygote in vain: later ones do not wait."""
+    forking: asyncio.Task[None] | None = None
+    """Forks standbys from the zygote until `want` wait (a fill's, in the background)."""
+    store_forking: asyncio.Task[None] | None = None
+    """Forks a warm store host from the zygote (a fill's, in the background)."""
+    forks: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while forks of this pool are asked for: one at a time, each counted before."""
+    gone: bool = False
+    """Discarded or killed: what a fork on its way brings is let go."""
 
 
 class _Pools:
@@ -137,7 +149,9 @@ class _Pools:
         """Pools of finished jobs, by launch, oldest first (insertion order)."""
         self._retiring: list[Zygote] = []
         """Zygotes of pools that are gone, kept until their last fork (a worker) has exited."""
-        self._forker: Callable[[Zygote], tuple[ProcessHandle, int]] = lambda z: z.fork()
+        self._forker: Callable[[Zygote], Awaitable[tuple[ProcessHandle, int]]] = Zygote.fork
+        self._tasks: set[asyncio.Task[None]] = set()
+        """The pools' forks in the background; cancelled by `close`."""
 
     def count(self, job_id: str) -> int:
         """Live standbys of `job_id` waiting for a round."""
@@ -242,6 +256,7 @@ class _Pools:
 
     def _kill(self, pool: _JobPool, why: str) -> None:
         self._cancel_timer(pool)
+        self._gone(pool)
         n = len(pool.idle)
         for s in pool.idle:
             self._let_go(s)
@@ -260,6 +275,7 @@ class _Pools:
         if pool is None:
             return
         self._cancel_timer(pool)
+        self._gone(pool)
         for s in pool.idle:
             self._let_go(s)
         self._retire(pool)
@@ -271,12 +287,30 @@ class _Pools:
             logger.info("job %s: killed %d standby worker(s)", job_id, len(pool.idle))
         pool.idle = []
 
+    def _gone(self, pool: _JobPool) -> None:
+        """No more forks for `pool`: those asked for are given up (each exits on its own)."""
+        pool.gone = True
+        for task in (pool.forking, pool.store_forking):
+            if task is not None:
+                task.cancel()
+
+    def _own(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(log_task_failure)
+        return task
+
     def _dying_add(self, handle: ProcessHandle) -> None:
         self._dying = [h for h in self._dying if h.is_alive()]
         self._dying.append(handle)
 
     async def close(self) -> None:
         """Kill every standby and wait (bounded) until they are gone, killed ones included."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for job_id in list(self._jobs):
             self.discard(job_id)
         while self._lingering:
@@ -315,8 +349,15 @@ class StandbyPool(_Pools):
                 pool.refill = True
                 zygote.ready.add_done_callback(lambda _: self._refill(job_id, zygote))
             return
+        if zygote is not None:
+            # Its answers are awaited: forks never hold up the agent's event loop.
+            if pool.forking is None or pool.forking.done():
+                pool.forking = self._own(
+                    self._fork_until(pool, lambda: pool.want), f"fork-standbys-{job_id}"
+                )
+            return
         while len(pool.idle) < pool.want:
-            standby = self._new_standby(pool)
+            standby = self._start(pool.launch)
             if standby is None:
                 return
             pool.idle.append(standby)
@@ -343,16 +384,25 @@ class StandbyPool(_Pools):
         pool.waited_out = False
         return pool.zygote
 
-    def _new_standby(self, pool: _JobPool) -> _Standby | None:
-        """One more standby of `pool`: forked when its zygote is ready, else spawned."""
-        zygote = pool.zygote
-        if zygote is None or not zygote.alive():
-            return self._start(pool.launch)
-        return self._fork(zygote)
+    async def _fork_until(self, pool: _JobPool, want: Callable[[], int]) -> None:
+        """Fork standbys from the pool's zygote until `want()` wait (while it can fork)."""
+        async with pool.forks:
+            while not pool.gone:
+                self._prune(pool)
+                zygote = pool.zygote
+                if len(pool.idle) >= want() or zygote is None or not zygote.is_ready():
+                    return
+                standby = await self._fork(zygote)
+                if standby is None:
+                    return
+                if pool.gone:
+                    self._let_go(standby)
+                    return
+                pool.idle.append(standby)
 
-    def _fork(self, zygote: Zygote) -> _Standby | None:
+    async def _fork(self, zygote: Zygote) -> _Standby | None:
         try:
-            handle, wfd = self._forker(zygote)
+            handle, wfd = await self._forker(zygote)
         except OSError as e:
             logger.warning(
                 "zygote pid %d cannot fork a standby (%s); workers start cold", zygote.pid, e
@@ -361,9 +411,10 @@ class StandbyPool(_Pools):
         logger.info("forked standby pid %d from zygote pid %d", handle.pid, zygote.pid)
         return _Standby(handle, wfd)
 
-    async def prepare(self, job_id: str, launch: StandbyLaunch) -> bool:
+    async def prepare(self, job_id: str, launch: StandbyLaunch, workers: int = 0) -> bool:
         """Before a round of `job_id` starts here: its zygote, started if need be and waited for
-        (at most `READY_WAIT_S`); whether the round's workers can be forked from it."""
+        (at most `READY_WAIT_S`), and forks of it for the round's `workers` (those that wait
+        already count); whether the round's workers can be forked from it."""
         pool = self._jobs.get(job_id)
         if pool is not None and pool.launch != launch:
             self.discard(job_id)
@@ -383,7 +434,10 @@ class StandbyPool(_Pools):
             )
             pool.waited_out = True
             return False
-        return not zygote.ready.result()  # a preload that failed to import: cold, as without
+        if zygote.ready.result():
+            return False  # a preload that failed to import: cold, as without
+        await self._fork_until(pool, lambda: workers)
+        return True
 
     async def warm(self, job_id: str) -> int:
         """Wait (at most `READY_WAIT_S`) until the standbys a `fill` asked for are there."""
@@ -393,6 +447,8 @@ class StandbyPool(_Pools):
         if pool.zygote is not None:
             await pool.zygote.wait_ready(READY_WAIT_S)
             self._refill(job_id, pool.zygote)
+        if pool.forking is not None:
+            await asyncio.wait([pool.forking], timeout=READY_WAIT_S)
         return self.count(job_id)
 
     def fill_store(self, job_id: str, launch: StoreHostLaunch) -> None:
@@ -403,21 +459,36 @@ class StandbyPool(_Pools):
         if pool.store is not None:
             self._dying_add(pool.store.process)
             pool.store.discard()
+        pool.store = None
+        if pool.store_forking is not None and not pool.store_forking.done():
+            return
         zygote = pool.zygote
         if zygote is not None and zygote.is_ready() and not zygote.ready.result():
             # Forked from the job's zygote, with its imports (torch): no import of its own.
-            try:
-                pool.store = WarmStoreHost.forked(launch, zygote.fork_store)
-            except OSError as e:
-                pool.store = None
-                logger.warning("zygote pid %d cannot fork a warm store host: %s", zygote.pid, e)
-            else:
-                logger.info(
-                    "forked warm c10d store host pid %d from zygote pid %d",
-                    pool.store.process.pid,
-                    zygote.pid,
-                )
-                return
+            pool.store_forking = self._own(
+                self._fork_store(pool, launch, zygote), f"fork-store-{job_id}"
+            )
+            return
+        self._start_store(pool, launch)
+
+    async def _fork_store(self, pool: _JobPool, launch: StoreHostLaunch, zygote: Zygote) -> None:
+        try:
+            store = await WarmStoreHost.forked(launch, zygote.fork_store)
+        except OSError as e:
+            logger.warning("zygote pid %d cannot fork a warm store host: %s", zygote.pid, e)
+            if not pool.gone:
+                self._start_store(pool, launch)
+            return
+        if pool.gone or pool.store is not None:
+            self._dying_add(store.process)
+            store.discard()
+            return
+        pool.store = store
+        logger.info(
+            "forked warm c10d store host pid %d from zygote pid %d", store.process.pid, zygote.pid
+        )
+
+    def _start_store(self, pool: _JobPool, launch: StoreHostLaunch) -> None:
         try:
             pool.store = WarmStoreHost.start(launch)
         except Exception:
@@ -467,16 +538,11 @@ class StandbyPool(_Pools):
         except ValueError:
             logger.warning("hand-off too big; rank %d starts cold", launch.global_rank)
             return None
+        # The round's forks were made by `prepare`; none is made here, where nothing awaits.
         while pool.idle:
             s = pool.idle.pop(0)
             if self._hand(s, data):
                 return s.handle
-        # None waits: fork the worker now, when the zygote is ready and its imports all worked.
-        zygote = pool.zygote
-        if zygote is not None and zygote.is_ready() and not zygote.ready.result():
-            s_new = self._fork(zygote)
-            if s_new is not None and self._hand(s_new, data):
-                return s_new.handle
         return None
 
     def _hand(self, s: _Standby, data: bytes) -> bool:

@@ -23,7 +23,7 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import IO
 
 from nodeagent._launch import StoreHostLaunch
@@ -103,10 +103,10 @@ class WarmStoreHost:
         return cls(warm_key(launch), process, stdin, status_fd, ours)
 
     @classmethod
-    def forked(
+    async def forked(
         cls,
         launch: StoreHostLaunch,
-        fork: Callable[[list[int]], ForkedProcess],
+        fork: Callable[[list[int]], Awaitable[ForkedProcess]],
         *,
         registry: PidRegistry | None = None,
     ) -> WarmStoreHost:
@@ -122,7 +122,7 @@ class WarmStoreHost:
         except OSError:
             log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
         try:
-            process = fork([stdin_r, status_w, log, theirs.fileno()])
+            process = await fork([stdin_r, status_w, log, theirs.fileno()])
         except BaseException:
             ours.close()
             os.close(stdin_w)

@@ -28,9 +28,12 @@ death sweeps every mark of the agent, the zygote's included; the zygote's exit s
 zygote's mark, i.e. all of its forks, which is why `StandbyPool` retires a zygote only once its
 last fork has exited (forks die with their zygote anyway).
 
-A fork request blocks the event loop until the zygote answers (a fork of a torch interpreter
-takes tens of milliseconds), at most `FORK_REPLY_S`; a zygote that does not answer is killed.
-Call everything from the event-loop thread.
+A fork request is awaited, never waited for on the event loop: the zygote runs the job's code
+(its preload, and whatever that registered to run at a fork), so its answer may take as long
+as that code likes, and the agent's heartbeats must go on meanwhile. A zygote that does not
+answer within `FORK_REPLY_S` forks no more (it is killed once its forks have exited); a fork it
+makes for a request nobody awaits any more (timed out, or cancelled) finds its hand-off pipe
+closed and exits 0 by itself. Call everything from the event-loop thread.
 """
 
 from __future__ import annotations
@@ -41,10 +44,9 @@ import contextlib
 import json
 import logging
 import os
-import select
 import signal
 import socket
-import time
+from collections.abc import Coroutine
 from typing import Any, TypeGuard
 
 from nodeagent._launch import StandbyLaunch
@@ -186,8 +188,8 @@ class Zygote:
         self.ready: asyncio.Future[list[str]] = self._loop.create_future()
         """Done once the imports are over: the failure lines of preloads that did not import."""
         self._forks: dict[int, ForkedProcess] = {}
-        self._replies: dict[int, dict[str, Any]] = {}
-        self._waiting: set[int] = set()
+        self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        """The answer of each fork request on its way, by request id."""
         self._next_id = 0
         self._closed = False
         self._retired = False
@@ -248,7 +250,7 @@ class Zygote:
             await asyncio.wait_for(asyncio.shield(self.ready), timeout)
         return self.is_ready()
 
-    def fork(self) -> tuple[ForkedProcess, int]:
+    async def fork(self) -> tuple[ForkedProcess, int]:
         """A new standby: its handle and the write end of its hand-off pipe (the caller's).
 
         Raises OSError when the zygote is not ready, refuses, or does not answer in time.
@@ -257,24 +259,30 @@ class Zygote:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         hand_r, hand_w = os.pipe2(os.O_CLOEXEC)
         try:
-            handle = self._request("standby", [out_w, err_w, hand_r], (out_r, err_r))
+            try:
+                request = self._request("standby", [out_w, err_w, hand_r], (out_r, err_r))
+            finally:
+                # Sent, the zygote has copies of its own: the fork holds the only read end of
+                # its hand-off pipe, so it sees EOF (and exits) if its request is given up.
+                for fd in (out_w, err_w, hand_r):
+                    os.close(fd)
+            handle = await request
         except BaseException:
             for fd in (out_r, err_r, hand_w):
                 os.close(fd)
             raise
-        finally:
-            for fd in (out_w, err_w, hand_r):
-                os.close(fd)
         return handle, hand_w
 
-    def fork_store(self, fds: list[int]) -> ForkedProcess:
+    async def fork_store(self, fds: list[int]) -> ForkedProcess:
         """A warm c10d store host whose stdin, stdout, stderr and hand-off channel are `fds`
         (the caller keeps and closes its copies); OSError as for `fork`."""
-        return self._request("store", fds, (None, None))
+        return await self._request("store", fds, (None, None))
 
     def _request(
         self, kind: str, fds: list[int], pipes: tuple[int | None, int | None]
-    ) -> ForkedProcess:
+    ) -> Coroutine[Any, Any, ForkedProcess]:
+        """Send the request now (the zygote holds its own copies of `fds` once this returns);
+        the coroutine awaits the answer."""
         if not self.is_ready():
             raise OSError(f"zygote pid {self.pid} is not ready")
         sentinel = current_sentinel()
@@ -282,14 +290,25 @@ class Zygote:
         self._next_id += 1
         rid = self._next_id
         data = json.dumps({"op": "fork", "id": rid, "mark": mark, "kind": kind}).encode()
-        self._waiting.add(rid)
+        answer = self._expect(rid)
         try:
             self._sock.sendmsg(
                 [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
             )
-            reply = self._await_reply(rid)
-        finally:
-            self._waiting.discard(rid)
+        except BaseException:
+            self._waiting.pop(rid, None)
+            raise
+        return self._forked(rid, answer, pipes, sentinel, mark)
+
+    async def _forked(
+        self,
+        rid: int,
+        answer: asyncio.Future[dict[str, Any]],
+        pipes: tuple[int | None, int | None],
+        sentinel: Sentinel | None,
+        mark: str,
+    ) -> ForkedProcess:
+        reply = await self._await_reply(rid, answer)
         if reply.get("op") != "forked":
             raise OSError(f"zygote pid {self.pid} refused a fork: {reply.get('error')}")
         pid = reply.get("pid")
@@ -302,24 +321,33 @@ class Zygote:
             sentinel.watch(pid, start_ticks(pid) or 0, mark)
         return handle
 
-    def _await_reply(self, rid: int) -> dict[str, Any]:
-        deadline = time.monotonic() + FORK_REPLY_S
-        while rid not in self._replies:
-            if self._closed:
-                raise OSError(f"zygote pid {self.pid} is gone")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                # Broken: no more forks from it, but the workers it forked run on (it is killed
-                # once they have exited).
-                self._unusable = True
-                self.retire()
-                raise OSError(f"zygote pid {self.pid} did not answer in {FORK_REPLY_S:g} s")
-            # poll, not select: the agent may hold more than FD_SETSIZE descriptors.
-            poller = select.poll()
-            poller.register(self._sock.fileno(), select.POLLIN)
-            if poller.poll(max(1, int(left * 1000))):
-                self._on_readable()
-        return self._replies.pop(rid)
+    def _expect(self, rid: int) -> asyncio.Future[dict[str, Any]]:
+        """The answer to request `rid`, once it comes (before the request goes out)."""
+        if self._closed:
+            raise OSError(f"zygote pid {self.pid} is gone")
+        answer: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+        self._waiting[rid] = answer
+        return answer
+
+    async def _await_reply(
+        self, rid: int, answer: asyncio.Future[dict[str, Any]]
+    ) -> dict[str, Any]:
+        try:
+            return await asyncio.wait_for(answer, FORK_REPLY_S)
+        except TimeoutError:
+            # Broken: no more forks from it, but the workers it forked run on (it is killed
+            # once they have exited).
+            if not self._closed:
+                logger.error(
+                    "zygote pid %d did not answer a fork in %g s; it forks no more",
+                    self.pid,
+                    FORK_REPLY_S,
+                )
+            self._unusable = True
+            self.retire()
+            raise OSError(f"zygote pid {self.pid} did not answer in {FORK_REPLY_S:g} s") from None
+        finally:
+            self._waiting.pop(rid, None)
 
     def _on_readable(self) -> None:
         while not self._closed:
@@ -374,8 +402,9 @@ class Zygote:
                 self.ready.set_result(failed)
         elif op in ("forked", "refused"):
             rid = msg.get("id")
-            if isinstance(rid, int) and rid in self._waiting:
-                self._replies[rid] = msg
+            answer = self._waiting.get(rid) if isinstance(rid, int) else None
+            if answer is not None and not answer.done():
+                answer.set_result(msg)
         elif op == "exit":
             pid, code = msg.get("pid"), msg.get("code")
             if not _is_pid(pid) or not _is_exit_code(code):
@@ -417,6 +446,9 @@ class Zygote:
         self._sock.close()
         if not self.ready.done():
             self.ready.cancel()
+        for answer in self._waiting.values():
+            if not answer.done():
+                answer.set_exception(OSError(f"zygote pid {self.pid} is gone"))
         if self.handle.is_alive():
             self.handle.send_signal_group(signal.SIGKILL)
         forks, self._forks = self._forks, {}

@@ -59,15 +59,14 @@ async def agent(
             )
         )
         started: list[ProcessHandle] = []
-        real = a._standbys._new_standby
+        real = a._standbys._forker
 
-        def recording(pool: Any) -> Any:
-            standby = real(pool)  # forked from the job's zygote
-            if standby is not None:
-                started.append(standby.handle)
-            return standby
+        async def recording(zygote: Any) -> Any:
+            handle, wfd = await real(zygote)  # every fork: a round's workers and standbys
+            started.append(handle)
+            return handle, wfd
 
-        a._standbys._new_standby = recording  # type: ignore[method-assign]
+        a._standbys._forker = recording
         async with a:
             await asyncio.wait_for(a.connected.wait(), DEADLINE)
             yield c, a, started
@@ -103,17 +102,19 @@ async def test_standbys_are_warmed_only_while_a_restart_can_use_them(
             e.kind == "workers_started" and e.attempt == attempt for e in cl.job_events(job_id)
         )
 
-    # Attempt 0 has a restart left: one standby per worker.
+    # Attempt 0's workers are forks; it has a restart left: one standby per worker.
     await wait_for(lambda: started_round(0), DEADLINE, what="round 0 to start")
-    assert len(started) == 2
     await wait_for(
         lambda: a._standbys.count(job_id) == 2, DEADLINE, what="two standbys for the job"
     )
+    assert len(started) == 2 + 2
     (out / "go-0").touch()
     # Attempt 1 runs on them; it warms new ones only if a restart is still left.
     await wait_for(lambda: started_round(1), DEADLINE, what="round 1 to start")
-    assert len(started) == warmed, [p.pid for p in started]
-    assert a._standbys.count(job_id) == warmed - 2
+    await wait_for(
+        lambda: a._standbys.count(job_id) == warmed - 2, DEADLINE, what="the standbys warmed"
+    )
+    assert len(started) == 2 + warmed, [p.pid for p in started]
     (out / "go-1").touch()
     await wait_for(
         lambda: cl.job_state(job_id).is_terminal(),
@@ -121,7 +122,7 @@ async def test_standbys_are_warmed_only_while_a_restart_can_use_them(
         what="the job to end",
     )
     assert cl.job_state(job_id) == JobState.SUCCEEDED
-    assert len(started) == warmed
+    assert len(started) == 2 + warmed
     # The agent lets the spare ones go with the job (its release follows the coordinator's end).
     await wait_for(
         lambda: a._standbys.count(job_id) == 0, DEADLINE, what="the job's standbys to go"

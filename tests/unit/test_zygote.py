@@ -111,7 +111,7 @@ def test_forks_hold_exactly_their_pipes_and_report_exit_codes_and_signals(tmp_pa
             assert await z.wait_ready(60)
             forks: dict[str, tuple[ForkedProcess, int]] = {}
             for end in ("exit3", "kill", "term"):
-                forks[end] = z.fork()
+                forks[end] = await z.fork()
             outputs = {}
             for end, (handle, wfd) in forks.items():
                 out, err = handle.take_pipes()
@@ -153,26 +153,27 @@ def test_a_request_that_is_not_well_formed_is_refused_and_the_zygote_serves_on(
             sock = z._sock
             r, w = os.pipe()
 
-            def ask(rid: int, data: bytes, fds: list[int]) -> dict[str, Any]:
-                z._waiting.add(rid)
+            async def ask(rid: int, data: bytes, fds: list[int]) -> dict[str, Any]:
+                answer = z._expect(rid)
                 anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
                 sock.sendmsg([data], anc)
-                return z._await_reply(rid)
+                return await z._await_reply(rid, answer)
 
             three = [w, w, r]
-            assert ask(-1, b"not json", three)["op"] == "refused"
-            assert ask(-1, b"x" * (MAX_MESSAGE + 10), three)["op"] == "refused"
-            assert ask(7, json.dumps({"op": "fork", "id": 7}).encode(), [w, r])["op"] == "refused"
-            assert ask(8, json.dumps({"op": "exec", "id": 8}).encode(), three)["op"] == "refused"
+            assert (await ask(-1, b"not json", three))["op"] == "refused"
+            assert (await ask(-1, b"x" * (MAX_MESSAGE + 10), three))["op"] == "refused"
+            fork7 = json.dumps({"op": "fork", "id": 7}).encode()
+            assert (await ask(7, fork7, [w, r]))["op"] == "refused"
+            exec8 = json.dumps({"op": "exec", "id": 8}).encode()
+            assert (await ask(8, exec8, three))["op"] == "refused"
             bad_mark = {"op": "fork", "id": 9, "mark": "a b/../c"}
-            assert ask(9, json.dumps(bad_mark).encode(), three)["op"] == "refused"
-            assert ask(-1, json.dumps({"op": "fork", "id": True}).encode(), three)["op"] == (
-                "refused"
-            )
+            assert (await ask(9, json.dumps(bad_mark).encode(), three))["op"] == "refused"
+            not_an_id = json.dumps({"op": "fork", "id": True}).encode()
+            assert (await ask(-1, not_an_id, three))["op"] == "refused"
             os.close(r)
             os.close(w)
             assert z.alive()
-            handle, wfd = z.fork()  # still serving
+            handle, wfd = await z.fork()  # still serving
             for fd in handle.take_pipes():
                 assert fd is not None
                 os.close(fd)
@@ -190,7 +191,7 @@ def test_the_forks_of_a_zygote_that_dies_die_too_and_show_as_sigkill(tmp_path: P
     async def main() -> None:
         z = Zygote.start(_launch(tmp_path))
         assert await z.wait_ready(60)
-        handle, wfd = z.fork()
+        handle, wfd = await z.fork()
         for fd in handle.take_pipes():
             assert fd is not None
             os.close(fd)
@@ -237,7 +238,7 @@ def test_a_warm_store_host_forked_from_the_zygote_serves_the_round_it_is_handed(
         z = Zygote.start(zygote_launch)
         try:
             assert await z.wait_ready(60)
-            warm = WarmStoreHost.forked(launch, z.fork_store)
+            warm = await WarmStoreHost.forked(launch, z.fork_store)
             assert Path(f"/proc/{warm.process.pid}/stat").read_text().split()[3] == str(z.pid)
             host = StoreHost.start(launch, ctx="[t]", warm=warm)
             assert host.pid == warm.process.pid

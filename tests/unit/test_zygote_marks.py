@@ -48,7 +48,7 @@ def test_a_forked_workers_exit_sweeps_its_own_children_and_never_a_sibling(
             jobs = {"parent": PARENT, "sibling": SIBLING}
             forks = {}
             for name, code in jobs.items():
-                handle, wfd = z.fork()
+                handle, wfd = await z.fork()
                 for fd in handle.take_pipes():
                     assert fd is not None
                     os.close(fd)
