@@ -6,7 +6,8 @@ arguments workers unpickle, or read every log. So the defaults are not predictab
 shared /tmp but `$XDG_STATE_HOME/gelastic/agent-<node>` (`~/.local/state` when unset) for a user
 and `/var/lib/gelastic/agent-<node>` for root, with a fresh `mkdtemp` as the last resort; every
 directory the agent creates is 0700; and a directory that exists already is used only if it is
-ours and not group/world-writable, in a chain of parents that no one else can rename it in.
+ours and not group/world-writable, in a chain of parents that no one else can rename it in or,
+through a symbolic link of theirs, point elsewhere.
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ def check_dir(path: Path, *, uid: int | None = None) -> None:
 
     The directory itself must be a real directory (not a symlink) owned by `uid`, writable by
     no one else. Each parent must be owned by `uid` or root, and one that others may write to
-    must be sticky (like /tmp): there only an entry's owner can rename or remove it.
+    must be sticky (like /tmp): there only an entry's owner can rename or remove it. A parent
+    is looked at itself, never through a symbolic link: a link owned by anyone else (who could
+    point it elsewhere at any time) is refused, and where the links of `uid` or root lead is
+    checked as well, every parent of the real path.
     """
     me = os.geteuid() if uid is None else uid
     st = os.lstat(path)
@@ -63,17 +67,32 @@ def check_dir(path: Path, *, uid: int | None = None) -> None:
             f"{stat.S_IMODE(st.st_mode):04o}); chmod go-w it or use another directory"
         )
     for parent in path.parents:
-        pst = os.stat(parent)
-        if pst.st_uid not in (0, me):
-            raise UnsafeDirError(
-                f"refusing {path}: its parent {parent} is owned by uid {pst.st_uid}, "
-                "who could replace it"
-            )
-        if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
-            raise UnsafeDirError(
-                f"refusing {path}: its parent {parent} is writable by group or others "
-                f"(mode {stat.S_IMODE(pst.st_mode):04o}) and not sticky"
-            )
+        pst = os.lstat(parent)
+        if stat.S_ISLNK(pst.st_mode):
+            if pst.st_uid not in (0, me):
+                raise UnsafeDirError(
+                    f"refusing {path}: its parent {parent} is a symbolic link owned by uid "
+                    f"{pst.st_uid}, who could point it elsewhere"
+                )
+            continue  # where it leads is checked below
+        _check_parent(path, parent, pst, me)
+    real = Path(os.path.realpath(path))
+    if real != path:
+        for parent in real.parents:
+            _check_parent(path, parent, os.lstat(parent), me)
+
+
+def _check_parent(path: Path, parent: Path, pst: os.stat_result, me: int) -> None:
+    if pst.st_uid not in (0, me):
+        raise UnsafeDirError(
+            f"refusing {path}: its parent {parent} is owned by uid {pst.st_uid}, "
+            "who could replace it"
+        )
+    if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
+        raise UnsafeDirError(
+            f"refusing {path}: its parent {parent} is writable by group or others "
+            f"(mode {stat.S_IMODE(pst.st_mode):04o}) and not sticky"
+        )
 
 
 def private_dir(path: Path) -> None:

@@ -68,7 +68,7 @@ from nodeagent._agent_link import WAKE, Outbox, SessionLink
 from nodeagent._agent_link import one_line as one_line
 from nodeagent._agent_logs import LOG_CHUNK_BYTES, LogService, log_task_failure
 from nodeagent._agent_rounds import Held, RoundControl
-from nodeagent._dirs import default_agent_dir, fresh_agent_dir, private_dir
+from nodeagent._dirs import check_dir, default_agent_dir, fresh_agent_dir, private_dir
 from nodeagent._gpus import (
     FAULT_FILE_ENV,
     GpuDevice,
@@ -513,6 +513,10 @@ class NodeAgent:
         try:
             private_dir(self.log_root)
             private_dir(self.state_dir)
+            # They are used resolved; the links on the way there, as given, are checked too.
+            for given in (self.config.log_dir, self.config.state_dir):
+                if given:
+                    check_dir(Path(given))
         except OSError as exc:
             if self.config.log_dir or self.config.state_dir:
                 raise

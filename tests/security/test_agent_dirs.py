@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent import session as session_module
-from nodeagent._dirs import UnsafeDirError, default_agent_dir
+from nodeagent._dirs import UnsafeDirError, check_dir, default_agent_dir
 from nodeagent._reaper import PidRegistry
 from nodeagent.session import AgentConfig, NodeAgent
 
@@ -95,6 +95,33 @@ async def test_a_dir_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UnsafeDirError, match="owned by uid 65534"):
         await agent.start()
     await agent.stop(0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a link away needs root")
+async def test_a_parent_that_is_another_users_symbolic_link_is_refused(tmp_path: Path) -> None:
+    # Before, the parents were stat()ed through links: a link another user owns (and can point
+    # anywhere at any time) passed as whatever it pointed at when the agent looked.
+    real = tmp_path / "real"
+    (real / "logs").mkdir(parents=True, mode=0o700)
+    real.chmod(0o755)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    os.lchown(link, 65534, 65534)
+    agent = NodeAgent(_config(log_dir=str(link / "logs")))
+    with pytest.raises(UnsafeDirError, match="symbolic link owned by uid 65534"):
+        await agent.start()
+    await agent.stop(0)
+    # The same link, ours: where it leads is checked, and here that is fine.
+    os.lchown(link, os.geteuid(), os.getegid())
+    check_dir(link / "logs")
+    # A link of ours into a directory another user owns is refused all the same.
+    theirs = tmp_path / "theirs"
+    (theirs / "logs").mkdir(parents=True, mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    ours = tmp_path / "ours"
+    ours.symlink_to(theirs)
+    with pytest.raises(UnsafeDirError, match=f"parent {theirs} is owned by uid 65534"):
+        check_dir(ours / "logs")
 
 
 def test_a_symlink_at_the_pid_files_temp_name_does_not_redirect_the_write(tmp_path: Path) -> None:
