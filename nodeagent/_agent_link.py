@@ -132,6 +132,8 @@ class SessionLink:
         self.refused = asyncio.Event()
         """Set when the coordinator refused this agent for good; `refusal` says why."""
         self.refusal = ""
+        self._refused_since: float | None = None
+        """When the coordinator first refused this agent's name since its last session."""
 
     @property
     def epoch(self) -> int:
@@ -140,7 +142,7 @@ class SessionLink:
     async def run(self) -> None:
         """Keep a session up until the agent closes, or is refused for good."""
         delay = 0.05
-        refused_since: float | None = None
+        self._refused_since = None
         last_log: tuple[str, float, float] = ("", 0.0, 0.0)  # (reason, pause, when)
         probed: dict[str, str] = {}
         hops = 0  # hints followed since the last pause
@@ -164,20 +166,9 @@ class SessionLink:
             except grpc.aio.AioRpcError as exc:
                 code, details = exc.code(), one_line(exc.details() or "")[:500]
                 if code == grpc.StatusCode.ALREADY_EXISTS:
-                    # This node's previous session (or another live agent) holds the name. A
-                    # dead holder's session ends within the time the coordinator says; past
-                    # it the holder is alive and retrying cannot help.
-                    now = time.monotonic()
-                    refused_since = refused_since if refused_since is not None else now
-                    if now - refused_since > _name_held_s(exc) + NAME_HELD_MARGIN_S:
-                        self._refuse_for_good(
-                            f"node name {self.name!r} is in use by another live agent "
-                            f"(coordinator {target} refused this one for "
-                            f"{now - refused_since:.0f} s: {details}); give this agent "
-                            "another --name"
-                        )
+                    reason = self._name_refused(exc, target, details)
+                    if self.refused.is_set():
                         return
-                    reason = f"coordinator refused this agent for now: {details}"
                     delay = min(delay, REFUSED_RETRY_MAX_S / 2)
                     after = target  # that coordinator holds the name: only it can free it
                 elif code in (
@@ -214,7 +205,7 @@ class SessionLink:
                 reason = f"session failed: {type(exc).__name__}: {exc}"
             finally:
                 if self.connected.is_set():
-                    refused_since = None
+                    self._refused_since = None
                     probed.clear()
                     hunting = 0
                 self.connected.clear()
@@ -243,6 +234,24 @@ class SessionLink:
             await asyncio.sleep(random.uniform(low, high))
             if low == 0:
                 delay = min(delay * 2, self.reconnect_max)
+
+    def _name_refused(self, exc: grpc.aio.AioRpcError, target: str, details: str) -> str:
+        """The coordinator refused this agent's name: why the next try waits, or (past the time
+        the coordinator says a gone holder can keep it) refused for good."""
+        # This node's previous session (or another live agent) holds the name. A dead holder's
+        # session ends within the time the coordinator says; past it the holder is alive and
+        # retrying cannot help.
+        now = time.monotonic()
+        since = self._refused_since if self._refused_since is not None else now
+        self._refused_since = since
+        if now - since > _name_held_s(exc) + NAME_HELD_MARGIN_S:
+            self._refuse_for_good(
+                f"node name {self.name!r} is in use by another live agent "
+                f"(coordinator {target} refused this one for "
+                f"{now - since:.0f} s: {details}); give this agent "
+                "another --name"
+            )
+        return f"coordinator refused this agent for now: {details}"
 
     def _refuse_for_good(self, reason: str) -> None:
         logger.error("%s", reason)
