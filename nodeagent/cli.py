@@ -59,7 +59,10 @@ def _parser() -> argparse.ArgumentParser:
         "as root /var/lib/gelastic/agent-NAME/logs)",
     )
     p.add_argument(
-        "--state-dir", default="", help="where the worker pid file lives (default: --log-dir)"
+        "--state-dir",
+        default="",
+        help="where the worker pid file and the node secret live; keep it across restarts "
+        "(default: --log-dir)",
     )
     p.add_argument(
         "--token-file",
