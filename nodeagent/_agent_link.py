@@ -10,7 +10,9 @@ heartbeat or an exit, and a control outbox that stops draining drops the session
 When the stream breaks it reconnects with backoff and jitter, rotating through the listed
 replicas and going straight to the leader a standby names; the agent's workers keep running
 meanwhile. A refusal no retry can fix (a wrong token, a name another live agent holds, a TLS
-setting the coordinator does not accept) ends `run` instead, with the reason in `refusal`.
+setting the coordinator does not accept) ends `run` instead, with the reason in `refusal`. A
+name the coordinator keeps for this node's previous agent during its reconnect grace is no such
+refusal: it is retried until the name is free.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ REFUSED_RETRY_MAX_S = 1.0
 NAME_HELD_HEADER = "gelastic-name-held-ms"
 """Trailing metadata of a name-in-use refusal: how long the name can stay held by an agent that
 is in fact gone (its lease, or the reconnect grace after a restart)."""
+NAME_GRACE_HEADER = "gelastic-name-grace-ms"
+"""Trailing metadata of a temporary name-in-use refusal: the name is kept for this node's
+previous agent (known only from the coordinator's state on disk) this much longer."""
 NAME_HELD_DEFAULT_S = 60.0
 """How long refusals of a name in use are retried when the coordinator does not say."""
 NAME_HELD_MARGIN_S = 3.0
@@ -238,6 +243,11 @@ class SessionLink:
     def _name_refused(self, exc: grpc.aio.AioRpcError, target: str, details: str) -> str:
         """The coordinator refused this agent's name: why the next try waits, or (past the time
         the coordinator says a gone holder can keep it) refused for good."""
+        if _name_grace_s(exc) is not None:
+            # Kept for a previous agent during the reconnect grace after a coordinator restart:
+            # temporary, whatever the time spent (a second restart begins the grace again).
+            self._refused_since = None
+            return f"coordinator keeps this node's name for its previous agent for now: {details}"
         # This node's previous session (or another live agent) holds the name. A dead holder's
         # session ends within the time the coordinator says; past it the holder is alive and
         # retrying cannot help.
@@ -404,6 +414,16 @@ def _name_held_s(exc: grpc.aio.AioRpcError) -> float:
         if key == NAME_HELD_HEADER and isinstance(value, str) and value.isdigit():
             return min(int(value[:9]) / 1000, 24 * 3600.0)
     return NAME_HELD_DEFAULT_S
+
+
+def _name_grace_s(exc: grpc.aio.AioRpcError) -> float | None:
+    """How much longer the coordinator keeps the name for a previous agent during its
+    reconnect grace; None when the refusal is not such a temporary one."""
+    metadata: Any = exc.trailing_metadata() or ()
+    for key, value in metadata:
+        if key == NAME_GRACE_HEADER and isinstance(value, str) and value.isdigit():
+            return min(int(value[:9]) / 1000, 24 * 3600.0)
+    return None
 
 
 def _probe_tls(target: str, security: Security) -> str:
