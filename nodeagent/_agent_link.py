@@ -279,6 +279,10 @@ class SessionLink:
                 ("grpc.keepalive_time_ms", 10_000),
                 ("grpc.keepalive_timeout_ms", 5_000),
                 ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+                # Its own subchannel: one shared with the channels of earlier tries would make
+                # this one wait out grpc's connection backoff (1 s, growing 1.6 times a
+                # refusal), however soon the coordinator is back: the pauses are ours to choose.
+                ("grpc.use_local_subchannel_pool", 1),
             ],
         ) as channel:
             stub = pb_grpc.NodeSessionStub(channel)

@@ -65,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         "(default: --log-dir)",
     )
     p.add_argument(
+        "--reconnect-max",
+        type=float,
+        default=d.reconnect_max,
+        help="longest pause between reconnect attempts, in seconds (default %(default)s)",
+    )
+    p.add_argument(
         "--token-file",
         default="",
         help="token the coordinator expects from agents; read once at start and never passed "
@@ -171,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         addr=args.addr,
         log_dir=args.log_dir,
         state_dir=args.state_dir,
+        reconnect_max=args.reconnect_max,
         token_file=args.token_file,
         tls_ca=args.tls_ca,
         tls_cert=args.tls_cert,

@@ -140,6 +140,8 @@ class AgentConfig:
         if not is_name(self.name):
             raise ValueError(f"name: must be 1-128 of [A-Za-z0-9_.-], got {self.name!r}")
         parse_coordinators(self.coordinator)
+        if not 0.05 <= self.reconnect_max <= 3600:
+            raise ValueError(f"reconnect_max: must be 0.05-3600 s, got {self.reconnect_max}")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port: must be 0-65535 (0 = off), got {self.metrics_port}")
 
