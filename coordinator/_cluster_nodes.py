@@ -15,11 +15,13 @@ from client.model import (
 )
 from client.node_protocol import Heartbeat
 from coordinator._cluster_records import (
+    PORT_TIMEOUT_S,
     STALE_HOLD_S,
     Forgotten,
     NodeIsLive,
     Ready,
     ReleaseRound,
+    RequestPort,
     RunningGroupReport,
     StopRound,
     _Node,
@@ -120,6 +122,19 @@ class _Nodes(_Rounds):
                     node=name,
                 )
                 self._member_stopped(job, m, now)
+                continue
+            if (
+                job.state == JobState.RENDEZVOUS
+                and job.current.port_deadline is not None
+                and m is not None
+                and m is job.current.members[0]
+                and all(self._attached(x.node) for x in job.current.members)
+            ):
+                # Asked for the round's master port, it is back without the round: the request
+                # or its answer went down with the old stream (or the old coordinator). Ask
+                # again rather than wait out the port deadline (after a restart: the grace).
+                job.current.port_deadline = now + PORT_TIMEOUT_S
+                self._effects.append(RequestPort(name, job.job_id, job.round))
                 continue
             if (
                 m is None

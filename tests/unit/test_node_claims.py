@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from client.model import JobState
-from coordinator._cluster import Cluster, NodeNameInUse
+from coordinator._cluster import Cluster, NodeNameInUse, RequestPort
 from coordinator._cluster_records import _Node
 from coordinator._codec import encode
 from coordinator._node_claims import Claim, judge_claim, secret_digest
@@ -200,3 +200,21 @@ def test_the_node_view_never_shows_the_digest() -> None:
     d = Driver()
     d.connect("n0", secret_digest=DIGEST)
     assert DIGEST not in repr(d.cluster.nodes())
+
+
+def test_a_round_waiting_for_its_port_asks_again_when_its_node_is_back() -> None:
+    """Round formed, port asked, coordinator restarted before the answer: the node comes back
+    without the round, and the port is asked again at once, not when the grace ends."""
+    d = Driver()
+    d.connect("n0", incarnation="inc-old", secret_digest=DIGEST)
+    d.nodes["n0"].port = -1  # the request is never answered
+    d.submit("j", nproc_per_node=1, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d.settle()
+    assert d.state("j") == JobState.RENDEZVOUS
+    d.cluster = _restored(d, d.now + 1)
+    d.advance(1)
+    d.nodes["n0"].port = None
+    effects = d.connect("n0", incarnation="inc-old", secret_digest=DIGEST)
+    assert any(isinstance(e, RequestPort) and e.job_id == "j" for e in effects), effects
+    d.settle()
+    assert d.state("j") == JobState.RUNNING
