@@ -25,6 +25,7 @@ SCENARIOS = (
     "cold_start",
     "recovery_worker_crash",
     "recovery_agent_kill",
+    "drain",
     "failure_report",
     "rendezvous_scale",
     "heartbeat_capacity",

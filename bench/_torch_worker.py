@@ -25,6 +25,11 @@ What it does after its first all_reduce (`$BENCH_MODE`):
   with torch's `@record`, which writes torchelastic's error file before the exception ends the
   process.
 
+With `$BENCH_TERM_CKPT` set, a worker of the first attempt that is still training when SIGTERM
+comes saves a checkpoint in its handler, as a preemption-aware training script does: the state
+(`$BENCH_TERM_CKPT` MiB of float32) goes through `torch.save` to a temporary file in `$BENCH_DIR`,
+which is renamed into place, then the worker stamps `ckpt` and exits 0.
+
 A sleeping worker gives up after `$BENCH_HOLD_MAX` seconds (exit 2) so nothing can hang forever;
 the process group's timeout is `$BENCH_PG_TIMEOUT` seconds (60).
 """
@@ -91,6 +96,23 @@ def _init_and_all_reduce() -> None:
     _stamp("ready", time.time())
 
 
+def _checkpoint_on_term() -> None:
+    """Install the SIGTERM handler of `$BENCH_TERM_CKPT` (see the module docstring)."""
+    import signal
+
+    mib = float(os.environ["BENCH_TERM_CKPT"])
+    state = {"w": torch.zeros(int(mib * 1024 * 1024 / 4))}
+
+    def on_term(signum: int, frame: object) -> None:
+        path = os.path.join(OUT, f"ckpt-{RANK}.pt")
+        torch.save(state, f"{path}.tmp")
+        os.replace(f"{path}.tmp", path)
+        _stamp("ckpt", time.time())
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 @record
 def main() -> int:
     _init_and_all_reduce()
@@ -98,6 +120,8 @@ def main() -> int:
     if mode == "ready" or LATER:
         dist.destroy_process_group()
         return 0
+    if os.environ.get("BENCH_TERM_CKPT"):
+        _checkpoint_on_term()
     hold_max = float(os.environ.get("BENCH_HOLD_MAX", "120"))
     deadline = time.monotonic() + hold_max
     if int(os.environ.get("BENCH_CRASH_RANK", "1")) == RANK:

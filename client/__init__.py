@@ -27,6 +27,7 @@ from client.model import (
     WorkerState,
     WorkerStatus,
 )
+from client.preempt import PreemptNotice, preempted
 
 if TYPE_CHECKING:
     from client._client import Client, GelasticError, Job, submit
@@ -64,6 +65,7 @@ __all__ = [
     "JobStatus",
     "Member",
     "NodeInfo",
+    "PreemptNotice",
     "ProcessFailure",
     "Role",
     "RunResult",
@@ -71,5 +73,6 @@ __all__ = [
     "SpecError",
     "WorkerState",
     "WorkerStatus",
+    "preempted",
     "submit",
 ]

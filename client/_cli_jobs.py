@@ -15,7 +15,7 @@ from client._client import Client, Job
 from client._scheduler_error import write_scheduler_error_file
 from client._tables import jobs_table, result_text, status_text, to_jsonable
 from client.model import JobState, RunResult
-from client.results import trusted_load
+from client.results import PickledReturnValue
 
 
 def _result_json(job_id: str, state: JobState, result: RunResult | None) -> dict[str, Any]:
@@ -54,16 +54,18 @@ def _cmd_status(client: Client, args: argparse.Namespace) -> int:
 def _cmd_result(client: Client, args: argparse.Namespace) -> int:
     job = client.job(args.job_id)
     state, result = _finished(job)
-    if result is not None and args.trusted_load and result.raw_return_values:
+    # JSON values are printed as they are; pickles only with --trusted-load.
+    pickled = result is not None and any(
+        isinstance(v, PickledReturnValue) for v in result.return_values.values()
+    )
+    if result is not None and args.trusted_load and pickled:
         print(
             "gelastic: warning: --trusted-load unpickles return values nobody verified; "
             "this runs code chosen by whoever wrote them",
             file=sys.stderr,
         )
         try:
-            loaded = {
-                r: trusted_load(v, rank=r) for r, v in sorted(result.raw_return_values.items())
-            }
+            loaded = result.trusted_return_values()
         except Exception as exc:
             raise CliError(f"cannot load the return values: {type(exc).__name__}: {exc}") from None
         result = dataclasses.replace(result, return_values=loaded)

@@ -1,8 +1,11 @@
-"""`gelastic nodes`: list the nodes, forget lost ones, clear a node's quarantine."""
+"""`gelastic nodes`: list the nodes, forget lost ones, clear a node's quarantine, drain a node
+and undrain it."""
 
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 
 from client._cli_output import EXIT_OK, CliError, _print_json, _show
 from client._client import Client
@@ -12,30 +15,60 @@ MAX_FORGET = 1000
 """Most node names one `gelastic nodes --forget ...` takes."""
 
 
+def _check(args: argparse.Namespace) -> None:
+    for flag in ("forget", "clear_quarantine", "drain", "undrain"):
+        if len(getattr(args, flag)) > MAX_FORGET:
+            raise CliError(f"--{flag.replace('_', '-')}: at most {MAX_FORGET} names at once")
+    if not args.drain and (args.deadline is not None or args.reason):
+        raise CliError("--deadline and --reason go with --drain NAME")
+    if args.deadline is not None and not (math.isfinite(args.deadline) and args.deadline > 0):
+        raise CliError(f"--deadline: must be a number of seconds > 0, got {args.deadline}")
+
+
+def _each(
+    args: argparse.Namespace, names: list[str], key: str, call: Callable[[str], object], says: str
+) -> None:
+    """Run `call(name)` for each name; print what it did (or its JSON under `key`). `says` is
+    "done|not done"; {} in it is what the call returned."""
+    done = {name: call(name) for name in names}
+    if args.json:
+        _print_json({key: [n for n, ok in done.items() if ok]})
+        return
+    yes, no = says.split("|")
+    for name, ok in done.items():
+        print(f"{name}: {yes.format(ok) if ok else no}", flush=True)
+
+
 def _cmd_nodes(client: Client, args: argparse.Namespace) -> int:
-    if len(args.forget) > MAX_FORGET:
-        raise CliError(f"--forget: at most {MAX_FORGET} names at once")
-    if len(args.clear_quarantine) > MAX_FORGET:
-        raise CliError(f"--clear-quarantine: at most {MAX_FORGET} names at once")
+    _check(args)
+    acted = False
+    if args.undrain:
+        _each(args, args.undrain, "undrained", client.undrain_node, "undrained|not drained")
+        acted = True
+    if args.drain:
+        deadline = args.deadline
+        when = f"workers killed in {deadline:g} s" if deadline else "each job's stop_grace"
+        _each(
+            args,
+            args.drain,
+            "drained",
+            lambda name: client.drain_node(name, deadline, args.reason),
+            "{} (" + when + "); `gelastic nodes` shows when it is drained|no such node",
+        )
+        acted = True
     if args.clear_quarantine:
-        cleared = {name: client.clear_quarantine(name) for name in args.clear_quarantine}
-        if args.json:
-            _print_json({"cleared": [n for n, done in cleared.items() if done]})
-        else:
-            for name, done in cleared.items():
-                print(
-                    f"{name}: quarantine cleared" if done else f"{name}: not quarantined",
-                    flush=True,
-                )
-        if not args.forget:
-            return EXIT_OK
+        _each(
+            args,
+            args.clear_quarantine,
+            "cleared",
+            client.clear_quarantine,
+            "quarantine cleared|not quarantined",
+        )
+        acted = True
     if args.forget:
-        forgotten = {name: client.forget_node(name) for name in args.forget}
-        if args.json:
-            _print_json({"forgotten": [n for n, done in forgotten.items() if done]})
-        else:
-            for name, done in forgotten.items():
-                print(f"{name} forgotten" if done else f"{name}: no such node", flush=True)
+        _each(args, args.forget, "forgotten", client.forget_node, "forgotten|no such node")
+        acted = True
+    if acted:
         return EXIT_OK
     nodes = client.list_nodes()
     if args.json:

@@ -366,6 +366,33 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="let quarantined node NAME take new rounds again now (repeatable)",
     )
+    s.add_argument(
+        "--drain",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="drain node NAME (repeatable): no new round goes there, and the jobs running there "
+        "re-form on the other nodes without spending a restart; their workers get a preemption "
+        "notice at once, SIGTERM their job's stop_grace before the deadline, SIGKILL at it",
+    )
+    s.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --drain: seconds until the drained workers are killed, e.g. a cloud's "
+        "preemption notice (default: each job's stop_grace)",
+    )
+    s.add_argument(
+        "--reason", default="", help="with --drain: why, shown with the node and in job events"
+    )
+    s.add_argument(
+        "--undrain",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="let drained node NAME take new rounds again (repeatable)",
+    )
     _add_json(s)
 
     s = command("status", "show a job: state, reason, members, and every rank")
@@ -377,9 +404,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--trusted-load",
         action="store_true",
-        help="unpickle the return values and print them; this runs code chosen by whoever "
-        "wrote them (the job's workers, or anyone who could change them on the way), so only "
-        "for jobs whose nodes and channel you trust",
+        help="also unpickle the return values that are pickles (JSON values are printed "
+        "without it); this runs code chosen by whoever wrote them (the job's workers, any node "
+        "placed on the job, or anyone who could change them on the way), so only for jobs "
+        "whose nodes and channel you trust",
     )
     _add_json(s)
 

@@ -46,7 +46,7 @@ from client.model import (
     NodeInfo,
     RunResult,
 )
-from client.results import ReturnValueError, verified_load
+from client.results import ReturnValueError, decode
 from client.security import Security
 from client.wire import (
     attempt_from_pb,
@@ -288,8 +288,8 @@ class Client:
             payload = pickle.dumps((tuple(spec.args), dict(spec.kwargs)), protocol=4)
             spec = replace(spec, function_args=payload)
         if spec.is_function and not spec.result_key:
-            # Only this Job and the job's workers know it: they alone can make a return value
-            # this process will unpickle.
+            # Only this Job and the job's nodes know it: it proves a value came from a node of
+            # the job (not from the channel or the coordinator), never that it is safe to load.
             spec = replace(spec, result_key=secrets.token_bytes(RESULT_KEY_BYTES))
         spec.validate()
         check_spec_size(spec)  # the coordinator refuses it too; this names the field sooner
@@ -304,8 +304,9 @@ class Client:
         return Job(self, resp.job_id, result_key=spec.result_key)
 
     def job(self, job_id: str, *, result_key: bytes = b"") -> Job:
-        """A handle on a job by id. Without the job's `result_key` its return values are
-        never unpickled (see `RunResult.raw_return_values`); with it they are verified first."""
+        """A handle on a job by id. With the job's `result_key` each return value's tag is
+        checked before it is decoded; without it nothing is verified. Pickles are never
+        loaded unless asked (`wait(trust_pickles=True)`, `RunResult.trusted_return_values`)."""
         return Job(self, job_id, result_key=result_key)
 
     def get_job(self, job_id: str) -> pb.Job:
@@ -369,6 +370,23 @@ class Client:
             idempotent=True,
         )
         return bool(resp.cleared)
+
+    def drain_node(self, name: str, deadline: float | None = None, reason: str = "") -> str:
+        """Drain node `name`: no new round goes there, and its rounds are replaced on the other
+        nodes without spending a restart, their workers told first, SIGKILLed at `deadline`
+        seconds (None: each job's stop_grace). Returns the node's state then ("draining" while
+        workers run there, "drained"), or "" when no node had that name."""
+        ms = 0 if deadline is None else max(1, round(deadline * 1000))
+        req = pb.DrainNodeRequest(name=name, deadline_ms=ms, reason=reason)
+        call = lambda stub, t: stub.DrainNode(req, timeout=t, metadata=self._md)  # noqa: E731
+        resp = self._call(call, idempotent=True)
+        return str(resp.state or "drained") if resp.drained else ""
+
+    def undrain_node(self, name: str) -> bool:
+        """Let drained node `name` take new rounds again; False when it was not drained."""
+        req = pb.UndrainNodeRequest(name=name)
+        call = lambda stub, t: stub.UndrainNode(req, timeout=t, metadata=self._md)  # noqa: E731
+        return bool(self._call(call, idempotent=True).undrained)
 
     def cancel(self, job_id: str) -> JobStatus:
         req = pb.CancelJobRequest(job_id=job_id)
@@ -503,29 +521,41 @@ class Job:
     def status(self) -> JobStatus:
         return job_status_from_pb(self.client.get_job(self.job_id))
 
-    def poll(self) -> RunResult | None:
+    def poll(self, *, trust_pickles: bool = False) -> RunResult | None:
         """The RunResult once the job is terminal, else None.
 
-        Return values are loaded only when this handle holds the job's key (it submitted the
-        job) and each rank's tag checks out; a bad or missing tag raises ReturnValueError.
-        Without the key, `return_values` is empty and `raw_return_values` holds the bytes.
+        `return_values` holds data: each value the worker stored as JSON, decoded; any other
+        value a `client.results.PickledReturnValue`, NOT unpickled; a value that cannot be
+        read a `client.results.UnreadableReturnValue`. When this handle holds the job's key (it
+        submitted the job) each rank's tag is checked first; a bad or missing tag raises
+        ReturnValueError. `trust_pickles=True` unpickles the pickles too: that runs code chosen
+        by whoever wrote them, which includes any node placed on the job (any holder of the
+        agent token); see `PickledReturnValue.trusted_load`.
         """
         msg = self.client.get_job(self.job_id)
-        return self._complete(_result_of(msg), msg.state)
+        return self._complete(_result_of(msg), msg.state, trust_pickles)
 
-    def _complete(self, result: RunResult | None, state: int) -> RunResult | None:
+    def _complete(
+        self, result: RunResult | None, state: int, trust_pickles: bool
+    ) -> RunResult | None:
         if result is None or not result.return_value_sizes:
             return result
         if state != pb.JOB_STATE_SUCCEEDED:
             return result
         raw = self.client.get_result(self.job_id, dict(result.return_value_sizes))
-        values: dict[int, Any] = {}
-        if self._result_key:
-            for rank in sorted(raw):
-                values[rank] = verified_load(
-                    raw[rank], key=self._result_key, job_id=self.job_id, rank=rank
-                )
-        return replace(result, return_values=values, raw_return_values=raw)
+        values: dict[int, Any] = {
+            rank: decode(raw[rank], key=self._result_key, job_id=self.job_id, rank=rank)
+            for rank in sorted(raw)
+        }
+        result = replace(
+            result,
+            return_values=values,
+            raw_return_values=raw,
+            return_values_verified=bool(self._result_key),
+        )
+        if trust_pickles:
+            result = replace(result, return_values=result.trusted_return_values())
+        return result
 
     def wait(
         self,
@@ -533,11 +563,13 @@ class Job:
         *,
         progress: bool | _Progress = False,
         out: TextIO | None = None,
+        trust_pickles: bool = False,
     ) -> RunResult:
         """Block until the job is terminal and return its RunResult.
 
         Raises TimeoutError when `timeout` seconds pass first. With `progress`, prints one line
-        per change of state (or one updating line on a terminal).
+        per change of state (or one updating line on a terminal). Return values are as `poll`
+        gives them: pickles stay unloaded unless `trust_pickles` (read `poll` first).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         if isinstance(progress, _Progress):
@@ -552,7 +584,7 @@ class Job:
                 for update in self.client.watch(self.job_id, timeout=remaining):
                     if printer is not None:
                         printer.show(update)
-                    result = self._complete(_result_of(update.job), update.job.state)
+                    result = self._complete(_result_of(update.job), update.job.state, trust_pickles)
                     if result is not None:
                         if printer is not None:
                             printer.done()
@@ -573,7 +605,7 @@ class Job:
                 if printer is not None:
                     # What happened meanwhile (a restart's recovery, the end): said once.
                     printer.show_status(job_status_from_pb(msg), self.events(printer.seen_seq))
-                result = self._complete(_result_of(msg), msg.state)
+                result = self._complete(_result_of(msg), msg.state, trust_pickles)
                 if result is not None:
                     if printer is not None:
                         printer.done()

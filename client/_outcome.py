@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from client._failure_order import failure_time, order_note, root_cause, time_uncertainty
 from client._status import WorkerState
 from client.errors import (
     NOT_AVAILABLE,
@@ -20,6 +21,7 @@ from client.errors import (
     format_failure_table,
     indent_continuation,
 )
+from client.results import PickledReturnValue
 
 
 class FailureCategory(enum.Enum):
@@ -53,7 +55,8 @@ class ProcessFailure:
     exitcode: int
     message: str
     timestamp: float
-    """Seconds since the epoch; sub-second when gelastic's own writer or agent set it."""
+    """Seconds since the epoch; sub-second when gelastic's own writer or agent set it. On the
+    coordinator's clock once the coordinator recorded it (see `clock_offset`)."""
     node: str = ""
     signal: str = ""
     error_file: str = "<N/A>"
@@ -65,6 +68,16 @@ class ProcessFailure:
     stderr_tail: str = ""
     role: str = ""
     role_rank: int = -1
+    clock_offset: float = 0.0
+    """Seconds the node's clock was ahead of the coordinator's (negative: behind) when the
+    coordinator recorded the failure; `timestamp` is already corrected by it (the node read
+    `timestamp + clock_offset`). 0.0 for a time the coordinator took itself, or a node whose
+    clock was not measured yet."""
+    time_uncertainty: float = 0.0
+    """+/- seconds of `timestamp`: the resolution of its source (1.0 for the whole seconds of
+    torch's own error file; 0.01 for a file's modification time) plus the uncertainty of the
+    node's clock offset. Failures closer than their uncertainties together are in no known
+    order (see `first_failure`)."""
 
     def signal_name(self) -> str:
         return self.signal or "<N/A>"
@@ -93,11 +106,14 @@ class RunResult:
     `return_values` and `failures` are keyed by global rank and never share a key; workers
     that gelastic stopped on purpose are in neither.
 
-    `return_values` holds loaded values only when they were verified: the result of a `Job`
-    that this process submitted (it holds the job's key). A result fetched without the key (a
-    job looked up by id, `gelastic result`) is never unpickled: `return_values` is empty and
-    `raw_return_values` holds the tagged bytes; `client.results.trusted_load` loads one, and
-    `client.results.verified_load` checks it against the key first.
+    `return_values` holds data, never anything unpickled: a value the worker stored as JSON
+    (one that JSON gives back exactly) is decoded; any other value (a tuple, an int-keyed
+    dict, NaN, bytes, a tensor) is a `client.results.PickledReturnValue` holding the pickle,
+    and `trusted_return_values()` (or ``Job.wait(trust_pickles=True)``) unpickles those, for
+    a caller who trusts every node of the job; a value that cannot be read is a
+    `client.results.UnreadableReturnValue` saying why. A `Job` holding the job's key (it
+    submitted the job) checks each value's tag first (`return_values_verified`); a job looked
+    up by id, or `gelastic result`, decodes without checking.
     """
 
     state: WorkerState
@@ -108,16 +124,28 @@ class RunResult:
     job_id: str = ""
     name: str = ""
     raw_return_values: dict[int, bytes] = field(default_factory=dict, repr=False)
-    """The return values as the workers wrote them (tag + pickle), by global rank; not loaded."""
+    """The return values as the workers stored them (tagged bytes), by global rank."""
     return_value_sizes: dict[int, int] = field(default_factory=dict)
     """Size in bytes of each rank's return value, as jobs, lists and watches report it."""
+    return_values_verified: bool = False
+    """Every return value's tag matched the job's key: a process holding the key (a node of
+    the job) wrote it for its rank. It says nothing about whether loading a pickle is safe."""
 
     def is_failed(self) -> bool:
         return self.state == WorkerState.FAILED
 
+    def trusted_return_values(self) -> dict[int, Any]:
+        """`return_values` with every `PickledReturnValue` UNPICKLED: this runs code chosen by
+        whoever wrote them (see `PickledReturnValue.trusted_load`). Values that cannot be read
+        stay `UnreadableReturnValue`s."""
+        return {
+            rank: v.trusted_load() if isinstance(v, PickledReturnValue) else v
+            for rank, v in sorted(self.return_values.items())
+        }
+
     @property
     def root_cause(self) -> ProcessFailure | None:
-        """The first failure observed across all nodes (smallest timestamp)."""
+        """The failure the coordinator marked as the root cause; else `first_failure`."""
         marked = [f for f in self.failures.values() if f.root_cause]
         if marked:
             return marked[0]
@@ -129,10 +157,11 @@ class RunResult:
 
 
 def first_failure(failures: Mapping[int, ProcessFailure]) -> ProcessFailure | None:
-    """Root cause: smallest timestamp; ties go to the smallest global rank."""
-    if not failures:
-        return None
-    return min(failures.values(), key=lambda f: (f.timestamp, f.global_rank))
+    """Root cause: smallest timestamp, ties to the smallest global rank; but a collective's
+    communication error ("Connection reset by peer", a collective timeout) gives way to a
+    failure that is not one when their times are closer than their uncertainties together
+    (`client._failure_order`)."""
+    return root_cause(failures)
 
 
 # --- the failure table ---------------------------------------------------------------------
@@ -149,7 +178,11 @@ def format_failures(result: RunResult, name: str) -> str:
     # The same failure order as first_failure: time, then global rank.
     ordered = sorted(result.failures.values(), key=lambda f: (_sort_time(f), f.global_rank))
     others = [f for f in ordered if f is not root]
-    root_block = format_failure_block(0, _rows(root, None)) if root is not None else ""
+    root_block = ""
+    if root is not None:
+        # Where the root cause's time was too close to another's to tell which came first.
+        note = order_note(result.failures.values(), root)
+        root_block = format_failure_block(0, _rows(root, None, note))
     other_blocks = [
         format_failure_block(idx, _rows(f, root))
         for idx, f in enumerate(others, start=1 if root is not None else 0)
@@ -157,10 +190,14 @@ def format_failures(result: RunResult, name: str) -> str:
     return format_failure_table(title, root_block, other_blocks)
 
 
-def _rows(failure: ProcessFailure, root: ProcessFailure | None) -> list[tuple[str, str]]:
-    rows = [("time", _time(failure.timestamp))]
+def _rows(
+    failure: ProcessFailure, root: ProcessFailure | None, note: str = ""
+) -> list[tuple[str, str]]:
+    rows = [("time", _time_row(failure))]
     if root is not None:
         rows.append(("order", _order(failure, root)))
+    elif note:
+        rows.append(("order", note))
     signame = _one_line(failure.signal) or (
         signal_name(-failure.exitcode) if failure.exitcode < 0 else ""
     )
@@ -186,6 +223,18 @@ def _rows(failure: ProcessFailure, root: ProcessFailure | None) -> list[tuple[st
         noun = "line" if count == 1 else "lines"
         rows.append(("stderr", f"last {count} {noun}" + indent_continuation("\n" + tail, "    ")))
     return rows
+
+
+def _time_row(failure: ProcessFailure) -> str:
+    """The failure's time, how sure it is, and the node clock's offset it was corrected by."""
+    text = _time(failure.timestamp)
+    u = time_uncertainty(failure)
+    if u >= 0.0005:
+        text += f" +/- {u:.3f} s"
+    off = failure.clock_offset
+    if math.isfinite(off) and abs(off) >= 0.0005:
+        text += f" (corrected for the node's clock, {off:+.3f} s off)"
+    return text
 
 
 _RAN_NOTE = re.compile(
@@ -214,22 +263,29 @@ def _one_line(text: str) -> str:
 
 def _order(failure: ProcessFailure, root: ProcessFailure) -> str:
     t, root_t = _sort_time(failure), _sort_time(root)
+    both = time_uncertainty(failure) + time_uncertainty(root)
+    # Their times too close to tell which came first (clock offsets, time resolution).
+    unsure = (
+        f", within the uncertainty of the times ({both:.3f} s)" if abs(t - root_t) <= both else ""
+    )
     if t > root_t:
         later = f"{t - root_t:.3f} s after" if math.isfinite(t - root_t) else "after"
         if _split_executable_note(failure.message)[0] == _split_executable_note(root.message)[0]:
             # The same error on its own (every rank ran the same bad line), not a consequence.
-            return f"also failed, {later} the root cause, with the same error"
-        return f"failed {later} the root cause, perhaps because of it"
+            return f"also failed, {later} the root cause{unsure}, with the same error"
+        return f"failed {later} the root cause{unsure}, perhaps because of it"
     if t == root_t:
         return "failed at the same time as the root cause"
+    if unsure:
+        return (
+            f"failed {root_t - t:.3f} s before the root cause{unsure}; taken as a consequence "
+            "of it (a collective's communication error)"
+        )
     # Possible when the coordinator chose the root cause and nodes' clocks disagree.
     return "failed before the root cause by its node's clock (the root cause was seen first)"
 
 
-def _sort_time(failure: ProcessFailure) -> float:
-    # NaN would make every comparison false and the order depend on the input order.
-    t = failure.timestamp
-    return t if t == t else float("inf")
+_sort_time = failure_time
 
 
 def _time(timestamp: float) -> str:

@@ -27,7 +27,7 @@ def format_result(result: RunResult) -> str:
             f"rank {r}: {result.return_value_sizes[r]} bytes"
             for r in sorted(result.return_value_sizes)
         )
-        lines.append(f"return values (not loaded, no key to verify them): {sizes}")
+        lines.append(f"return values (not fetched): {sizes}")
     if result.state == WorkerState.FAILED or result.failures:
         lines.append(format_failures(result, name))
     return "\n".join(lines)

@@ -176,6 +176,21 @@ class NodeInfo:
     """Why the node is quarantined (state "quarantined"): no new round is placed there."""
     quarantined_until: float = 0.0
     """When the quarantine ends by itself (seconds since the epoch), unless cleared first."""
+    clock_offset: float = 0.0
+    """Seconds the node's clock is ahead of the coordinator's (negative: behind), as the
+    coordinator measures it over the node's session; failures' times are corrected by it."""
+    clock_uncertainty: float = 0.0
+    """+/- seconds of `clock_offset`; 0.0 when it is not measured (yet)."""
+    drain_reason: str = ""
+    """Why the node is drained (state "draining" while workers of its rounds still run there,
+    "drained" once none does): no new round is placed there until it is undrained."""
+    drain_deadline: float = 0.0
+    """When the drain's workers are killed (seconds since the epoch); 0: each job's
+    stop_grace after the drain began."""
+    drained_since: float = 0.0
+    """When the drain began (seconds since the epoch)."""
+    drain_by_agent: bool = False
+    """Its agent asked for the drain (a SIGTERM): a new agent under the name lifts it."""
 
 
 @dataclass(frozen=True)

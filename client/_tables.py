@@ -24,6 +24,7 @@ from client.model import (
     WorkerStatus,
     signal_name,
 )
+from client.results import PickledReturnValue
 
 __all__ = [
     "ago",
@@ -127,11 +128,14 @@ def nodes_table(nodes: Sequence[NodeInfo], now: float | None = None) -> str:
             n.state,
             f"{n.slots_used}/{n.slots}",
             ago(n.last_seen, now),
+            _clock_cell(n),
             ",".join(n.jobs) or "-",
         )
         for n in nodes
     ]
-    text = table(("NODE", "ADDR", "STATE", "SLOTS", "SEEN", "JOBS"), rows, right="SLOTS,SEEN")
+    text = table(
+        ("NODE", "ADDR", "STATE", "SLOTS", "SEEN", "CLOCK_MS", "JOBS"), rows, right="SLOTS,SEEN"
+    )
     gpu_rows = [
         (
             n.name,
@@ -165,7 +169,28 @@ def nodes_table(nodes: Sequence[NodeInfo], now: float | None = None) -> str:
     if quarantined:
         text += "\n\nquarantined (no new rounds; `gelastic nodes --clear-quarantine NAME`):\n"
         text += "\n".join(quarantined)
+    drained = [
+        f"  {n.name}: {_cell(n.drain_reason)} (since {_datetime(n.drained_since)}; workers "
+        + (
+            f"killed at {_datetime(n.drain_deadline)})"
+            if n.drain_deadline
+            else "get their job's stop_grace)"
+        )
+        for n in nodes
+        if n.drain_reason
+    ]
+    if drained:
+        text += "\n\ndrained (no new rounds; `gelastic nodes --undrain NAME`):\n"
+        text += "\n".join(drained)
     return text
+
+
+def _clock_cell(n: NodeInfo) -> str:
+    """How far the node's clock is ahead of the coordinator's, +/- how sure, in milliseconds:
+    "-" when not measured."""
+    if not n.clock_uncertainty > 0:
+        return "-"
+    return f"{n.clock_offset * 1000:+.1f} +/-{n.clock_uncertainty * 1000:.1f}"
 
 
 def status_text(s: JobStatus) -> str:
@@ -298,14 +323,15 @@ def result_text(result: RunResult, state: str) -> str:
             if len(text) > MAX_REPR_CHARS:
                 text = text[:MAX_REPR_CHARS] + f"... ({len(text)} chars)"
             lines.append(f"  rank {rank}: {text}")
+        if any(isinstance(v, PickledReturnValue) for v in result.return_values.values()):
+            lines.append(
+                "  pickles are not loaded: `gelastic result --trusted-load` unpickles and prints "
+                "them, which runs code chosen by whoever wrote them"
+            )
     elif result.return_value_sizes:
-        lines.append("return values (not loaded):")
+        lines.append("return values (not fetched):")
         for rank in sorted(result.return_value_sizes):
             lines.append(f"  rank {rank}: {result.return_value_sizes[rank]} bytes")
-        lines.append(
-            "  they are pickles: `gelastic result --trusted-load` unpickles and prints them, "
-            "which runs code chosen by whoever wrote them"
-        )
     if result.failures:
         lines.append(result.format_failures())
     return "\n".join(lines)

@@ -8,7 +8,8 @@ these types. This is their public home; they live, by concern, in
 - `client._spec_fields`: the spec's limits, the checks of its fields, `SpecError`;
 - `client._spec_function`: a function entrypoint's reference and its arguments' checks;
 - `client._status`: job and worker states, and the snapshots of jobs, nodes and events;
-- `client._outcome`: `RunResult`, its failures and attempts, and the failure table.
+- `client._outcome`: `RunResult`, its failures and attempts, and the failure table;
+- `client._failure_order`: which failure is the root cause when their times are uncertain.
 
 The limits the spec checks that are not in `__all__` (`MAX_NODES`, `MAX_STRING`, ...) and
 `function_reference` are importable from here too.
@@ -16,6 +17,7 @@ The limits the spec checks that are not in `__all__` (`MAX_NODES`, `MAX_STRING`,
 
 from __future__ import annotations
 
+from client._failure_order import is_collective_error, order_note
 from client._outcome import (
     AttemptSummary,
     FailureCategory,
@@ -97,10 +99,12 @@ __all__ = [
     "executable_note",
     "first_failure",
     "format_failures",
+    "is_collective_error",
     "is_function_reference",
     "is_host",
     "is_job_id",
     "is_name",
+    "order_note",
     "parse_restart_policy",
     "parse_std_mapping",
     "roles_from_json",

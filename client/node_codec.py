@@ -17,7 +17,11 @@ from client.model import GpuDevice, JobSpec
 from client.node_protocol import (
     Assign,
     CancelLogs,
+    ClockProbe,
+    ClockReply,
     CoordinatorMsg,
+    DrainAccepted,
+    DrainRequest,
     GroupHealth,
     GroupStopped,
     GroupUnknown,
@@ -54,6 +58,8 @@ from client.wire import (
 from protos.gelastic.v1 import gelastic_pb2 as pb
 
 __all__ = [
+    "MAX_DRAIN_REASON",
+    "MAX_DRAIN_S",
     "MAX_GPUS",
     "MAX_GPU_TEXT",
     "MAX_REASON_TEXT",
@@ -77,6 +83,10 @@ MAX_REASON_TEXT = 4000
 """Longest reason a GroupUnknown keeps."""
 NODE_SECRET_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 """What a hello's node secret may be (fullmatch); empty is none."""
+MAX_DRAIN_REASON = 1000
+"""Longest reason a drain keeps."""
+MAX_DRAIN_S = 7 * 86400.0
+"""Longest drain deadline a message may carry (seconds)."""
 
 
 class MessageError(ValueError):
@@ -302,6 +312,12 @@ def encode_node(msg: NodeMsg) -> pb.NodeMessage:
         return pb.NodeMessage(
             group_unknown=pb.GroupUnknown(job_id=msg.job_id, round=msg.round, reason=msg.reason)
         )
+    if isinstance(msg, ClockReply):
+        return pb.NodeMessage(
+            clock_reply=pb.ClockReply(
+                probe_sent_at=msg.probe_sent_at, received_at=msg.received_at, sent_at=msg.sent_at
+            )
+        )
     if isinstance(msg, Hello):
         return pb.NodeMessage(
             hello=pb.Hello(
@@ -315,7 +331,22 @@ def encode_node(msg: NodeMsg) -> pb.NodeMessage:
                 node_secret=msg.node_secret,
             )
         )
+    if isinstance(msg, DrainRequest):
+        return pb.NodeMessage(
+            drain_request=pb.DrainRequest(deadline_ms=_deadline_ms(msg.deadline), reason=msg.reason)
+        )
     raise TypeError(f"not a node message: {type(msg).__name__}")
+
+
+def _deadline_ms(deadline: float | None) -> int:
+    """A drain's deadline on the wire: milliseconds, at least 1 (0 means none given)."""
+    return 0 if deadline is None else max(1, round(deadline * 1000))
+
+
+def _deadline_from_ms(ms: int, field: str) -> float | None:
+    if ms < 0 or ms > MAX_DRAIN_S * 1000:
+        raise MessageError(f"{field}: must be 0-{MAX_DRAIN_S * 1000:.0f} ms, got {ms}")
+    return ms / 1000 if ms else None
 
 
 def decode_node(m: pb.NodeMessage) -> NodeMsg:
@@ -356,6 +387,9 @@ def decode_node(m: pb.NodeMessage) -> NodeMsg:
     if kind == "group_unknown":
         u = m.group_unknown
         return GroupUnknown(u.job_id, u.round, u.reason[:MAX_REASON_TEXT])
+    if kind == "clock_reply":
+        r = m.clock_reply
+        return ClockReply(r.probe_sent_at, r.received_at, r.sent_at)
     if kind == "hello":
         hello = m.hello
         return Hello(
@@ -367,6 +401,12 @@ def decode_node(m: pb.NodeMessage) -> NodeMsg:
             running=tuple(_running_from_pb(g) for g in hello.running),
             gpus=_gpus_from_hello(hello),
             node_secret=_secret_from_hello(hello),
+        )
+    if kind == "drain_request":
+        d = m.drain_request
+        return DrainRequest(
+            _deadline_from_ms(d.deadline_ms, "drain_request.deadline_ms"),
+            d.reason[:MAX_DRAIN_REASON],
         )
     raise MessageError("empty node message")
 
@@ -426,6 +466,9 @@ def encode_coordinator(msg: CoordinatorMsg, epoch: int = 0) -> pb.CoordinatorMes
                 grace_ms=round(msg.grace * 1000),
                 reason=msg.reason,
                 replaced=msg.replaced,
+                notice=msg.notice,
+                term_after_ms=round(msg.term_after * 1000),
+                drain_node=msg.drain_node,
             )
         )
     elif isinstance(msg, ReservePort):
@@ -450,6 +493,8 @@ def encode_coordinator(msg: CoordinatorMsg, epoch: int = 0) -> pb.CoordinatorMes
         )
     elif isinstance(msg, CancelLogs):
         out = pb.CoordinatorMessage(cancel_logs=pb.CancelLogs(request_id=msg.request_id))
+    elif isinstance(msg, ClockProbe):
+        out = pb.CoordinatorMessage(clock_probe=pb.ClockProbe(sent_at=msg.sent_at))
     elif isinstance(msg, Welcome):
         out = pb.CoordinatorMessage(
             welcome=pb.Welcome(
@@ -457,6 +502,10 @@ def encode_coordinator(msg: CoordinatorMsg, epoch: int = 0) -> pb.CoordinatorMes
                 lease_ms=round(msg.lease * 1000),
                 coordinator_id=msg.coordinator_id,
             )
+        )
+    elif isinstance(msg, DrainAccepted):
+        out = pb.CoordinatorMessage(
+            drain_accepted=pb.DrainAccepted(deadline_ms=_deadline_ms(msg.deadline))
         )
     else:
         raise TypeError(f"not a coordinator message: {type(msg).__name__}")
@@ -472,7 +521,16 @@ def decode_coordinator(m: pb.CoordinatorMessage) -> CoordinatorMsg:
         return _assign_from_pb(m.assign)
     if kind == "stop":
         s = m.stop
-        return Stop(s.job_id, s.round, s.grace_ms / 1000, s.reason, s.replaced)
+        return Stop(
+            s.job_id,
+            s.round,
+            s.grace_ms / 1000,
+            s.reason,
+            s.replaced,
+            notice=s.notice,
+            term_after=max(0, min(s.term_after_ms, round(MAX_DRAIN_S * 1000))) / 1000,
+            drain_node=s.drain_node[:MAX_DRAIN_REASON],
+        )
     if kind == "reserve_port":
         return ReservePort(m.reserve_port.job_id, m.reserve_port.round)
     if kind == "release":
@@ -486,7 +544,13 @@ def decode_coordinator(m: pb.CoordinatorMessage) -> CoordinatorMsg:
         )
     if kind == "cancel_logs":
         return CancelLogs(m.cancel_logs.request_id)
+    if kind == "clock_probe":
+        return ClockProbe(m.clock_probe.sent_at)
     if kind == "welcome":
         w = m.welcome
         return Welcome(w.heartbeat_interval_ms / 1000, w.lease_ms / 1000, w.coordinator_id)
+    if kind == "drain_accepted":
+        return DrainAccepted(
+            _deadline_from_ms(m.drain_accepted.deadline_ms, "drain_accepted.deadline_ms")
+        )
     raise MessageError("empty coordinator message")

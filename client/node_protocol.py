@@ -6,10 +6,11 @@ pure data with no transport: the coordinator's decision code takes `NodeMsg` val
 them into protobuf messages and back.
 
 Agent to coordinator: `Hello` (first, once), then `Heartbeat`, `PortReserved`, `WorkersStarted`,
-`WorkerExited`, `WorkerFailing`, `GroupStopped`, `GroupUnknown` and `LogChunk`.
+`WorkerExited`, `WorkerFailing`, `GroupStopped`, `GroupUnknown`, `LogChunk`, `ClockReply` and
+`DrainRequest`.
 Coordinator to agent: `Welcome` (first, once), then `ReservePort`, `Assign`, `Stop`, `Release`,
-`StartLogs`, `CancelLogs` and `LogCredit`, each under the leader epoch of the coordinator that
-sent it.
+`StartLogs`, `CancelLogs`, `LogCredit`, `ClockProbe` and `DrainAccepted`, each under the leader
+epoch of the coordinator that sent it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from client.model import GpuDevice, GpuHealth, ProcessFailure, WorkerState
 __all__ = [
     "Assign",
     "CancelLogs",
+    "ClockProbe",
+    "ClockReply",
     "CoordinatorMsg",
+    "DrainAccepted",
+    "DrainRequest",
     "GroupHealth",
     "GroupStopped",
     "GroupUnknown",
@@ -209,6 +214,29 @@ class LogChunk:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class ClockReply:
+    """The answer to a `ClockProbe`, sent at once: with the probe's own time, the four times of
+    an NTP exchange (`coordinator._clock_offset`)."""
+
+    probe_sent_at: float
+    """The probe's `sent_at`, echoed (the coordinator's clock)."""
+    received_at: float
+    """When the agent read the probe (its own clock, seconds since the epoch)."""
+    sent_at: float
+    """When the agent sent this answer (its own clock)."""
+
+
+@dataclass(frozen=True)
+class DrainRequest:
+    """The agent asks to be drained (it got SIGTERM): its rounds are replaced on the other
+    nodes, its workers stopped with a notice, and no new round comes to it."""
+
+    deadline: float | None = None
+    """Seconds its workers have until SIGKILL; None: each job's stop_grace."""
+    reason: str = ""
+
+
 NodeMsg = (
     Hello
     | Heartbeat
@@ -219,6 +247,8 @@ NodeMsg = (
     | GroupStopped
     | GroupUnknown
     | LogChunk
+    | ClockReply
+    | DrainRequest
 )
 """Anything an agent sends."""
 
@@ -264,6 +294,12 @@ class Stop:
     reason: str = ""
     replaced: bool = False
     """The round is stopped to be replaced by a new round of the same job (restart, re-form)."""
+    notice: bool = False
+    """A drain's stop: the workers get a preemption notice first (GELASTIC_PREEMPT_FILE)."""
+    term_after: float = 0.0
+    """With a notice: seconds the workers run on before SIGTERM, unless they all left first."""
+    drain_node: str = ""
+    """With a notice: the node whose drain stops the round."""
 
 
 @dataclass(frozen=True)
@@ -297,7 +333,32 @@ class LogCredit:
     chunks: int
 
 
+@dataclass(frozen=True)
+class ClockProbe:
+    """A probe of the node's clock: answer at once with a `ClockReply`."""
+
+    sent_at: float
+    """The coordinator's clock, seconds since the epoch."""
+
+
+@dataclass(frozen=True)
+class DrainAccepted:
+    """The coordinator recorded the drain its agent asked for; the stops it made came first."""
+
+    deadline: float | None = None
+    """Seconds the drain gives the workers; None: each job's stop_grace."""
+
+
 CoordinatorMsg = (
-    Welcome | ReservePort | Assign | Stop | Release | StartLogs | CancelLogs | LogCredit
+    Welcome
+    | ReservePort
+    | Assign
+    | Stop
+    | Release
+    | StartLogs
+    | CancelLogs
+    | LogCredit
+    | ClockProbe
+    | DrainAccepted
 )
 """Anything a coordinator sends."""

@@ -248,6 +248,8 @@ def failure_to_pb(f: ProcessFailure) -> pb.ProcessFailure:
         stderr_tail=f.stderr_tail,
         role_rank=f.role_rank,
         role=f.role,
+        clock_offset=f.clock_offset,
+        time_uncertainty=f.time_uncertainty,
     )
 
 
@@ -270,6 +272,8 @@ def failure_from_pb(m: pb.ProcessFailure) -> ProcessFailure:
         stderr_tail=m.stderr_tail,
         role=m.role,
         role_rank=m.role_rank,
+        clock_offset=m.clock_offset,
+        time_uncertainty=m.time_uncertainty,
     )
 
 
@@ -495,9 +499,15 @@ def node_to_pb(n: NodeInfo) -> pb.Node:
         # No incarnation: it is what an agent's session is known by, never shown to clients.
         quarantine_reason=n.quarantine_reason,
         quarantined_until=n.quarantined_until,
+        drain_reason=n.drain_reason,
+        drain_deadline=n.drain_deadline,
+        drained_since=n.drained_since,
+        drain_by_agent=n.drain_by_agent,
         gpus=[gpu_device_to_pb(g) for g in n.gpus],
         gpu_health=[gpu_health_to_pb(h) for h in n.gpu_health],
         gpus_used=list(n.gpus_used),
+        clock_offset=n.clock_offset,
+        clock_uncertainty=n.clock_uncertainty,
     )
 
 
@@ -547,6 +557,12 @@ def node_from_pb(m: pb.Node) -> NodeInfo:
         gpus_used=tuple(m.gpus_used),
         quarantine_reason=m.quarantine_reason,
         quarantined_until=m.quarantined_until,
+        clock_offset=m.clock_offset,
+        clock_uncertainty=m.clock_uncertainty,
+        drain_reason=m.drain_reason,
+        drain_deadline=m.drain_deadline,
+        drained_since=m.drained_since,
+        drain_by_agent=m.drain_by_agent,
     )
 
 

@@ -7,25 +7,28 @@ clock (`now` is a parameter), so every decision is tested directly with a fake c
 
 - node sessions: `step(node, incarnation, msg, now)` takes every message of an agent's session
   (`client.node_protocol`: heartbeats, reserved ports, started workers, exits, failure notices,
-  stopped and unknown groups, log chunks); the session's opening and end are
-  `node_connected` and `node_disconnected`, and `assign_undeliverable` says an assignment could
-  not be sent;
-- clients: `submit`, `confirm_written`, `withdraw`, `cancel`, `forget_node`, `clear_quarantine`;
+  stopped and unknown groups, log chunks, answers to clock probes, an agent's drain request);
+  the session's opening and end are `node_connected` and `node_disconnected`, and
+  `assign_undeliverable` says an assignment could not be sent;
+- clients: `submit`, `confirm_written`, `withdraw`, `cancel`, `forget_node`, `clear_quarantine`,
+  `drain`, `undrain`;
 - time: `tick`; the store: `restore` (and `dump_job`, `dump_nodes`, `dump_node` out).
 
 Everything else public is a read: `job_ids`, `has_job`, `job_spec`, `job_state`, `job_status`,
 `job_result`, `job_attempts`, `job_events`, `job_for_request`, `job_submitted_at`,
-`round_progress`, `failure`, `log_location`, `nodes`, `node_is_live`, `event_seq`.
+`round_progress`, `failure`, `log_location`, `nodes`, `node_is_live`, `event_seq`; and
+`clock_probe_due` says when to probe a node's clock.
 
 `step` checks once what every node message needs: that it comes from the node's live session,
 and, for a message about a round, that the round is the job's current one (any other is refused
 and that round stopped on the node). Restart accounting is one budget per job; a change of
-membership (a node lost, a node joined) re-forms the job without spending it.
+membership (a node lost, joined or drained) re-forms the job without spending it.
 
 The class is a facade over rooms, each a module of its own, stacked from the bottom:
 `_cluster_core` (state, fencing, transitions, events), `_cluster_outcome` (stops, restarts, the
 end of a job, quarantine), `_cluster_exits` (exits and failures), `_cluster_rounds` (scheduling
-and forming rounds, with `_placement`), `_cluster_nodes` (sessions, leases, adoption),
+and forming rounds, with `_placement`), `_cluster_drain` (drains: a node's rounds replaced with
+a notice to their workers), `_cluster_nodes` (sessions, leases, adoption),
 `_cluster_views` (views, dumps, restore); the records and effects are in `_cluster_records`.
 A job's round is a `_Round` record of its own (`job.current`): `_form` makes it whole and
 going back to the queue drops it whole, so no field of one round leaks into the next.
@@ -43,6 +46,8 @@ from client.model import (
     WorkerState,
 )
 from client.node_protocol import (
+    ClockReply,
+    DrainRequest,
     GroupStopped,
     GroupUnknown,
     Heartbeat,
@@ -69,6 +74,7 @@ from coordinator._cluster_records import (
     Change,
     CloseSession,
     ClusterConfig,
+    DrainAccepted,
     Effect,
     EventRecorded,
     EventsCut,
@@ -107,6 +113,7 @@ __all__ = [
     "CloseSession",
     "Cluster",
     "ClusterConfig",
+    "DrainAccepted",
     "Effect",
     "EventRecorded",
     "EventsCut",
@@ -218,8 +225,14 @@ class Cluster(_Views):
             return self._on_heartbeat(node, msg, now)
         if isinstance(msg, LogChunk):
             return self._finish(now) if self._effects else Ready()
+        if isinstance(msg, ClockReply):
+            self._clock(node).add(msg.probe_sent_at, msg.received_at, msg.sent_at, now)
+            return self._finish(now) if self._effects else Ready()
         if isinstance(msg, Hello):
             raise ValueError(f"node {name} said hello twice on one session")
+        if isinstance(msg, DrainRequest):
+            self._on_drain_request(node, msg, now)
+            return self._finish(now)
         if isinstance(msg, PortReserved):
             self._on_port_reserved(node, msg, now)
         elif isinstance(msg, GroupStopped):
@@ -236,6 +249,14 @@ class Cluster(_Views):
                 else:
                     self._on_group_unknown(job, member, msg, now)
         return self._finish(now)
+
+    def clock_probe_due(self, name: str, incarnation: str, now: float) -> bool:
+        """Whether to probe the clock of node `name` now, with a `ClockProbe` sent at `now`;
+        asked when its session opens and at each of its heartbeats. Its `ClockReply` comes back
+        through `step`, and failures the node reports are put on this clock
+        (`coordinator._clock_offset`)."""
+        node = self._live(name, incarnation)
+        return node is not None and self._clock(node).probe_due(now)
 
     def _on_port_reserved(self, node: _Node, msg: PortReserved, now: float) -> None:
         name, port, error = node.name, msg.port, msg.error

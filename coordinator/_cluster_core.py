@@ -12,6 +12,7 @@ from client.model import (
     JobEvent,
     JobState,
 )
+from coordinator._clock_offset import ClockOffset
 from coordinator._cluster_records import (
     EVENTS_HEAD,
     MAX_EVENTS_PER_JOB,
@@ -53,6 +54,9 @@ class _Core:
         self._reschedule = True
         self._changed_keys: set[tuple[str, bool]] = set()
         self._n_live = 0  # kept as a count: a join must not cost O(nodes)
+        self._clocks: dict[str, tuple[str, ClockOffset]] = {}
+        """Each node's clock as measured: name -> (the agent's incarnation, its estimate). In
+        memory only (measuring again after a restart takes one probe), never written."""
 
     def _finish(self, now: float, *, force: bool = False) -> Ready:
         # Placement only changes when capacity or the queue does (or time passes, on a tick):
@@ -93,6 +97,24 @@ class _Core:
             )
             return None, None
         return job, member
+
+    def _measured(self, node: _Node) -> ClockOffset | None:
+        """The estimate of the node's clock, of its current agent; None before any probe."""
+        held = self._clocks.get(node.name)
+        return held[1] if held is not None and held[0] == node.incarnation else None
+
+    def _clock(self, node: _Node) -> ClockOffset:
+        """The estimate of the node's clock, new for an agent not measured before."""
+        found = self._measured(node)
+        if found is not None:
+            return found
+        if node.name not in self._clocks and len(self._clocks) >= len(self._nodes):
+            # Bounded by the nodes known: drop the estimates of nodes that were forgotten.
+            for name in [n for n in self._clocks if n not in self._nodes]:
+                del self._clocks[name]
+        clock = ClockOffset()
+        self._clocks[node.name] = (node.incarnation, clock)
+        return clock
 
     def _live(self, name: str, incarnation: str) -> _Node | None:
         node = self._nodes.get(name)

@@ -19,8 +19,10 @@ from coordinator._cluster_failures import (
     _exit_text,
     _label_failures,
     _last_line,
+    _on_coordinator_clock,
     _sanitized,
     _stamp,
+    _with_order_note,
     _within_result_budget,
 )
 from coordinator._cluster_outcome import _Outcome
@@ -66,7 +68,10 @@ class _Exits(_Outcome):
             if w.phase in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
                 job.set_phase(w, _WorkerPhase.STOPPED)
             return
-        if report.stopped_by_agent and job.state == JobState.STOPPING:
+        # A worker that leaves cleanly after a drain's notice (it checkpointed) is part of the
+        # drain, as one stopped by its agent: neither a failure nor a result.
+        left = bool(job.current.drain_node) and report.exitcode == 0 and report.failure is None
+        if (report.stopped_by_agent or left) and job.state == JobState.STOPPING:
             if w.phase in (_WorkerPhase.INIT, _WorkerPhase.RUNNING):
                 job.set_phase(w, _WorkerPhase.STOPPED)  # a failed one stays failed
             return
@@ -119,6 +124,11 @@ class _Exits(_Outcome):
         if member.group_state != WorkerState.UNKNOWN:
             member.group_state = WorkerState.FAILED
         failure = _stamp(failure, member.node, w, job)
+        node = self._nodes.get(member.node)
+        # On one clock with the other nodes' failures, for the root cause's sake.
+        failure = _on_coordinator_clock(
+            failure, self._measured(node) if node is not None else None, now
+        )
         # A failure of the running attempt that no restart can mend fails the job at once.
         no_restart = (
             no_restart_reason(job.spec, failure)
@@ -237,8 +247,12 @@ class _Exits(_Outcome):
         last = job.attempts[-1]
         if last.attempt == job.attempt and last.round == job.round:
             job.attempts[-1] = replace(last, failures=self._attempt_failures(job)[0])
+        failures = _label_failures(job.current.failures)
         job.result = replace(
-            result, failures=_label_failures(job.current.failures), attempts=tuple(job.attempts)
+            result,
+            failures=failures,
+            attempts=tuple(job.attempts),
+            reason=_with_order_note(result.reason, failures),
         )
         self._changed(job)
 

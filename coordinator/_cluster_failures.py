@@ -17,7 +17,9 @@ from client.model import (
     FailureCategory,
     ProcessFailure,
     first_failure,
+    order_note,
 )
+from coordinator._clock_offset import ClockOffset
 from coordinator._cluster_records import (
     WorkerExitReport,
     _Job,
@@ -107,6 +109,52 @@ def _stamp(f: ProcessFailure, node: str, w: _Worker, job: _Job) -> ProcessFailur
         round=job.round,
         role=member.ranks.role if member is not None else (f.role or job.spec.role),
     )
+
+
+MAX_TIME_RESOLUTION_S = 60.0
+"""The largest resolution an agent may claim for a failure's time."""
+
+
+def _on_coordinator_clock(
+    f: ProcessFailure, clock: ClockOffset | None, now: float
+) -> ProcessFailure:
+    """A failure as its node reported it, its time put on the coordinator's clock.
+
+    The node's time is corrected by the node clock's measured offset (kept in `clock_offset`),
+    and `time_uncertainty` becomes the resolution the agent gave for its source (how precise
+    each source is: `nodeagent._errorfile.build_failure`) plus the offset's uncertainty. A node
+    whose clock is not measured yet (no probe answered) is taken at its word.
+    """
+    u = f.time_uncertainty
+    resolution = min(u, MAX_TIME_RESOLUTION_S) if math.isfinite(u) and u > 0 else 0.0
+    if clock is None or not clock.known:
+        return replace(f, clock_offset=0.0, time_uncertainty=resolution)
+    offset = clock.offset
+    return replace(
+        f,
+        timestamp=f.timestamp - offset,
+        clock_offset=offset,
+        time_uncertainty=resolution + clock.uncertainty_at(now),
+    )
+
+
+_ORDER_NOTE = "; root cause rank "
+_WITH_ORDER_NOTE = re.compile(
+    r"(?s)(?P<base>.*)" + re.escape(_ORDER_NOTE) + r"-?\d{1,10} on [^\n]{1,300}: order uncertain "
+    r"within [^\n]{1,400}"
+)
+
+
+def _with_order_note(reason: str, failures: dict[int, ProcessFailure]) -> str:
+    """A failed result's reason, and how uncertain the root cause's place in time was when it
+    was (`client.model.order_note`); a note from before is replaced."""
+    earlier = _WITH_ORDER_NOTE.fullmatch(reason)
+    base = earlier.group("base") if earlier is not None else reason
+    root = next((f for f in failures.values() if f.root_cause), None)
+    note = order_note(failures.values(), root) if root is not None else ""
+    if root is None or not note:
+        return base
+    return f"{base}{_ORDER_NOTE}{root.global_rank} on {root.node or '?'}: order {note}"
 
 
 def _jittered(backoff: float, job_id: str, attempt: int) -> float:

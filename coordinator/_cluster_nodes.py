@@ -14,6 +14,7 @@ from client.model import (
     WorkerState,
 )
 from client.node_protocol import Heartbeat
+from coordinator._cluster_drain import _Drains
 from coordinator._cluster_records import (
     PORT_TIMEOUT_S,
     STALE_HOLD_S,
@@ -25,11 +26,10 @@ from coordinator._cluster_records import (
     RunningGroupReport,
     StopRound,
     _Node,
-    _replaced,
+    _stop_round,
     _StopKind,
     _WorkerPhase,
 )
-from coordinator._cluster_rounds import _Rounds
 from coordinator._cluster_words import (
     _ENDED_GROUP,
 )
@@ -38,7 +38,7 @@ from coordinator._node_claims import Claim, judge_claim
 logger = logging.getLogger("coordinator._cluster")
 
 
-class _Nodes(_Rounds):
+class _Nodes(_Drains):
     """Nodes: sessions, leases, loss, GPU health, adoption."""
 
     def node_connected(
@@ -93,6 +93,8 @@ class _Nodes(_Rounds):
             if not node.live:
                 self._n_live += 1
             node.live, node.last_seen, node.attached = True, now, True
+            if not resumed and node.drain_incarnation:
+                self._undrain(node, "another agent process took the name", now)
             if not resumed:
                 node.jobs.clear()
                 node.fenced.clear()
@@ -394,16 +396,7 @@ class _Nodes(_Rounds):
         elif was_stopping and not member.stopped:
             # The stop may have gone down with the old stream: say it again (the agent treats
             # a repeated stop of a stopping group as one).
-            self._effects.append(
-                StopRound(
-                    node.name,
-                    job.job_id,
-                    job.round,
-                    job.spec.stop_grace,
-                    job.current.stop_reason,
-                    _replaced(job),
-                )
-            )
+            self._effects.append(_stop_round(job, node.name, job.current.stop_reason, now))
         self._event(
             job,
             now,

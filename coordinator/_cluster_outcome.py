@@ -24,6 +24,7 @@ from coordinator._cluster_failures import (
     _label_failures,
     _last_line,
     _stamp,
+    _with_order_note,
 )
 from coordinator._cluster_records import (
     MAX_ATTEMPTS_KEPT,
@@ -32,12 +33,12 @@ from coordinator._cluster_records import (
     STOP_MARGIN_S,
     Forgotten,
     NodeChanged,
-    StopRound,
     _Job,
     _Member,
     _Node,
     _replaced,
     _Round,
+    _stop_round,
     _StopKind,
     _WorkerPhase,
 )
@@ -51,7 +52,17 @@ logger = logging.getLogger("coordinator._cluster")
 class _Outcome(_Core):
     """Stops, restarts, the end of a job, and quarantine."""
 
-    def _begin_stop(self, job: _Job, kind: _StopKind, reason: str, now: float) -> None:
+    def _begin_stop(
+        self,
+        job: _Job,
+        kind: _StopKind,
+        reason: str,
+        now: float,
+        *,
+        drain: tuple[str, float, float] | None = None,
+    ) -> None:
+        """Stop the job's round on every member. `drain` (node, SIGTERM at, SIGKILL at): a
+        drain of that node stops it, and its workers get a notice first."""
         if job.state == JobState.STOPPING:
             # A cancel overrides a restart that was under way; nothing overrides a cancel.
             if kind == _StopKind.CANCEL and job.current.stop_kind != _StopKind.CANCEL:
@@ -81,18 +92,12 @@ class _Outcome(_Core):
         self._set_reason(job, reason, now)
         self._event(job, now, "stopping", reason)
         job.current.stop_deadline = now + job.spec.stop_grace + STOP_MARGIN_S
+        if drain is not None:
+            job.current.drain_node, job.current.term_at, job.current.kill_at = drain
+            job.current.stop_deadline = job.current.kill_at + STOP_MARGIN_S
         for m in job.current.members:
             if not m.stopped or (m.done and not m.released):
-                self._effects.append(
-                    StopRound(
-                        m.node,
-                        job.job_id,
-                        job.round,
-                        job.spec.stop_grace,
-                        reason,
-                        _replaced(job),
-                    )
-                )
+                self._effects.append(_stop_round(job, m.node, reason, now))
         if all(m.stopped for m in job.current.members):
             self._after_stop(job, now)
         elif kind == _StopKind.FAILURE and not _replaced(job) and not job.current.away_at_failure:
@@ -254,7 +259,7 @@ class _Outcome(_Core):
             return_values=dict(job.current.return_values) if state == JobState.SUCCEEDED else {},
             failures=failures,
             attempts=tuple(job.attempts),
-            reason=reason,
+            reason=_with_order_note(reason, failures),
             job_id=job.job_id,
             name=job.spec.name,
         )

@@ -94,6 +94,12 @@ class StopRound:
     replaced: bool = False
     """A new round of the job follows (a restart or a re-form), so the grace may be cut short;
     False for the final stop, a cancel, and a stale round."""
+    notice: bool = False
+    """A drain's stop: the workers get a preemption notice at once, SIGTERM `term_after`
+    seconds later (unless they all left by then), SIGKILL `grace` after that."""
+    term_after: float = 0.0
+    drain_node: str = ""
+    """The node whose drain stops the round (with `notice`)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,16 @@ class CloseSession:
     node: str
     incarnation: str
     reason: str
+
+
+@dataclass(frozen=True)
+class DrainAccepted:
+    """Tell the agent of this session that the drain it asked for is recorded (after the
+    stops of its rounds)."""
+
+    node: str
+    incarnation: str
+    deadline: float | None
 
 
 @dataclass(frozen=True)
@@ -161,11 +177,12 @@ Effect = (
     | EventsCut
     | Forgotten
     | NodeChanged
+    | DrainAccepted
 )
 
 Change = JobChanged | EventRecorded | EventsCut | Forgotten | NodeChanged | CloseSession
 """An effect on what the store holds."""
-Action = RequestPort | AssignRound | StopRound | ReleaseRound | CloseSession
+Action = RequestPort | AssignRound | StopRound | ReleaseRound | CloseSession | DrainAccepted
 """An effect carried out on a node's session."""
 
 
@@ -191,7 +208,10 @@ class Ready(list[Effect]):
         return tuple(
             e
             for e in self
-            if isinstance(e, RequestPort | AssignRound | StopRound | ReleaseRound | CloseSession)
+            if isinstance(
+                e,
+                RequestPort | AssignRound | StopRound | ReleaseRound | CloseSession | DrainAccepted,
+            )
         )
 
 
@@ -265,6 +285,14 @@ class _Node:
     secret_digest: str = ""
     """Hash of the node secret of the agent that holds the name ("" = it sent none): a new
     process that proves the same secret takes the name over. Kept, never shown."""
+    drain_reason: str = ""
+    """Set while the node is drained: no new round goes there (see `_cluster_drain`)."""
+    drain_deadline: float = 0.0
+    """When the drain's workers are killed (0: each job's stop_grace from `drained_since`)."""
+    drained_since: float = 0.0
+    drain_incarnation: str = ""
+    """The agent process that asked for the drain (SIGTERM); "" for an operator's drain. A new
+    agent under the name lifts an agent's drain; an operator's stays until undrained."""
 
     def free_slots(self) -> int:
         return self.slots - sum(self.jobs.values()) - sum(n for n, _ in self.fenced.values())
@@ -326,6 +354,26 @@ def _replaced(job: _Job) -> bool:
     return job.current.stop_kind == _StopKind.FAILURE and job.attempt < job.spec.max_restarts
 
 
+def _stop_round(job: _Job, node: str, reason: str, now: float) -> StopRound:
+    """The stop of the job's round under way, for member `node`, as of `now`: with the job's
+    stop_grace, or a drain's notice and what is left of its timeline."""
+    r = job.current
+    if not r.drain_node:
+        return StopRound(node, job.job_id, job.round, job.spec.stop_grace, reason, _replaced(job))
+    term = max(now, r.term_at)
+    return StopRound(
+        node,
+        job.job_id,
+        job.round,
+        max(0.0, r.kill_at - term),
+        reason,
+        _replaced(job),
+        notice=True,
+        term_after=term - now,
+        drain_node=r.drain_node,
+    )
+
+
 class _StopKind(enum.Enum):
     FAILURE = "failure"
     MEMBERSHIP = "membership"
@@ -355,6 +403,12 @@ class _Round:
     heard from it yet) when the failure that stops the round came: should one of them turn out
     lost, the failure followed its loss and the round re-forms without spending a restart."""
     barrier_deadline: float | None = None
+    drain_node: str = ""
+    """Set when a drain of that node stops the round: its workers got a notice."""
+    term_at: float = 0.0
+    """With `drain_node`: when the workers get SIGTERM (a stop sent again keeps it)..."""
+    kill_at: float = 0.0
+    """... and when SIGKILL (the drain's deadline, or sooner: term_at + the job's grace)."""
     failures: dict[int, ProcessFailure] = field(default_factory=dict)
     return_values: dict[int, bytes] = field(default_factory=dict)
 

@@ -33,6 +33,7 @@ from coordinator._cluster_records import (
 )
 from coordinator._cluster_words import (
     _count,
+    _drained_note,
     _more,
     _named,
     _then,
@@ -149,7 +150,8 @@ class _Rounds(_Exits):
                     job,
                     f"rendezvous: {capacity}/{spec.min_nodes} nodes, waiting up to "
                     f"{job.join_deadline - now:.0f} s more for min_nodes"
-                    + self._too_small(job, capacity),
+                    + self._too_small(job, capacity)
+                    + _drained_note(self._nodes.values()),
                     now,
                 )
         self._scale_up(claimed, now)
@@ -161,6 +163,7 @@ class _Rounds(_Exits):
         return not any(
             n.live
             and not n.quarantine_reason
+            and not n.drain_reason
             and n.name not in taken
             and job.job_id not in n.jobs
             and _total_room(n) >= need
@@ -194,7 +197,11 @@ class _Rounds(_Exits):
         """Why the live nodes do not count for `job` when none of them can hold a group."""
         if capacity:
             return ""
-        live = [n for n in self._nodes.values() if n.live and not n.quarantine_reason]
+        live = [
+            n
+            for n in self._nodes.values()
+            if n.live and not n.quarantine_reason and not n.drain_reason
+        ]
         if not live:
             return ""
         need = _smallest_group(job.spec)
@@ -255,6 +262,7 @@ class _Rounds(_Exits):
             if n.live
             and n.attached
             and not n.quarantine_reason
+            and not n.drain_reason
             and job.job_id not in n.jobs
             and n.fits(need)
         ]
@@ -267,6 +275,7 @@ class _Rounds(_Exits):
             for n in self._nodes.values()
             if n.live
             and not n.quarantine_reason
+            and not n.drain_reason
             and n.slots >= need
             and (not n.gpus or len(n.gpus) >= need)
         ]

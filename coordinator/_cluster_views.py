@@ -122,7 +122,7 @@ class _Views(_Nodes):
                 addr=n.addr,
                 slots=n.slots,
                 slots_used=min(n.slots, n.slots - n.free_slots()),
-                state=_node_state(n),
+                state=self._shown_state(n),
                 last_seen=n.last_seen,
                 jobs=tuple(n.jobs),
                 incarnation=n.incarnation,
@@ -131,9 +131,21 @@ class _Views(_Nodes):
                 gpus_used=tuple(sorted(i for indices in n.gpu_jobs.values() for i in indices)),
                 quarantine_reason=n.quarantine_reason,
                 quarantined_until=n.quarantined_until,
+                clock_offset=clock.offset if clock is not None else 0.0,
+                clock_uncertainty=clock.uncertainty if clock is not None else 0.0,
+                drain_reason=n.drain_reason,
+                drain_deadline=n.drain_deadline,
+                drained_since=n.drained_since,
+                drain_by_agent=bool(n.drain_incarnation),
             )
             for n in sorted(self._nodes.values(), key=lambda n: n.name)
+            for clock in [self._measured(n)]
         ]
+
+    def _shown_state(self, n: _Node) -> str:
+        if n.live and n.drain_reason:
+            return "draining" if self._draining(n) else "drained"
+        return _node_state(n)
 
     def node_is_live(self, name: str, incarnation: str) -> bool:
         n = self._nodes.get(name)

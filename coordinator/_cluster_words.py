@@ -87,6 +87,14 @@ def _more(count: int) -> str:
     return f" ... and {count - MAX_NODES_NAMED:,} more nodes" if count > MAX_NODES_NAMED else ""
 
 
+def _drained_note(nodes: Iterable[_Node]) -> str:
+    """The live nodes that are drained, for the reason of a job waiting for nodes."""
+    drained = sorted(n.name for n in nodes if n.live and n.drain_reason)
+    if not drained:
+        return ""
+    return f" (drained: {_named(drained)}{_more(len(drained))})"
+
+
 def _clip(text: str, limit: int = MAX_FAILURE_TEXT) -> str:
     if len(text) <= limit:
         return text

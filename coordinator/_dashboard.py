@@ -8,12 +8,16 @@ every batch of effects the service applies (`effect_observers`, what the metrics
 loop polls the store. Log tails are relayed from the agents by `CoordinatorService.read_logs`,
 the relay `gelastic logs` uses, with its per-client and global caps.
 
-Authentication is the client token: a login form (POST) trades it for a random session id in
-an HttpOnly, SameSite=Strict cookie (Secure over TLS), or a request carries it in an
-`Authorization: Bearer` header. The token never goes in a URL and is never stored in the
-cookie. Everything is bounded: request bodies, header lines, sessions, event streams. The
-pages are static files of this package; they insert data with textContent only, and the
-Content-Security-Policy allows no inline script.
+Authentication is the client token: the login page trades it (a JSON POST) for a random
+session id that the page keeps in its origin's storage and sends in an `Authorization: Session`
+header, or a request carries the token itself in an `Authorization: Bearer` header. No cookie
+is used: a browser sends cookies to every port of a host (`_dashboard_auth` says why that
+matters). The data (`/api/...`) needs one or the other; the pages themselves are static shells
+without data, served to anyone, whose script fetches the data (event streams too, read with
+`fetch`, since `EventSource` cannot send a header). The token never goes in a URL and is never
+stored in a session. Everything is bounded: request bodies, header lines, sessions, event
+streams. The pages insert data with textContent only, and the Content-Security-Policy allows
+no inline script.
 
 This module is the HTTP app: its routes, the middleware (names, authentication, headers), the
 pages and the streams. What the pages read is built in `_dashboard_views`, the token and the
@@ -36,7 +40,7 @@ from aiohttp import web
 
 from client.model import is_job_id as _is_job_id
 from coordinator._cluster import JobNotFound
-from coordinator._dashboard_auth import SESSION_COOKIE, SESSION_TTL_S, DashboardAuth
+from coordinator._dashboard_auth import DashboardAuth, session_header
 from coordinator._dashboard_guard import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -78,7 +82,6 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-_PUBLIC = frozenset({"/login", "/static/style.css", "/static/login.css"})
 _STATIC_FILES = {"app.js": "text/javascript", "style.css": "text/css"}
 _WHO = web.RequestKey("who", str)
 """Who a request is: "bearer", "open" or its session id (the log relay's client key)."""
@@ -238,18 +241,13 @@ class Dashboard:
             refused = web.Response(status=421, text="this dashboard is not served under that name")
             _secure_headers(refused)
             return refused
-        path = request.path
-        if path not in _PUBLIC and not path.startswith("/static/"):
+        if request.path.startswith("/api/"):
+            # Only the data needs a session: a page is a shell whose script fetches it.
             who = self.auth.authorized(request)
             if who is None:
-                if path.startswith("/api/"):
-                    resp: web.StreamResponse = web.json_response(
-                        {"error": "log in first: no valid session or bearer token"}, status=401
-                    )
-                else:
-                    resp = _redirect("/login")
-                _secure_headers(resp)
-                return resp
+                refused = _error(401, "log in first: no valid session or bearer token")
+                _secure_headers(refused)
+                return refused
             request[_WHO] = who
         try:
             resp = await handler(request)
@@ -265,42 +263,39 @@ class Dashboard:
         return web.Response(body=self._page, content_type="text/html", charset="utf-8")
 
     async def _login_page(self, request: web.Request) -> web.StreamResponse:
-        if not self.auth.required or self.auth.authorized(request) is not None:
+        if not self.auth.required:
             return _redirect("/")
         return web.Response(body=self._login, content_type="text/html", charset="utf-8")
 
     async def _login_post(self, request: web.Request) -> web.StreamResponse:
+        """The token, as JSON `{"token": ...}`, for `{"session": ID, "expires_in": S}`.
+
+        JSON only: a page of another origin cannot send it without a CORS preflight (which
+        is never answered), and a form cannot send it at all."""
         if not _same_origin(request):
-            return web.Response(status=403, text="cross-origin login refused")
+            return _error(403, "cross-origin login refused")
+        if request.content_type != "application/json":
+            return _error(415, 'a login is a JSON object: {"token": ...}')
         try:
-            form = await request.post()
+            body = await request.json()
         except web.HTTPRequestEntityTooLarge:
-            return web.Response(status=413, text="request too large")
-        token = form.get("token")
-        sid = self.auth.login(token.strip() if isinstance(token, str) else "")
+            return _error(413, "request too large")
+        except ValueError:
+            return _error(400, 'a login is a JSON object: {"token": ...}')
+        token = body.get("token") if isinstance(body, dict) else None
+        host = request.headers.get("Host", "")
+        sid = self.auth.login(token.strip() if isinstance(token, str) else "", host)
         if sid is None:
             # Rate-limited per host with the gRPC refusals: a login loop cannot flood the log.
             self.svc.refusals.refused(request.remote or "?", "a dashboard login", "wrong token")
-            return _redirect("/login?failed=1")
-        resp = _redirect("/")
-        resp.set_cookie(
-            SESSION_COOKIE,
-            sid,
-            max_age=int(SESSION_TTL_S),
-            path="/",
-            httponly=True,
-            samesite="Strict",
-            secure=self.tls,
-        )
-        return resp
+            return _error(401, "that is not the coordinator's client token")
+        return _json({"session": sid, "expires_in": int(self.auth.ttl)})
 
     async def _logout(self, request: web.Request) -> web.StreamResponse:
         if not _same_origin(request):
-            return web.Response(status=403, text="cross-origin logout refused")
-        self.auth.logout(request.cookies.get(SESSION_COOKIE, ""))
-        resp = _redirect("/login")
-        resp.del_cookie(SESSION_COOKIE, path="/")
-        return resp
+            return _error(403, "cross-origin logout refused")
+        self.auth.logout(session_header(request))
+        return web.Response(status=204)
 
     async def _static_handler(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -479,7 +474,7 @@ class Dashboard:
 
 
 def _same_origin(request: web.Request) -> bool:
-    """A form post from a page of this dashboard (or a client that sends no Origin)."""
+    """A login or logout from a page of this dashboard (or a client that sends no Origin)."""
     origin = request.headers.get("Origin")
     if origin is None:
         return True
@@ -495,6 +490,10 @@ def _secure_headers(resp: web.StreamResponse) -> None:
     h["X-Frame-Options"] = "DENY"
     h["Referrer-Policy"] = "same-origin"  # "no-referrer" makes a form post's Origin "null"
     h["Cache-Control"] = "no-store"
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
 
 
 def _redirect(location: str) -> web.Response:

@@ -165,6 +165,8 @@ class DashboardModel:
                     "rss_bytes": int(u[1]),
                     "workers": int(u[2]),
                     "jobs": list(n.jobs),
+                    "drain_reason": n.drain_reason,
+                    "drain_deadline": n.drain_deadline,
                 }
             )
         overview: dict[str, Any] = {

@@ -22,7 +22,15 @@ import grpc
 from client.assignment import RoundAssignment
 from client.model import is_host, is_name
 from client.node_codec import MessageError, decode_node
-from client.node_protocol import Assign, CoordinatorMsg, Hello, Release, ReservePort, Stop
+from client.node_protocol import (
+    Assign,
+    CoordinatorMsg,
+    DrainAccepted,
+    Hello,
+    Release,
+    ReservePort,
+    Stop,
+)
 from coordinator import _faults as faults
 from coordinator._auth import RefusalLog, cert_node_name_refusal
 from coordinator._cluster import (
@@ -33,6 +41,9 @@ from coordinator._cluster import (
     ReleaseRound,
     RequestPort,
     StopRound,
+)
+from coordinator._cluster import (
+    DrainAccepted as DrainRecorded,
 )
 from coordinator._errors import RequestError
 from coordinator._rpc import _abort_for
@@ -249,14 +260,27 @@ def _check_hello(hello: Hello) -> None:
         raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "hello.incarnation: must be set")
 
 
-def _command(eff: RequestPort | AssignRound | StopRound | ReleaseRound) -> CoordinatorMsg:
+def _command(
+    eff: RequestPort | AssignRound | StopRound | ReleaseRound | DrainRecorded,
+) -> CoordinatorMsg:
     """The message that carries an effect to its node."""
     if isinstance(eff, RequestPort):
         return ReservePort(eff.job_id, eff.round)
     if isinstance(eff, AssignRound):
         return Assign(eff.assignment)
     if isinstance(eff, StopRound):
-        return Stop(eff.job_id, eff.round, eff.grace, eff.reason, eff.replaced)
+        return Stop(
+            eff.job_id,
+            eff.round,
+            eff.grace,
+            eff.reason,
+            eff.replaced,
+            notice=eff.notice,
+            term_after=eff.term_after,
+            drain_node=eff.drain_node,
+        )
+    if isinstance(eff, DrainRecorded):
+        return DrainAccepted(eff.deadline)
     return Release(eff.job_id, eff.round)
 
 

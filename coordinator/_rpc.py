@@ -27,7 +27,8 @@ import grpc
 
 from client.model import JobSpec, SpecError, is_job_id, is_name
 from client.wire import attempt_to_pb, event_to_pb, node_to_pb, spec_from_pb
-from coordinator._cluster import Cluster, Effect, NodeIsLive
+from coordinator._cluster import Cluster, Effect, NodeChanged, NodeIsLive
+from coordinator._cluster_drain import MAX_DRAIN_S
 from coordinator._errors import RequestError, status_for
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -236,6 +237,44 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if cleared:
             logger.info("node %s: quarantine cleared on request", request.name)
         return pb.ClearQuarantineResponse(cleared=cleared)
+
+    @_unary
+    async def DrainNode(
+        self, request: pb.DrainNodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DrainNodeResponse:
+        _check_node_name(request.name)
+        if not 0 <= request.deadline_ms <= MAX_DRAIN_S * 1000:
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"deadline_ms: must be 0-{MAX_DRAIN_S * 1000:.0f}, got {request.deadline_ms}",
+            )
+        if len(request.reason) > 1000 or not request.reason.isprintable():
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT, "reason: at most 1000 printable characters"
+            )
+        svc = self._svc
+        known = svc.cluster.dump_node(request.name) is not None
+        deadline = request.deadline_ms / 1000 if request.deadline_ms else None
+        svc.apply(svc.cluster.drain(request.name, deadline, svc.now(), reason=request.reason))
+        await svc.flush()
+        state = next((n.state for n in svc.cluster.nodes() if n.name == request.name), "")
+        if known:
+            logger.info("node %s: drained on request (%s)", request.name, state)
+        return pb.DrainNodeResponse(drained=known, state=state)
+
+    @_unary
+    async def UndrainNode(
+        self, request: pb.UndrainNodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UndrainNodeResponse:
+        _check_node_name(request.name)
+        svc = self._svc
+        effects = svc.cluster.undrain(request.name, svc.now())
+        svc.apply(effects)
+        await svc.flush()
+        undrained = any(isinstance(e, NodeChanged) and e.node == request.name for e in effects)
+        if undrained:
+            logger.info("node %s: undrained on request", request.name)
+        return pb.UndrainNodeResponse(undrained=undrained)
 
     @_unary
     async def CancelJob(

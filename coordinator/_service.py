@@ -30,6 +30,8 @@ from client.model import (
 )
 from client.node_codec import MessageError, decode_node, encode_coordinator
 from client.node_protocol import (
+    ClockProbe,
+    Heartbeat,
     Hello,
     LogChunk,
     Welcome,
@@ -45,6 +47,7 @@ from coordinator._cluster import (
     CloseSession,
     Cluster,
     ClusterConfig,
+    DrainAccepted,
     Effect,
     EventRecorded,
     Forgotten,
@@ -258,8 +261,12 @@ class CoordinatorService:
         async with self._changed:
             self._changed.notify_all()
 
-    def _send(self, eff: RequestPort | AssignRound | StopRound | ReleaseRound) -> None:
+    def _send(
+        self, eff: RequestPort | AssignRound | StopRound | ReleaseRound | DrainAccepted
+    ) -> None:
         s = self._sessions.get(eff.node)
+        if isinstance(eff, DrainAccepted) and s is not None and s.incarnation != eff.incarnation:
+            return  # the agent that asked is gone
         if s is None:
             logger.info("node %s has no session; dropping %s", eff.node, type(eff).__name__)
             return
@@ -398,6 +405,7 @@ class CoordinatorService:
                 Welcome(self.config.heartbeat_interval, self.config.lease, self.coordinator_id)
             )
         )
+        self._probe_clock(session)
         self.apply(effects)
         return session
 
@@ -424,6 +432,16 @@ class CoordinatorService:
         if isinstance(decoded, LogChunk):
             self.log_relay.on_chunk(session, decoded)
         self.apply(self.cluster.step(session.name, session.incarnation, decoded, self.now()))
+        if isinstance(decoded, Heartbeat):
+            self._probe_clock(session)
+
+    def _probe_clock(self, session: _Session) -> None:
+        """Probe the node's clock when the cluster says it is time. Straight to the session:
+        a probe changes nothing stored, so it waits for no write (a wait would only widen the
+        round trip it measures)."""
+        now = self.now()
+        if self.cluster.clock_probe_due(session.name, session.incarnation, now):
+            session.send(encode_coordinator(ClockProbe(now)))
 
     # ---- logs ------------------------------------------------------------------------------
 

@@ -167,6 +167,12 @@ def _parser() -> argparse.ArgumentParser:
         "of the gRPC port (default 0 = off)",
     )
     s.add_argument(
+        "--dashboard-without-token",
+        action="store_true",
+        help="serve the dashboard even without a client token, to anyone who can reach it "
+        "(without this flag it refuses to start)",
+    )
+    s.add_argument(
         "--port-file", default="", help="write the port actually bound to this file once listening"
     )
     s.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
@@ -263,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         dashboard_port=args.dashboard_port,
+        dashboard_without_token=args.dashboard_without_token,
     )
     try:
         config.validate()

@@ -122,6 +122,9 @@ class CoordinatorConfig:
     dashboard_port: int = 0
     """Port to serve the web dashboard on (0 = no dashboard). It listens on `host`, with the
     same client token and TLS as the gRPC port (docs/deployment.md, "Web dashboard")."""
+    dashboard_without_token: bool = False
+    """Serve the dashboard even without a client token (to anyone who reaches it); without
+    this, a dashboard without a token refuses to start."""
 
     def etcd_settings(self) -> EtcdSettings | None:
         """The etcd store's settings (None: SQLite). Raises ValueError naming the bad value."""
@@ -152,6 +155,17 @@ class CoordinatorConfig:
     @property
     def authenticated(self) -> bool:
         return bool(self.token_file or (self.agent_token_file and self.client_token_file))
+
+    def check_dashboard_token(self) -> None:
+        """Raises ValueError unless the dashboard may start: a client token, or asked without."""
+        if self.tokens()[1] or self.dashboard_without_token:
+            return
+        raise ValueError(
+            "refusing to serve the dashboard without a token: anyone who can reach "
+            f"{self.host} (every local user on loopback) could read every job, its spec and its "
+            "logs. Use --token-file (or --client-token-file), or --dashboard-without-token to "
+            "accept the risk"
+        )
 
     def validate(self) -> None:
         if not 0 <= self.port < 65536:
@@ -226,6 +240,8 @@ class CoordinatorConfig:
                 "require_cert_node_names (--require-cert-node-names) needs mTLS: --tls-client-ca"
             )
         self.tokens()
+        if self.dashboard_port:
+            self.check_dashboard_token()
         if self.insecure or is_loopback(self.host):
             return
         if not self.authenticated:
@@ -539,6 +555,7 @@ class Coordinator:
         the client token and TLS of the gRPC port; return its URL. Idempotent."""
         if self.dashboard is not None:
             return self.dashboard.url
+        self.config.check_dashboard_token()
         # Imported here: a coordinator without a dashboard does not load aiohttp.
         from coordinator._dashboard import Dashboard, server_ssl_context
 

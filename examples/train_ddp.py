@@ -8,6 +8,13 @@ temporary file in DIR, then renamed over the old one, so a reader never sees hal
 every rank of a new attempt loads it before its first step and goes on from there. The step is
 also written to DIR/checkpoint.json (same way, after the checkpoint itself), which a watcher can
 read without torch. Rank 0 prints `resumed from step N` when it started from a checkpoint.
+
+With `--leave-on-notice` (and a checkpoint dir) it leaves cleanly when gelastic drains a node of
+the job (`gelastic nodes --drain NODE --deadline 90`, or a SIGTERM to a node's agent): every rank
+checks `client.preempted()` after each step and the ranks agree with one all_reduce of a flag,
+so all stop at the same step; rank 0 saves the checkpoint and every rank exits 0, long before
+the deadline. The job re-forms on the nodes that remain, without spending a restart, and goes on
+from that step. Outside gelastic `preempted()` is always None.
 """
 
 from __future__ import annotations
@@ -23,6 +30,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+try:
+    from client import preempted
+except ImportError:  # not under gelastic (plain torchrun): never preempted
+
+    def preempted() -> None:  # type: ignore[misc]
+        return None
+
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_INFO = "checkpoint.json"
@@ -70,6 +85,11 @@ def main() -> None:
     parser.add_argument(
         "--step-time", type=float, default=0.0, help="seconds of pretend compute per step"
     )
+    parser.add_argument(
+        "--leave-on-notice",
+        action="store_true",
+        help="on gelastic's preemption notice, checkpoint (needs --checkpoint-dir) and exit 0",
+    )
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -111,6 +131,17 @@ def main() -> None:
             and (done % args.checkpoint_every == 0 or done == args.steps)
         ):
             save_checkpoint(args.checkpoint_dir, net, opt, done)
+        if args.leave_on_notice and args.checkpoint_dir is not None and done < args.steps:
+            # One rank's notice is every rank's: all stop after the same step.
+            notice = torch.tensor([float(preempted() is not None)])
+            dist.all_reduce(notice)
+            if notice.item():
+                if rank == 0:
+                    save_checkpoint(args.checkpoint_dir, net, opt, done)
+                    print(f"preemption notice: checkpointed step {done}; leaving", flush=True)
+                dist.barrier()  # rank 0's checkpoint is whole before any rank goes
+                dist.destroy_process_group()
+                return
     total = torch.tensor([loss.item()])
     dist.all_reduce(total)
     if rank == 0:

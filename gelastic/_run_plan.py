@@ -750,6 +750,13 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
         dashboard_port = args.dashboard_port or 0
         if not 0 <= dashboard_port < 65536:
             raise RunError(f"--dashboard-port must be 0-65535, got {dashboard_port}")
+        if multi is not None and not multi.token_file:
+            # One node runs with a token of its own; several share the one they are given.
+            raise RunError(
+                "--dashboard needs a token on several nodes (--rdzv-conf token_file=PATH or "
+                "$GELASTIC_TOKEN_FILE): without one, anyone who reaches its port could read "
+                "every job, its spec and its logs"
+            )
     return RunPlan(
         spec=spec,
         report_name=name,

@@ -13,6 +13,12 @@ afterwards is returned (and kept in `killed`), so a caller can treat it as the b
 The coordinator listens on loopback, which every user of this host can reach, so it requires a
 random token: kept in a file (0600) in a private temp dir (0700), handed to the agents and to
 `client`/`connect()`, and to the CLI through `client_env`; nothing prints it.
+
+Return values come back as from any cluster: JSON values decoded, pickles left unloaded. Every
+node here is a child process of the caller's, holding a token only the caller's user can read,
+so trusting the pickles of its jobs is sound (`job.wait(trust_pickles=True)`); it is still not
+the default, so that code written against a LocalCluster behaves the same on a shared cluster,
+where it is not (docs/deployment.md, "What a node can do to a client").
 """
 
 from __future__ import annotations
@@ -319,8 +325,16 @@ class LocalCluster:
                 self.dashboard_port = int(s.getsockname()[1])
         return ["--dashboard-port", str(self.dashboard_port)]
 
-    def start_agent(self, name: str, slots: int | None = None, wait: bool = True) -> None:
-        """Start agent `name` with its own directories; a restarted agent gets the same ones."""
+    def start_agent(
+        self,
+        name: str,
+        slots: int | None = None,
+        wait: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Start agent `name` with its own directories; a restarted agent gets the same ones.
+
+        `env`: more environment for this agent (and its workers) alone, over the cluster's."""
         home = self.node_dir(name)
         tmp = home / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
@@ -348,13 +362,13 @@ class LocalCluster:
             *self.agent_args,
         ]
         # Workers inherit the agent's environment: their temp files stay on "their host" too.
-        env = {**self.env, AGENT_ENV: name, "TMPDIR": str(tmp)}
+        agent_env = {**self.env, **(env or {}), AGENT_ENV: name, "TMPDIR": str(tmp)}
         old = self.agents.get(name)
         if old is not None:
             if old.popen.poll() is None:
                 raise RuntimeError(f"agent {name} is still running")
             old.log.close()
-        self.agents[name] = self._spawn(name, argv, env)
+        self.agents[name] = self._spawn(name, argv, agent_env)
         if wait:
             self.wait_nodes(lambda live: name in live, f"node {name} to register")
 

@@ -14,7 +14,8 @@ values, with no transport, no event loop and no clock (`now` is a parameter):
   not released from); from the held rounds come the `hello` of a new session, what follows its
   welcome (`replay`), and each `heartbeat`, built from the groups' health samples
   (`group_health`, `heartbeat_of`); `rank_running` answers a log request that follows a rank;
-- a stop of the agent: `stop_grace` is the grace each group gets.
+- a stop of the agent: `stop_grace` is the grace each group gets;
+- a drain's stop: `preempt_notice` is what its workers read (`client.preempt`).
 """
 
 from __future__ import annotations
@@ -43,12 +44,14 @@ from client.node_protocol import (
     Hello,
     NodeMsg,
     RunningGroup,
+    Stop,
     WorkerExit,
     WorkerExited,
     WorkerFailing,
     WorkerHealthSample,
     WorkersStarted,
 )
+from client.preempt import notice_json
 from nodeagent._launch import role_spec
 
 __all__ = [
@@ -65,6 +68,7 @@ __all__ = [
     "heartbeat_of",
     "hello",
     "message_kind",
+    "preempt_notice",
     "rank_running",
     "replay",
     "stop_grace",
@@ -359,3 +363,9 @@ def stop_grace(spec_grace: float, grace: float | None, *, leave_first: bool) -> 
     if grace is None:
         return spec_grace
     return min(grace, spec_grace) if leave_first else grace
+
+
+def preempt_notice(stop: Stop, now: float) -> bytes:
+    """The preemption notice of a drain's stop received at `now` (this host's clock): the
+    workers are killed `term_after + grace` seconds from now."""
+    return notice_json(now + stop.term_after + stop.grace, stop.drain_node, stop.reason)

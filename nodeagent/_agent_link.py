@@ -3,9 +3,10 @@
 `SessionLink` runs one bidirectional gRPC stream at a time (`run`). A session opens with the
 agent's hello; once welcomed it replays what the hello left out, heartbeats, and hands every
 message it reads to the agent, decoded (`client.node_codec`) and checked against the newest
-leader epoch (`nodeagent._agent_core.EpochGuard`). What the agent says goes through two
-outboxes that one writer task drains, control messages first: a log chunk never holds up a
-heartbeat or an exit, and a control outbox that stops draining drops the session.
+leader epoch (`nodeagent._agent_core.EpochGuard`); the coordinator's clock probes it answers
+itself, at once. What the agent says goes through two outboxes that one writer task drains,
+control messages first: a log chunk never holds up a heartbeat or an exit, and a control
+outbox that stops draining drops the session.
 
 When the stream breaks it reconnects with backoff and jitter, rotating through the listed
 replicas and going straight to the leader a standby names; the agent's workers keep running
@@ -34,9 +35,10 @@ from client.coordinators import (
     next_coordinator,
     reconnect_pause,
 )
-from client.node_codec import MessageError, decode_coordinator
-from client.node_protocol import CoordinatorMsg, Welcome
+from client.node_codec import MessageError, decode_coordinator, encode_node
+from client.node_protocol import ClockProbe, ClockReply, CoordinatorMsg, Welcome
 from client.security import Security
+from nodeagent import _faults
 from nodeagent._agent_core import EpochGuard, StaleEpoch, message_kind
 from nodeagent._agent_logs import LOG_OUTBOX_CHUNKS, log_task_failure
 from protos.gelastic.v1 import gelastic_pb2 as pb
@@ -311,8 +313,14 @@ class SessionLink:
             full.add_done_callback(lambda _t: call.cancel())
             try:
                 async for raw in call:
+                    read_at = time.time()
                     msg = self._read(raw)
-                    if isinstance(msg, Welcome):
+                    if isinstance(msg, ClockProbe):
+                        # Answered at once, ahead of anything queued but the control messages
+                        # before it: the coordinator measures this node's clock with it.
+                        reply = ClockReply(msg.sent_at, read_at, time.time())
+                        self.put(outbox, encode_node(_faults.skewed(reply)))
+                    elif isinstance(msg, Welcome):
                         self.unreachable = ""
                         self.heartbeat_interval = max(0.05, msg.heartbeat_interval)
                         self._opened(outbox, logs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from client.node_protocol import (
     WorkerExited,
     WorkerFailing,
 )
-from nodeagent._agent_core import HeldRound
+from nodeagent._agent_core import HeldRound, preempt_notice
 from nodeagent._agent_logs import log_task_failure
 from nodeagent._reaper import PidRegistry
 from nodeagent._standby import StandbyPool
@@ -177,19 +178,40 @@ class RoundControl:
         # Every stop, a restart's and a re-form's too, gives the workers the job's grace: a
         # SIGTERM handler that saves a checkpoint finishes it. Workers that exit on SIGTERM (a
         # torch rank blocked in a collective does within tens of ms) cost the next round nothing.
-        if not m.replaced:
+        if not m.replaced or m.drain_node == self.node:
+            # No next round of the job comes here (a drained node gets none).
             self._standbys.discard(m.job_id)
+        notice: tuple[float, bytes] | None = None
+        if m.notice:
+            # A drain: the workers are told now, whatever comes after.
+            notice = (m.term_after, preempt_notice(m, time.time()))
+            logger.info(
+                "job %s round %d: preemption notice (node %s drains); SIGTERM in %.3g s, "
+                "SIGKILL %.3g s later",
+                m.job_id,
+                m.round,
+                m.drain_node,
+                m.term_after,
+                m.grace,
+            )
         if held.stopping is None:
             held.stopping = asyncio.get_running_loop().create_task(
-                self._stop_and_report(held, m.grace, replaced=m.replaced),
+                self._stop_and_report(held, m.grace, replaced=m.replaced, notice=notice),
                 name=f"stop-{m.job_id}-{m.round}",
             )
             held.stopping.add_done_callback(log_task_failure)
 
-    async def _stop_and_report(self, held: Held, grace: float, *, replaced: bool = False) -> None:
+    async def _stop_and_report(
+        self,
+        held: Held,
+        grace: float,
+        *,
+        replaced: bool = False,
+        notice: tuple[float, bytes] | None = None,
+    ) -> None:
         # Reported once the workers are gone; the group's close (the store host's teardown, the
         # log pumps) runs after, off the path of the round that replaces it.
-        unkillable = await self.stop_group(held, grace, close=False)
+        unkillable = await self.stop_group(held, grace, close=False, notice=notice)
         a = held.assignment
         if replaced and not any(k[0] == a.job_id and h is not held for k, h in self.held.items()):
             self._standbys.idle(a.job_id)
@@ -198,13 +220,23 @@ class RoundControl:
         if held.group is not None:
             await held.group.close()
 
-    async def stop_group(self, held: Held, grace: float, *, close: bool = True) -> list[int]:
+    async def stop_group(
+        self,
+        held: Held,
+        grace: float,
+        *,
+        close: bool = True,
+        notice: tuple[float, bytes] | None = None,
+    ) -> list[int]:
+        """Stop the round's workers (`notice`: a drain's, (SIGTERM after, the notice))."""
         # A start still under way must finish spawning before it can be stopped as a unit.
         if held.group is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(held.started.wait(), START_WAIT_S)
         unkillable: list[int] = []
-        if held.group is not None:
+        if held.group is not None and notice is not None:
+            unkillable = await held.group.stop_after_notice(grace, *notice)
+        elif held.group is not None:
             unkillable = await held.group.stop(grace)
             if close:
                 await held.group.close()
@@ -216,6 +248,15 @@ class RoundControl:
         held = list(self.held.values())
         await asyncio.gather(
             *(self.stop_group(h, grace_of(h)) for h in held), return_exceptions=True
+        )
+
+    def idle(self) -> bool:
+        """No worker of a held round runs, and no stop is under way (a drain is done here)."""
+        return all(
+            h.started.is_set()
+            and (h.group is None or h.group.running == 0)
+            and (h.stopping is None or h.stopping.done())
+            for h in self.held.values()
         )
 
     def release(self, m: Release) -> None:

@@ -68,10 +68,15 @@ _USAGE = (
 # large objects (> 4 GiB) and out-of-band friendly types round-trip.
 _PICKLE_PROTOCOL = max(4, pickle.DEFAULT_PROTOCOL)
 # The args file and the tagged return value; kept in step with nodeagent._launch
-# (function_args_file) and client.results (MAGIC, result_tag).
+# (function_args_file) and client.results (MAGIC, the kinds, result_tag, MAX_JSON_DEPTH).
 _ARGS_MAGIC = b"GELASTIC-ARGS/1\n"
-_RESULT_MAGIC = b"GELASTIC-RV/1\x00"
-_RESULT_DOMAIN = b"gelastic.v1 return value\x00"
+_RESULT_MAGIC = b"GELASTIC-RV/2\x00"
+_RESULT_DOMAIN = b"gelastic.v1 return value/2\x00"
+_KIND_JSON = b"j"
+_KIND_PICKLE = b"p"
+_MAX_JSON_DEPTH = 64
+# client.model.MAX_RETURN_VALUE_BYTES, less the magic, the kind and the tag.
+_MAX_JSON_BYTES = 4 * 1024 * 1024 - len(_RESULT_MAGIC) - 1 - 32
 _MAX_ARGS_HEADER = 4096
 MAX_HANDOFF_BYTES = 4 * 1024 * 1024
 """Largest hand-off a standby reads; kept in step with nodeagent._standby."""
@@ -241,12 +246,59 @@ def _read_args_file(path: str) -> tuple[bytes, bytes, str, int]:
     return data[end + 1 :], key, str(header.get("job_id", "")), int(header.get("rank", -1))
 
 
-def _tagged(pickled: bytes, key: bytes, job_id: str, rank: int) -> bytes:
-    # HMAC-SHA256 over a domain prefix, the job id, the rank and the bytes, so a value can be
-    # neither changed nor moved to another rank or job by anyone without the job's key.
+def _tagged(kind: bytes, payload: bytes, key: bytes, job_id: str, rank: int) -> bytes:
+    # HMAC-SHA256 over a domain prefix, the job id, the rank, the kind and the bytes, so a
+    # value can be neither changed, nor moved to another rank or job, nor read as the other
+    # kind by anyone without the job's key.
     msg = _RESULT_DOMAIN + job_id.encode("utf-8") + b"\x00" + str(rank).encode() + b"\x00"
-    tag = hmac.new(key, msg + pickled, hashlib.sha256).digest() if key else bytes(32)
-    return _RESULT_MAGIC + tag + pickled
+    tag = hmac.new(key, msg + kind + payload, hashlib.sha256).digest() if key else bytes(32)
+    return _RESULT_MAGIC + kind + tag + payload
+
+
+def _same_json(value: Any, back: Any, depth: int) -> bool:
+    """`back` (what JSON gave back) equals `value` with the very same types, at most
+    _MAX_JSON_DEPTH lists and dicts deep."""
+    if type(value) is not type(back):
+        return False
+    if isinstance(value, dict):
+        return (
+            depth < _MAX_JSON_DEPTH
+            and all(type(k) is str for k in value)
+            and value.keys() == back.keys()
+            and all(_same_json(v, back[k], depth + 1) for k, v in value.items())
+        )
+    if isinstance(value, list):
+        if depth >= _MAX_JSON_DEPTH or len(value) != len(back):
+            return False
+        # The lengths are equal; zip's strict= needs python 3.10, and this runs on 3.7+.
+        return all(_same_json(v, b, depth + 1) for v, b in zip(value, back))  # noqa: B905
+    return bool(value == back)
+
+
+def _json_payload(value: Any) -> bytes | None:
+    """`value` as JSON when JSON gives it back exactly (same values, same types), else None:
+    a tuple, an int-keyed dict, NaN, bytes or a tensor is no JSON, and goes as a pickle. So
+    does JSON over the size limit: the pickle of the same value may be small enough."""
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        if len(text) > _MAX_JSON_BYTES:  # ASCII (json.dumps escapes the rest): chars are bytes
+            return None
+        back = json.loads(text)
+        same = _same_json(value, back, 0)
+    except Exception:  # whatever a user's type raises here: the pickle says what is wrong
+        return None
+    return text.encode("utf-8") if same else None
+
+
+def _return_value_bytes(value: Any, key: bytes, job_id: str, rank: int) -> bytes:
+    """What the worker stores for `value`: JSON when it survives JSON exactly, else a pickle.
+
+    Raises what pickling raises for a value that is neither.
+    """
+    payload = _json_payload(value)
+    if payload is not None:
+        return _tagged(_KIND_JSON, payload, key, job_id, rank)
+    return _tagged(_KIND_PICKLE, pickle.dumps(value, protocol=_PICKLE_PROTOCOL), key, job_id, rank)
 
 
 def _run_function(opts: _Options) -> None:
@@ -260,13 +312,13 @@ def _run_function(opts: _Options) -> None:
             args, kwargs = pickle.loads(payload)
     result = fn(*args, **kwargs)
     try:
-        data = pickle.dumps(result, protocol=_PICKLE_PROTOCOL)
+        data = _return_value_bytes(result, key, job_id, rank)
     except Exception as e:
         message = f"return value of {opts.target} cannot be pickled: {type(e).__name__}: {e}"
         sys.stderr.write(message + "\n")
         _write_error_file(opts.error_file, message, traceback.format_exc())
         sys.exit(1)
-    _atomic_write(opts.return_file, _tagged(data, key, job_id, rank))
+    _atomic_write(opts.return_file, data)
 
 
 def _new_main(filename: str | None) -> types.ModuleType:

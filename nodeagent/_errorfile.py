@@ -32,6 +32,13 @@ MAX_ERROR_FILE_BYTES = 1024 * 1024
 
 _TAIL_MAX_BYTES = 64 * 1024
 
+WHOLE_SECOND_S = 1.0
+"""The resolution of a whole-second time: torch's own error file (`@record`) writes
+`int(time.time())` as a string, so the failure was in the second after it."""
+MTIME_RESOLUTION_S = 0.01
+"""The resolution of a file's modification time: the kernel stamps it from its coarse clock,
+one tick late at most (1 to 10 ms, by CONFIG_HZ)."""
+
 
 @dataclass(frozen=True)
 class ErrorFileResult:
@@ -246,12 +253,16 @@ def build_failure(
     `message`, when given, says why the agent itself ended the worker (watchdog, health, a
     return value over the limit); the error file's message then moves into the traceback.
     The timestamp is the error file's when it has one, else `observed_at` (the agent's clock).
+    Its `time_uncertainty` is the resolution of that source: a fraction of a second from the
+    file (gelastic's writers keep nanoseconds) or the agent's own clock is exact (0.0); torch's
+    whole seconds are 1.0, or as precise as what refined them.
     """
     sig = -exitcode if exitcode < 0 else 0
     ef = error_file
     text = ""
     traceback = ""
     timestamp = observed_at
+    resolution = 0.0
     path_field = "<N/A>"
     if ef is not None and ef.found:
         path_field = ef.path
@@ -261,12 +272,14 @@ def build_failure(
         if ef.timestamp is not None:
             timestamp = ef.timestamp
             # torch's own writer keeps whole seconds: ranks that failed within one second would
-            # tie. The file's modification time says when it was written, to the nanosecond.
+            # tie. The file's modification time says when it was written, to a kernel tick.
             if timestamp == int(timestamp):
+                resolution = WHOLE_SECOND_S
                 if ef.written_at is not None and timestamp <= ef.written_at < timestamp + 2:
-                    timestamp = ef.written_at
+                    timestamp, resolution = ef.written_at, MTIME_RESOLUTION_S
                 elif timestamp <= observed_at < timestamp + 2:
-                    timestamp = observed_at
+                    # The exit came after the record: the failure was between the two.
+                    timestamp, resolution = observed_at, observed_at - timestamp
     elif sig:
         text = signal_message(sig, pid)
         if ef is not None and ef.problem:
@@ -296,4 +309,5 @@ def build_failure(
         stderr_tail=stderr_tail,
         role=role,
         role_rank=role_rank,
+        time_uncertainty=resolution,
     )

@@ -28,6 +28,7 @@ __all__ = [
     "open_pumps",
     "prepare_round_dir",
     "prepare_worker_dirs",
+    "write_notice",
 ]
 
 logger = logging.getLogger("nodeagent._workers")
@@ -93,6 +94,14 @@ def prepare_round_dir(log_root: Path, assignment: RoundAssignment) -> Path:
     if not marker.exists():
         _write_private(marker, f"{a.round}\n".encode())
     return log_dir
+
+
+def write_notice(path: Path, data: bytes) -> None:
+    """Write a preemption notice whole (0600, a temporary file renamed over it): a worker that
+    polls the file never reads half of one. Blocking."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    _write_private(tmp, data)
+    os.replace(tmp, path)
 
 
 def prepare_worker_dirs(plan: Sequence[WorkerLaunch]) -> None:

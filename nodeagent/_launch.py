@@ -40,6 +40,7 @@ from client.model import JobSpec, executable_note, parse_std_mapping
 
 __all__ = [
     "BOOTSTRAP_PATH",
+    "PREEMPT_FILE_ENV",
     "STDERR",
     "STDOUT",
     "STORE_HOST_PATH",
@@ -58,6 +59,7 @@ __all__ = [
     "find_attempt_dir",
     "job_python",
     "parse_python_command",
+    "preempt_file",
     "resolve_attempt_dir",
     "resolve_executable",
     "role_spec",
@@ -475,6 +477,16 @@ def watchdog_request(spec: JobSpec, agent_env: Mapping[str, str]) -> tuple[bool,
     return enabled, (env.get(TIMER_FILE_ENV) or None) if enabled else None
 
 
+PREEMPT_FILE_ENV = "GELASTIC_PREEMPT_FILE"
+"""Where a drain's preemption notice appears (`client.preempt`)."""
+
+
+def preempt_file(round_dir: Path, node_name: str) -> Path:
+    """The preemption notice of a worker group: in its round's directory, named for its node
+    (agents of one host may share a round's directory)."""
+    return Path(round_dir) / f"preempt-{node_name}.json"
+
+
 def _worker_env(
     assignment: RoundAssignment,
     ranks: WorkerRanks,
@@ -483,6 +495,7 @@ def _worker_env(
     agent_env: Mapping[str, str],
     error_file: Path,
     timer_file: str | None,
+    notice_file: Path,
 ) -> dict[str, str]:
     spec = assignment.spec
     env = _job_env(spec, agent_env)
@@ -511,6 +524,7 @@ def _worker_env(
             "GELASTIC_JOB_ID": assignment.job_id,
             "GELASTIC_ROUND": str(assignment.round),
             "GELASTIC_NODE": node_name,
+            PREEMPT_FILE_ENV: str(notice_file),
         }
     )
     if timer_file is not None:
@@ -680,6 +694,7 @@ def build_launch_plan(
             agent_env=agent_env,
             error_file=error_file,
             timer_file=timer_file,
+            notice_file=preempt_file(base_dir, node_name),
         )
         plan.append(
             WorkerLaunch(

@@ -19,6 +19,7 @@ The group is a composition; each concern has a module of its own:
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from nodeagent._group_output import (
     agent_console,
     prepare_round_dir,
     prepare_worker_dirs,
+    write_notice,
 )
 from nodeagent._group_results import Results, WorkerExit
 from nodeagent._group_supervisor import MAX_UNKNOWN_REASON, Phase, Supervisor, Worker
@@ -46,6 +48,7 @@ from nodeagent._launch import (
     build_standby_launch,
     build_store_host_launch,
     entrypoint_name,
+    preempt_file,
     watchdog_request,
 )
 from nodeagent._process import ProcessHandle, spawn
@@ -54,6 +57,8 @@ from nodeagent._store_host import WarmStoreHost
 from nodeagent._watchdog import FileTimerServer, TimerFileError, validate_timer_file
 
 __all__ = ["ConsoleWriter", "WorkerExit", "WorkerGroup", "WorkerHealth", "agent_console"]
+
+logger = logging.getLogger(__name__)
 
 _SetupError = tuple[str, FailureCategory]
 """Why the round could not be prepared, and whose fault that is."""
@@ -304,6 +309,30 @@ class WorkerGroup:
         reported. `grace` defaults to the spec's stop_grace.
         """
         return await self._sup.stop(self.spec.stop_grace if grace is None else grace)
+
+    async def stop_after_notice(self, grace: float, term_after: float, notice: bytes) -> list[int]:
+        """A drain's stop: the preemption notice now (the file the workers' GELASTIC_PREEMPT_FILE
+        names), SIGTERM `term_after` seconds later unless every worker left by then, SIGKILL
+        `grace` after that. A worker that exits 0 meanwhile was stopped, not done."""
+        sup = self._sup
+        if sup.phase in (Phase.NEW, Phase.STARTING, Phase.RUNNING):
+            sup.phase = Phase.STOPPING
+        if self.log_dir is not None:
+            path = preempt_file(self.log_dir, self.node_name)
+            try:
+                await asyncio.to_thread(write_notice, path, notice)
+            except OSError as exc:
+                logger.warning(
+                    "%s cannot write the preemption notice %s: %s", self._ctx(), path, exc
+                )
+        leaving = [
+            w.supervisor
+            for w in self._workers
+            if w.supervisor is not None and not w.supervisor.done() and not w.reported
+        ]
+        if leaving and term_after > 0:
+            await asyncio.wait(leaving, timeout=term_after)
+        return await self.stop(grace)
 
     async def close(self, grace: float = 0.0) -> None:
         """Stop what still runs (SIGKILL after `grace`), cancel every task, remove the FIFO."""

@@ -110,9 +110,10 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="most seconds to let workers stop when the agent is asked to exit (SIGTERM, "
-        "SIGINT, SIGHUP): the node leaves first, so its jobs re-form on the other nodes without "
-        "spending a restart, then its workers get SIGTERM and their job's stop_grace, at most "
-        "this long, before SIGKILL (default: the job's stop_grace)",
+        "SIGINT, SIGHUP): the node is drained, so its jobs re-form on the other nodes without "
+        "spending a restart; their workers get a preemption notice, SIGTERM their job's "
+        "stop_grace before this deadline and SIGKILL at it, and the agent exits once they are "
+        "gone (default: each job's stop_grace)",
     )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p

@@ -40,6 +40,8 @@ from client.node_protocol import (
     Assign,
     CancelLogs,
     CoordinatorMsg,
+    DrainAccepted,
+    DrainRequest,
     LogCredit,
     NodeMsg,
     PortReserved,
@@ -49,6 +51,7 @@ from client.node_protocol import (
     Stop,
 )
 from client.security import Security
+from nodeagent import _faults
 from nodeagent._agent_core import (
     Refusal,
     StaleEpoch,
@@ -85,6 +88,13 @@ from protos.gelastic.v1 import gelastic_pb2 as pb
 __all__ = ["AgentConfig", "NodeAgent", "StaleEpoch"]
 
 logger = logging.getLogger(__name__)
+
+DRAIN_ANSWER_S = 1.0
+"""How long a stopping agent waits for its coordinator to accept its drain before it leaves
+first instead."""
+DRAIN_MARGIN_S = 5.0
+"""How long past the drain's deadline a stopping agent waits for its workers to be gone before
+it stops them itself."""
 
 _Held = Held
 """A held round (`nodeagent._agent_rounds.Held`), under the name it had here."""
@@ -201,6 +211,8 @@ class NodeAgent:
         self._tasks: set[asyncio.Task[None]] = set()
         self._main: asyncio.Task[None] | None = None
         self._closing = False
+        self._draining = False
+        self._drain_answer: asyncio.Future[None] | None = None
         self._sentinel = Sentinel(token=self.incarnation)
         self._standbys = StandbyPool()
         self._registry = PidRegistry(self._pid_file(), mark_prefix=self._sentinel.mark_prefix)
@@ -308,14 +320,18 @@ class NodeAgent:
         """Stop the workers (SIGTERM, the grace, SIGKILL) and the agent; idempotent.
 
         `grace` None gives each group its job's `stop_grace`; a number bounds it. With
-        `leave_first` (a SIGTERM to the agent, a drain) the session ends before any worker is
-        stopped: the coordinator sees the node leave, which re-forms the job on the others
-        without spending a restart, instead of workers stopped without its asking (a failure).
+        `leave_first` (a SIGTERM to the agent) the node is drained first: the coordinator
+        replaces its rounds on the other nodes without spending a restart and stops their
+        workers, with a notice, within `grace` (`_drain`), and the agent goes once they are
+        gone. When the coordinator does not accept the drain promptly, the session ends before
+        any worker is stopped instead: the coordinator sees the node leave, which re-forms the
+        job the same way, rather than workers stopped without its asking (a failure).
         """
-        if self._closing:
+        if self._closing or self._draining:
             return
+        drained = leave_first and self._main is not None and await self._drain(grace)
         self._closing = True
-        if leave_first and self._main is not None:
+        if leave_first and not drained and self._main is not None:
             self._main.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._main
@@ -340,6 +356,39 @@ class NodeAgent:
         await self._sentinel.stop()
         await asyncio.to_thread(self.metrics.stop)
 
+    async def _drain(self, grace: float | None) -> bool:
+        """Ask the coordinator to drain this node (`grace`: its deadline; None: each job's
+        stop_grace) and wait, bounded, until no worker runs here. False when the coordinator
+        could not be asked or did not answer within DRAIN_ANSWER_S."""
+        if self._outbox is None:
+            return False
+        self._draining = True
+        loop = asyncio.get_running_loop()
+        answer = self._drain_answer = loop.create_future()
+        try:
+            self._tell(DrainRequest(grace))
+            try:
+                await asyncio.wait_for(answer, DRAIN_ANSWER_S)
+            except TimeoutError:
+                logger.warning(
+                    "the coordinator did not accept the drain within %g s; leaving first",
+                    DRAIN_ANSWER_S,
+                )
+                return False
+            longest = max((h.assignment.spec.stop_grace for h in self._held.values()), default=0)
+            bound = (longest if grace is None else grace) + DRAIN_MARGIN_S
+            logger.info("draining: waiting up to %.3g s for the workers to be gone", bound)
+            until = loop.time() + bound
+            while not self._rounds.idle() and loop.time() < until:
+                await asyncio.sleep(0.05)
+            # Let the last reports (the groups' stops) go out before the session ends.
+            while self._outbox is not None and not self._outbox.empty() and loop.time() < until:
+                await asyncio.sleep(0.01)
+            return True
+        finally:
+            self._drain_answer = None
+            self._draining = False
+
     async def __aenter__(self) -> NodeAgent:
         await self.start()
         return self
@@ -358,7 +407,7 @@ class NodeAgent:
     # ---- the session -----------------------------------------------------------------------
 
     def _tell(self, msg: NodeMsg) -> None:
-        self._send(encode_node(msg))
+        self._send(_encode(msg))
 
     def _send(self, msg: pb.NodeMessage) -> None:
         if self._outbox is not None:
@@ -372,7 +421,7 @@ class NodeAgent:
         self._logs.end_session()
 
     def _hello(self) -> pb.NodeMessage:
-        return encode_node(
+        return _encode(
             hello(
                 self._held,
                 name=self.config.name,
@@ -386,7 +435,7 @@ class NodeAgent:
 
     def _replay(self) -> list[pb.NodeMessage]:
         """What follows the welcome: every held exit (and then the stops), each on its own."""
-        return [encode_node(m) for m in replay(self._held)]
+        return [_encode(m) for m in replay(self._held)]
 
     def _heartbeat(self, outbox: Outbox, seq: int) -> None:
         groups = [
@@ -418,6 +467,9 @@ class NodeAgent:
                 self._logs.cancel(msg.request_id)
             case LogCredit():
                 self._logs.credit(msg)
+            case DrainAccepted():
+                if self._drain_answer is not None and not self._drain_answer.done():
+                    self._drain_answer.set_result(None)
             case _:
                 logger.warning("ignoring a %s from the coordinator", message_kind(msg))
 
@@ -485,6 +537,11 @@ class NodeAgent:
 
     def _pid_file(self) -> Path:
         return self.state_dir / f"agent-{self.config.name}.pids.json"
+
+
+def _encode(msg: NodeMsg) -> pb.NodeMessage:
+    """What the agent says, its times on this host's clock (skewed only by a test's fault)."""
+    return encode_node(_faults.skewed(msg))
 
 
 def _decode_assign(m: pb.Assign) -> Assign:

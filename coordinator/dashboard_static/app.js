@@ -1,11 +1,162 @@
 // The gelastic dashboard: renders the coordinator's server-sent events.
 // Every piece of data goes in with textContent (or an SVG text node): worker output,
 // tracebacks, names and reasons are hostile input and never become markup.
+//
+// The session: the login trades the token for a session id, kept in this origin's
+// localStorage (per scheme, host and port: no page on another port can read it) and sent
+// only to this origin, in an `Authorization: Session` header. No cookie: a browser sends a
+// host's cookies to every port of it, so another local user's server on another port would
+// receive one (coordinator/_dashboard_auth.py).
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
 const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELED"]);
 const LOG_KEEP_CHARS = 128 * 1024;
+const SESSION_KEY = "gelastic.session";
+const RETRY_MIN_MS = 1000;
+const RETRY_MAX_MS = 10000;
+const MAX_PENDING_CHARS = 32 * 1024 * 1024;
+
+// ---- session ---------------------------------------------------------------------------
+
+function authHeaders() {
+  const sid = localStorage.getItem(SESSION_KEY);
+  return sid ? { Authorization: "Session " + sid } : {};
+}
+
+let leaving = false;
+
+function toLogin() {
+  if (leaving) return;
+  leaving = true;
+  localStorage.removeItem(SESSION_KEY);
+  location.replace("/login");
+}
+
+async function login(form) {
+  const input = document.getElementById("token");
+  const token = input.value.trim();
+  input.value = "";
+  let resp = null;
+  try {
+    resp = await fetch("/login", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ token }),
+      cache: "no-store",
+    });
+  } catch (e) {
+    resp = null;
+  }
+  const data = resp ? await resp.json().catch(() => ({})) : {};
+  if (resp && resp.ok && typeof data.session === "string" && data.session) {
+    localStorage.setItem(SESSION_KEY, data.session);
+    location.replace("/");
+    return;
+  }
+  const failed = document.getElementById("login-failed");
+  if (resp && resp.status !== 401) failed.textContent = "Login failed: " + (data.error || resp.status);
+  failed.hidden = false;
+  form.querySelector("button").disabled = false;
+}
+
+async function logout() {
+  try {
+    await fetch("/logout", { method: "POST", headers: authHeaders(), cache: "no-store" });
+  } finally {
+    toLogin();
+  }
+}
+
+// ---- server-sent events, read with fetch ------------------------------------------------
+
+// One event block ("event: NAME", "data: JSON" lines; comments start with ":").
+function dispatch(block, handlers, ctl) {
+  let name = "message";
+  const data = [];
+  for (const line of block.split("\n")) {
+    if (!line || line.startsWith(":")) continue;
+    const i = line.indexOf(":");
+    const key = i < 0 ? line : line.slice(0, i);
+    let value = i < 0 ? "" : line.slice(i + 1);
+    if (value.startsWith(" ")) value = value.slice(1);
+    if (key === "event") name = value;
+    else if (key === "data") data.push(value);
+  }
+  const fn = handlers[name];
+  if (!fn || !data.length) return;
+  const parsed = JSON.parse(data.join("\n"));
+  try {
+    fn(parsed, ctl);
+  } catch (e) {
+    setTimeout(() => { throw e; }); // reported as the page's error; the stream goes on
+  }
+}
+
+async function readEvents(body, handlers, ctl) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let pending = "";
+  try {
+    while (!ctl.closed) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      pending += value;
+      let end;
+      while (!ctl.closed && (end = pending.indexOf("\n\n")) >= 0) {
+        dispatch(pending.slice(0, end), handlers, ctl);
+        pending = pending.slice(end + 2);
+      }
+      if (pending.length > MAX_PENDING_CHARS) return;
+    }
+  } finally {
+    reader.cancel().catch(() => {});
+  }
+}
+
+// A server-sent event stream, like EventSource, but read with fetch so that it carries the
+// session header (EventSource cannot send one). `handlers` maps event names to functions of
+// (data, stream); `onState` hears "open", "retry" (dropped: reconnecting, with a growing
+// pause) and "closed" (refused for good, with the status). `stream.close()` ends it.
+function eventStream(url, handlers, onState) {
+  const ctl = { closed: false, abort: null };
+  ctl.close = () => {
+    ctl.closed = true;
+    if (ctl.abort) ctl.abort.abort();
+  };
+  (async () => {
+    let pause = RETRY_MIN_MS;
+    while (!ctl.closed) {
+      ctl.abort = new AbortController();
+      try {
+        const resp = await fetch(url, { headers: authHeaders(), cache: "no-store", signal: ctl.abort.signal });
+        if (resp.status === 401) {
+          ctl.closed = true;
+          toLogin();
+          return;
+        }
+        if (resp.ok) {
+          onState("open");
+          pause = RETRY_MIN_MS;
+          await readEvents(resp.body, handlers, ctl);
+        } else {
+          if (resp.body) resp.body.cancel().catch(() => {});
+          if (resp.status !== 503) {  // 503: busy (stream cap) or standby; anything else is final
+            ctl.closed = true;
+            onState("closed", resp.status);
+            return;
+          }
+        }
+      } catch (e) {
+        // a dropped connection, or our own close()
+      }
+      if (ctl.closed) return;
+      onState("retry");
+      await new Promise((resolve) => setTimeout(resolve, pause));
+      pause = Math.min(pause * 2, RETRY_MAX_MS);
+    }
+  })();
+  return ctl;
+}
 
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
@@ -80,23 +231,19 @@ function setLive(text, ok) {
   live.className = "live " + (ok ? "ok" : "down");
 }
 
-// One EventSource per page; `handlers` maps event names to functions of the parsed data.
+// The page's one stream; `handlers` maps event names to functions of (data, stream).
 function follow(url, handlers) {
-  const es = new EventSource(url);
-  es.onopen = () => setLive("live", true);
-  es.onerror = () => {
-    const closed = es.readyState === EventSource.CLOSED;
-    setLive(closed ? "disconnected" : "reconnecting…", false);
-    const app = document.getElementById("app");
-    if (closed && app && !app.childElementCount) {
-      app.replaceChildren(el("p", { class: "error" },
-        "The data stream closed: this job may not exist, or the session ended (reload to log in again)."));
+  return eventStream(url, handlers, (state) => {
+    if (state === "open") {
+      setLive("live", true);
+      return;
     }
-  };
-  for (const [name, fn] of Object.entries(handlers)) {
-    es.addEventListener(name, (ev) => fn(JSON.parse(ev.data), es));
-  }
-  return es;
+    setLive(state === "closed" ? "disconnected" : "reconnecting…", false);
+    const app = document.getElementById("app");
+    if (state === "closed" && app && !app.childElementCount) {
+      app.replaceChildren(el("p", { class: "error" }, "The data stream closed: this job may not exist."));
+    }
+  });
 }
 
 // ---- cluster ---------------------------------------------------------------------------
@@ -133,7 +280,7 @@ function renderCluster(app) {
     return {
       cells: [
         el("td", { class: "name" }, n.name),
-        el("td", {}, badge(n.state)),
+        el("td", n.drain_reason ? { title: "drained: " + n.drain_reason + (n.drain_deadline ? "; workers killed at " + clock(n.drain_deadline) : "") } : {}, badge(n.state)),
         el("td", {}, slotBar(n.slots_used, n.slots), " ", n.slots_used + " used / " + n.slots_free + " free"),
         el("td", { class: age > 3 ? "warn" : "" }, duration(age) + " ago"),
         n.cpu_percent.toFixed(0) + " %",
@@ -282,22 +429,23 @@ function openLog(jobId, pre, status) {
   pre.textContent = "";
   status.textContent = "following…";
   const url = "/api/stream/logs/" + encodeURIComponent(jobId) + "/" + logChoice.rank + "?stream=" + logChoice.stream;
-  logSource = new EventSource(url);
-  logSource.addEventListener("log", (ev) => {
-    const d = JSON.parse(ev.data);
-    let text = pre.textContent + (d.dropped ? "[... " + d.dropped + " bytes not shown]\n" : "") + d.text;
-    if (text.length > LOG_KEEP_CHARS) text = text.slice(text.length - LOG_KEEP_CHARS);
-    const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
-    pre.textContent = text;
-    if (atBottom) pre.scrollTop = pre.scrollHeight;
+  logSource = eventStream(url, {
+    log: (d) => {
+      let text = pre.textContent + (d.dropped ? "[... " + d.dropped + " bytes not shown]\n" : "") + d.text;
+      if (text.length > LOG_KEEP_CHARS) text = text.slice(text.length - LOG_KEEP_CHARS);
+      const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      pre.textContent = text;
+      if (atBottom) pre.scrollTop = pre.scrollHeight;
+    },
+    end: (d, stream) => {
+      status.textContent = d.reason;
+      stream.close();
+    },
+  }, (state) => {
+    if (state === "open") status.textContent = "following…";
+    else if (state === "retry") status.textContent = "reconnecting…";
+    else status.textContent = "log stream closed";
   });
-  logSource.addEventListener("end", (ev) => {
-    status.textContent = JSON.parse(ev.data).reason;
-    logSource.close();
-  });
-  logSource.onerror = () => {
-    if (logSource.readyState === EventSource.CLOSED) status.textContent = "log stream closed";
-  };
 }
 
 function setRankOptions(sel, ranks) {
@@ -404,11 +552,17 @@ function renderJob(app, d) {
 function main() {
   const form = document.getElementById("login-form");
   if (form) {
-    if (new URLSearchParams(location.search).get("failed")) {
-      document.getElementById("login-failed").hidden = false;
-    }
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      form.querySelector("button").disabled = true;
+      login(form);
+    });
     return;
   }
+  document.getElementById("logout-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    logout();
+  });
   const app = document.getElementById("app");
   const path = location.pathname;
   const jobMatch = /^\/jobs\/([^/]+)$/.exec(path);

@@ -21,6 +21,8 @@ from gelastic.local import LocalCluster, poll_until
 from tests.browser.conftest import DOCS_IMG, SCRIPTS
 
 WAIT_MS = 30_000
+SESSION_KEY = "gelastic.session"
+"""Where the pages keep the session (coordinator/dashboard_static/app.js)."""
 HOSTILE = "bad <img src=x onerror=window.__pwned=1> & </pre><script>window.__pwned=2</script>"
 
 
@@ -80,7 +82,7 @@ def test_without_the_token_there_is_only_the_login_page(
     try:
         page = ctx.new_page()
         page.goto(cluster.dashboard_url + "jobs")
-        assert page.url == cluster.dashboard_url + "login"
+        page.wait_for_url(cluster.dashboard_url + "login")
         assert page.locator("#login-form").is_visible()
         text = page.inner_text("body")
         assert "node-0" not in text and "node-1" not in text
@@ -92,8 +94,8 @@ def test_without_the_token_there_is_only_the_login_page(
         # A wrong token: the login page again, with its notice, and still no data.
         page.fill("#token", "not-the-token")
         page.click("button[type=submit]")
-        page.wait_for_url(lambda u: u.endswith("/login?failed=1"))
-        assert page.locator("#login-failed").is_visible()
+        page.locator("#login-failed").wait_for(timeout=WAIT_MS)
+        assert page.input_value("#token") == "", "a refused token is not left in the form"
         assert ctx.request.get(cluster.dashboard_url + "api/overview").status == 401
         # The right one: the cluster page, listing both nodes.
         page.fill("#token", _token(cluster))
@@ -102,10 +104,22 @@ def test_without_the_token_there_is_only_the_login_page(
         for node in ("node-0", "node-1"):
             page.wait_for_selector(f'tr[data-node="{node}"]', timeout=WAIT_MS)
         assert "live" in page.inner_text('tr[data-node="node-1"]')
-        cookies = ctx.cookies()
-        assert [c["name"] for c in cookies] == ["gelastic_session"]
-        assert cookies[0]["httpOnly"] and cookies[0]["sameSite"] == "Strict"
-        assert _token(cluster) not in cookies[0]["value"]
+        # No cookie (a browser would send it to every port of this host): the session is in
+        # the dashboard origin's storage, and the browser alone sends nothing that reads data.
+        assert ctx.cookies() == []
+        sid = page.evaluate(f"localStorage.getItem({SESSION_KEY!r})")
+        assert sid and _token(cluster) not in sid
+        assert ctx.request.get(cluster.dashboard_url + "api/overview").status == 401
+        with_session = {"Authorization": f"Session {sid}"}
+        assert ctx.request.get(cluster.dashboard_url + "api/overview", headers=with_session).ok
+        # Logging out ends the session, here and on the server.
+        page.click("#logout-form button")
+        page.wait_for_url(cluster.dashboard_url + "login")
+        assert page.evaluate(f"localStorage.getItem({SESSION_KEY!r})") is None
+        assert (
+            ctx.request.get(cluster.dashboard_url + "api/overview", headers=with_session).status
+            == 401
+        )
     finally:
         ctx.close()
     _no_token_in(requested, cluster)
@@ -241,3 +255,21 @@ def _no_token_in(requested: list[str], cluster: LocalCluster) -> None:
     assert requested, "no request was recorded"
     leaked = [u for u in requested if token in u]
     assert not leaked, f"the token appeared in a URL: {len(leaked)} requests"
+
+
+def test_the_cluster_page_shows_a_drained_node_and_why(
+    session: Any, cluster: LocalCluster, script_errors: list[str], shots: Path
+) -> None:
+    assert cluster.client.drain_node("node-1", reason="kernel upgrade") == "drained"
+    page = session.new_page()
+    try:
+        page.goto(cluster.dashboard_url)
+        row = 'tr[data-node="node-1"]'
+        page.wait_for_selector(f"{row} .s-drained", timeout=WAIT_MS)
+        title = page.get_attribute(f"{row} td:nth-child(2)", "title") or ""
+        assert "drained: kernel upgrade" in title
+        _shot(page, shots, "cluster-drained")
+    finally:
+        page.close()
+        cluster.client.undrain_node("node-1")
+    assert not script_errors, script_errors

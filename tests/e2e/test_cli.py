@@ -185,6 +185,7 @@ def test_json_view_of_values_json_cannot_carry() -> None:
         "name": "",
         "raw_return_values": {},
         "return_value_sizes": {},
+        "return_values_verified": False,
     }
 
 
@@ -289,16 +290,27 @@ def test_submit_watch_a_function_prints_its_return_values(shared: LocalCluster) 
     assert proc.returncode == 0, proc.stderr
     out = parse_json(proc)
     assert out["state"] == "SUCCEEDED"
-    # operator.add("1", "2") on every rank, unpickled by the CLI.
+    # operator.add("1", "2") on every rank: a JSON value, decoded by the CLI.
     assert out["result"]["return_values"] == {"0": "12", "1": "12"}
-    # Another process has no key: it shows sizes and loads nothing unless told to.
+    # Another process has no key: JSON values are data, shown without being asked.
     proc = gelastic("result", out["job_id"], cluster=shared)
     assert proc.returncode == 0, proc.stderr
-    assert "not loaded" in proc.stdout and "'12'" not in proc.stdout
-    assert re.search(r"rank 0: \d+ bytes", proc.stdout), proc.stdout
+    assert "rank 0: '12'" in proc.stdout and "rank 1: '12'" in proc.stdout
+    assert "--trusted-load" not in proc.stdout and "warning" not in proc.stderr
+    # A value JSON cannot carry (a tuple) stays an unloaded pickle unless told otherwise.
+    proc = gelastic(
+        "submit", "--watch", "--json", "--", "builtins:tuple", "ab", cluster=shared, timeout=TIMEOUT
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = parse_json(proc)
+    assert out["result"]["return_values"]["0"].startswith("<PickledReturnValue of rank 0: ")
+    proc = gelastic("result", out["job_id"], cluster=shared)
+    assert proc.returncode == 0, proc.stderr
+    assert "--trusted-load" in proc.stdout and "('a', 'b')" not in proc.stdout
+    assert re.search(r"rank 0: <PickledReturnValue of rank 0: \d+ bytes", proc.stdout)
     proc = gelastic("result", "--trusted-load", out["job_id"], cluster=shared)
     assert proc.returncode == 0, proc.stderr
-    assert "rank 0: '12'" in proc.stdout and "rank 1: '12'" in proc.stdout
+    assert "rank 0: ('a', 'b')" in proc.stdout
     assert "warning" in proc.stderr
 
 

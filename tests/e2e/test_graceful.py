@@ -61,8 +61,10 @@ def test_a_sigtermed_agent_re_forms_its_job_without_a_restart_after_its_workers_
     cluster.kill_agent(node, signal.SIGTERM)
     result = job.wait(TIMEOUT)
     assert job.status().state == JobState.SUCCEEDED, result.format_failures()
-    # No restart was spent: the job re-formed on the other node as for a lost node.
+    # No restart was spent: the agent had the coordinator drain its node, which re-formed the
+    # job on the other one.
     assert [a.attempt for a in job.attempts()] == [0, 0]
+    assert any(e.kind == "node_draining" and e.node == node for e in job.events())
     # The drained node's worker got SIGTERM and finished its 2 s checkpoint before it went.
     assert stamp(out, "ckpt", 1, 2) - stamp(out, "term", 1, 2) >= 2.0
     assert (out / "start.0.1").exists()

@@ -54,7 +54,11 @@ if __name__ == "__main__":
             JobSpec(entrypoint=trainer, args=(3,), kwargs={"point": Point(1, 2)},
                     nproc_per_node=2)
         ).wait(60)
-        r2 = c.client.submit(JobSpec(entrypoint=make_point, args=(5,))).wait(60)
+        # A Point is no JSON: it comes back as a pickle, loaded only when asked. Every node
+        # here is this script's own child (a private LocalCluster), so trusting it is sound.
+        r2 = c.client.submit(JobSpec(entrypoint=make_point, args=(5,))).wait(
+            60, trust_pickles=True
+        )
     assert not r1.is_failed(), r1.format_failures()
     assert not r2.is_failed(), r2.format_failures()
     p = r2.return_values[0]

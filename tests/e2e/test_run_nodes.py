@@ -211,6 +211,43 @@ def test_a_non_host_launcher_killed_re_forms_the_job_without_a_restart(
     assert not marked_processes(victim.marker)
 
 
+def test_a_non_host_launcher_sigtermed_drains_its_node_and_the_job_re_forms_without_a_restart(
+    tmp_path: Path, launchers
+) -> None:  # type: ignore[no-untyped-def]
+    port, run_id = free_port(), uuid.uuid4().hex[:12]
+    out = tmp_path / "out"
+    env = ddp_env(out, NODES_STEPS="40", NODES_PAUSE="0.1")
+    argv = [
+        *c10d(
+            "2:3",
+            port,
+            run_id,
+            "--max-restarts",
+            "0",
+            "--rdzv-conf",
+            "last_call_timeout=3",
+            *PRELOAD,
+        ),
+        DDP,
+    ]
+    nodes = [launchers(argv, env) for _ in range(3)]
+    poll_until(lambda: step_of(out)[2] >= 5, 120, what="attempt 0 training on 3 nodes")
+    host = next(n for n in nodes if "hosts the rendezvous" in n.err())
+    victim = next(n for n in nodes if n is not host)
+    # What a pod eviction or a spot drain sends the launcher of one node.
+    victim.proc.send_signal(signal.SIGTERM)
+    assert victim.wait(60) == 1, victim.err()
+    assert "this node leaves the job" in victim.err()
+    rest = [n for n in nodes if n is not victim]
+    assert [n.wait() for n in rest] == [0, 0], [n.err() for n in rest]
+    # Re-formed on two nodes (world 4), still attempt 0: no restart was spent.
+    assert (out / "params.0.4.json").exists(), [n.err() for n in rest]
+    # Its node was drained through the coordinator: its workers got the preemption notice.
+    (notice,) = (victim.dir / "tmp").glob("gelastic-run-*/*/attempt_0/preempt-*.json")
+    assert "draining" in json.loads(notice.read_text())["reason"]
+    assert not marked_processes(victim.marker)
+
+
 def test_the_c10d_host_launcher_killed_ends_every_other_node_within_10s(
     tmp_path: Path, launchers
 ) -> None:  # type: ignore[no-untyped-def]

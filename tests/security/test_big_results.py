@@ -10,6 +10,7 @@ a bounded page at a time.
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
 from collections.abc import AsyncIterator
 
@@ -17,7 +18,7 @@ import pytest
 
 from client import Client, JobSpec, JobState, WorkerState
 from client.model import MAX_RESULT_BYTES_PER_JOB, MAX_RETURN_VALUE_BYTES
-from client.results import tagged
+from client.results import KIND_JSON, KIND_PICKLE, tagged
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -54,9 +55,9 @@ async def _one_node_round(coordinator: Coordinator, nproc: int) -> tuple[FakeNod
     return node, asg
 
 
-def _value(rank: int, size: int) -> object:
-    # A pickle of about `size` bytes whose content differs per rank.
-    return bytes([rank % 251]) * size
+def _value(rank: int, size: int) -> str:
+    # A JSON value of about `size` bytes whose content differs per rank.
+    return chr(ord("a") + rank % 26) * size
 
 
 async def test_five_ranks_of_3_5_mib_leave_jobs_lists_and_watches_small(
@@ -74,7 +75,11 @@ async def test_five_ranks_of_3_5_mib_leave_jobs_lists_and_watches_small(
         raws = {}
         for lr, w in enumerate(asg.workers):
             raws[w.global_rank] = tagged(
-                key, job.job_id, w.global_rank, pickle.dumps(_value(w.global_rank, size))
+                key,
+                job.job_id,
+                w.global_rank,
+                json.dumps(_value(w.global_rank, size)).encode(),
+                kind=KIND_JSON,
             )
             assert len(raws[w.global_rank]) <= MAX_RETURN_VALUE_BYTES
             await node.outbox.put(
@@ -129,7 +134,9 @@ async def test_return_values_over_the_per_job_budget_fail_the_job_clearly(
         node, asg = await _one_node_round(coordinator, ranks)
         key = asg.spec.result_key
         for lr, w in enumerate(asg.workers):
-            raw = tagged(key, job.job_id, w.global_rank, pickle.dumps(b"x" * size))
+            raw = tagged(
+                key, job.job_id, w.global_rank, pickle.dumps(b"x" * size), kind=KIND_PICKLE
+            )
             await node.outbox.put(worker_exit(asg, lr, 0, return_value=raw, has_return_value=True))
         stop = (await node.expect("stop")).stop
         await node.send(group_stopped=pb.GroupStopped(job_id=stop.job_id, round=stop.round))

@@ -1,18 +1,20 @@
-"""Return values are never unpickled unless the submitting client verified them.
+"""Return values are never unpickled unless the caller asks, and checked when it holds the key.
 
 Before the fix the client called `pickle.loads` on whatever bytes the coordinator held for a
 rank: bytes any process of the same user on the node (which can rewrite `return.pkl`), any
 agent-token holder, or anyone on a plaintext channel could choose, and the coordinator kept such
 bytes even for command jobs. `gelastic result <job>` ran them on the caller's machine. Now the
 worker tags its value with the job's key (made by the submitting client, handed to the worker
-only in its 0600 args file), the submitting `Job` checks the tag before loading, and any other
-lookup only ever sees the raw bytes.
+only in its 0600 args file), the submitting `Job` checks the tag before decoding, and no lookup
+unpickles anything unless told to (tests/security/test_return_value_pickles.py: not even a value
+whose tag checks out).
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
 import os
 import pickle
@@ -25,7 +27,16 @@ import pytest
 
 from client import Client, JobSpec, JobState, WorkerState
 from client.cli import main as cli_main
-from client.results import MAGIC, ReturnValueError, result_tag, tagged, trusted_load
+from client.results import (
+    KIND_JSON,
+    KIND_PICKLE,
+    MAGIC,
+    PickledReturnValue,
+    ReturnValueError,
+    result_tag,
+    tagged,
+    trusted_load,
+)
 from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent import _bootstrap
 from nodeagent._launch import build_launch_plan
@@ -70,6 +81,10 @@ async def _one_node_round(coordinator: Coordinator, nproc: int) -> tuple[FakeNod
     return node, asg
 
 
+def _json(value: object) -> bytes:
+    return json.dumps(value).encode()
+
+
 async def _finish(node: FakeNode, asg: pb.Assign, values: dict[int, bytes]) -> None:
     for lr, w in enumerate(asg.workers):
         value = values.get(w.global_rank)
@@ -99,7 +114,7 @@ async def test_a_forged_return_value_is_refused_and_not_loaded(
 
         job = await asyncio.to_thread(client.submit, JobSpec(entrypoint="pkg.mod:fn"))
         node, asg = await _one_node_round(coordinator, 1)
-        forged = tagged(secrets.token_bytes(32), job.job_id, 0, evil)
+        forged = tagged(secrets.token_bytes(32), job.job_id, 0, evil, kind=KIND_PICKLE)
         await _finish(node, asg, {0: forged})
         with pytest.raises(ReturnValueError, match="rank 0 of job"):
             await asyncio.to_thread(job.wait, 30)
@@ -119,14 +134,14 @@ async def test_a_value_tagged_for_another_rank_or_job_is_refused(
         node, asg = await _one_node_round(coordinator, 2)
         key = asg.spec.result_key
         assert len(key) == 32
-        good = tagged(key, job.job_id, 0, pickle.dumps("rank0"))
+        good = tagged(key, job.job_id, 0, _json("rank0"), kind=KIND_JSON)
         # Rank 0's genuine value copied onto rank 1: the tag binds the rank.
         await _finish(node, asg, {0: good, 1: good})
         with pytest.raises(ReturnValueError, match="rank 1"):
             await asyncio.to_thread(job.wait, 30)
         await node.close()
 
-        other = tagged(key, "another-job", 0, pickle.dumps("x"))
+        other = tagged(key, "another-job", 0, _json("x"), kind=KIND_JSON)
         job2 = await asyncio.to_thread(
             client.submit, JobSpec(entrypoint="pkg.mod:fn", result_key=key)
         )
@@ -139,7 +154,7 @@ async def test_a_value_tagged_for_another_rank_or_job_is_refused(
         client.close()
 
 
-async def test_the_submitting_job_loads_values_its_workers_tagged(
+async def test_the_submitting_job_decodes_values_its_workers_tagged(
     coordinator: Coordinator,
 ) -> None:
     client = Client(coordinator.address, timeout=10)
@@ -150,16 +165,20 @@ async def test_the_submitting_job_loads_values_its_workers_tagged(
         node, asg = await _one_node_round(coordinator, 2)
         key = asg.spec.result_key
         await _finish(
-            node, asg, {r: tagged(key, job.job_id, r, pickle.dumps({"rank": r})) for r in (0, 1)}
+            node,
+            asg,
+            {r: tagged(key, job.job_id, r, _json({"rank": r}), kind=KIND_JSON) for r in (0, 1)},
         )
         result = await asyncio.to_thread(job.wait, 30)
         assert result.state == WorkerState.SUCCEEDED
         assert result.return_values == {0: {"rank": 0}, 1: {"rank": 1}}
+        assert result.return_values_verified
         await node.close()
         # Another process given the key may attach it; a wrong key loads nothing.
         with Client(coordinator.address, timeout=10) as other:
             attached = await asyncio.to_thread(other.job(job.job_id, result_key=key).poll)
             assert attached is not None and attached.return_values == result.return_values
+            assert attached.return_values_verified
             wrong = other.job(job.job_id, result_key=secrets.token_bytes(32))
             with pytest.raises(ReturnValueError, match="rank 0"):
                 await asyncio.to_thread(wrong.poll)
@@ -176,7 +195,13 @@ async def test_a_return_value_reported_for_a_command_job_is_not_kept(
         job = await asyncio.to_thread(client.submit, JobSpec(entrypoint=["python", "train.py"]))
         node, asg = await _one_node_round(coordinator, 1)
         await _finish(
-            node, asg, {0: tagged(b"k" * 32, job.job_id, 0, pickle.dumps(_Touch(str(marker))))}
+            node,
+            asg,
+            {
+                0: tagged(
+                    b"k" * 32, job.job_id, 0, pickle.dumps(_Touch(str(marker))), kind=KIND_PICKLE
+                )
+            },
         )
         result = await asyncio.to_thread(job.wait, 30)
         assert result.state == WorkerState.SUCCEEDED
@@ -204,7 +229,7 @@ async def test_looking_a_job_up_by_id_never_unpickles(
     try:
         job = await asyncio.to_thread(submitter.submit, JobSpec(entrypoint="pkg.mod:fn"))
         node, asg = await _one_node_round(coordinator, 1)
-        raw = tagged(asg.spec.result_key, job.job_id, 0, value)
+        raw = tagged(asg.spec.result_key, job.job_id, 0, value, kind=KIND_PICKLE)
         await _finish(node, asg, {0: raw})
         await node.close()
 
@@ -215,7 +240,8 @@ async def test_looking_a_job_up_by_id_never_unpickles(
             await asyncio.to_thread(looked_up.poll),
         ):
             assert result is not None and result.state == WorkerState.SUCCEEDED
-            assert result.return_values == {}
+            assert result.return_values == {0: PickledReturnValue(0, value, verified=False)}
+            assert not result.return_values_verified
             assert result.raw_return_values == {0: raw}
             assert result.return_value_sizes == {0: len(raw)}
         for argv in (
@@ -230,7 +256,9 @@ async def test_looking_a_job_up_by_id_never_unpickles(
                 )
             assert code == 0, out.getvalue()
             if argv == ["result", job.job_id]:
-                assert f"rank 0: {len(raw)} bytes" in out.getvalue()
+                assert f"rank 0: <PickledReturnValue of rank 0: {len(value)} bytes" in (
+                    out.getvalue()
+                )
                 assert "--trusted-load" in out.getvalue()
         assert not marker.exists()
 
@@ -265,7 +293,7 @@ async def test_the_result_key_never_appears_in_job_output(
         assert key.hex() not in repr(job)
         node, asg = await _one_node_round(coordinator, 1)
         assert asg.spec.result_key == key  # the agent needs it for the worker's args file
-        await _finish(node, asg, {0: tagged(key, job.job_id, 0, pickle.dumps(1))})
+        await _finish(node, asg, {0: tagged(key, job.job_id, 0, b"1", kind=KIND_JSON)})
         result = await asyncio.to_thread(job.wait, 30)
         assert result.return_values == {0: 1}
         await node.close()
@@ -324,7 +352,12 @@ async def test_the_result_key_never_appears_in_job_output(
 
 def test_the_worker_tags_its_value_the_way_the_client_checks_it() -> None:
     key = secrets.token_bytes(32)
-    data = pickle.dumps([1, 2, 3])
-    raw = _bootstrap._tagged(data, key, "job-0123456789", 3)
-    assert raw == tagged(key, "job-0123456789", 3, data)
-    assert raw == MAGIC + result_tag(key, "job-0123456789", 3, data) + data
+    for kind, data in ((KIND_PICKLE, pickle.dumps((1, 2, 3))), (KIND_JSON, b"[1,2,3]")):
+        raw = _bootstrap._tagged(kind, data, key, "job-0123456789", 3)
+        assert raw == tagged(key, "job-0123456789", 3, data, kind=kind)
+        assert raw == MAGIC + kind + result_tag(key, "job-0123456789", 3, data, kind=kind) + data
+    json_raw = _bootstrap._return_value_bytes([1, 2, 3], key, "job-0123456789", 3)
+    assert json_raw == tagged(key, "job-0123456789", 3, b"[1,2,3]", kind=KIND_JSON)
+    pickle_raw = _bootstrap._return_value_bytes((1, 2, 3), key, "job-0123456789", 3)
+    assert pickle_raw.startswith(MAGIC + KIND_PICKLE)
+    assert trusted_load(pickle_raw, key=key, job_id="job-0123456789", rank=3) == (1, 2, 3)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import pickle
+import json
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
 from client import Client, GelasticError, JobSpec, JobState, WorkerState
-from client.results import tagged
+from client.results import KIND_JSON, tagged
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -64,7 +64,8 @@ async def test_two_by_two_job_succeeds_with_return_values(
                     asg.spec.result_key,
                     job.job_id,
                     asg.workers[lr].global_rank,
-                    pickle.dumps({"rank": asg.workers[lr].global_rank}),
+                    json.dumps({"rank": asg.workers[lr].global_rank}).encode(),
+                    kind=KIND_JSON,
                 ),
                 has_return_value=True,
             )

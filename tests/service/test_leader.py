@@ -494,7 +494,13 @@ async def test_the_dashboard_and_metrics_of_a_standby_say_so(
 ) -> None:
     coords = [
         Coordinator(
-            _config(etcd_url, tmp_path, dashboard_port=free_port(), metrics_port=free_port())
+            _config(
+                etcd_url,
+                tmp_path,
+                dashboard_port=free_port(),
+                dashboard_without_token=True,
+                metrics_port=free_port(),
+            )
         )
         for _ in range(2)
     ]

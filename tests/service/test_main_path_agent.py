@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from client.model import RESULT_KEY_BYTES, FailureCategory, JobSpec
-from client.results import verified_load
+from client.results import decode
 from tests.service.test_workers import DEADLINE, Harness, wait_gone
 
 
@@ -86,6 +86,6 @@ async def test_a_function_of_a_main_script_runs_without_its_main_block(harness: 
     for e in done:
         assert e.failure is None, e.failure
         assert e.return_value is not None
-        value = verified_load(e.return_value, key=key, job_id="job1", rank=e.global_rank)
+        value = decode(e.return_value, key=key, job_id="job1", rank=e.global_rank)
         assert value == ["__mp_main__", "Box", 5, 2, e.global_rank]
     assert not marker.exists()

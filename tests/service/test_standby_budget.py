@@ -153,3 +153,34 @@ def test_the_rule_for_standbys_that_can_serve() -> None:
     assert not can_serve(_round(dataclasses.replace(spec, max_restarts=0), attempt=0, nodes=1))
     sweep = dataclasses.replace(spec, standby_linger=30.0)
     assert can_serve(_round(sweep, attempt=1, nodes=1))  # the next job of its spec
+
+
+async def test_a_drained_node_lets_the_jobs_standbys_go(
+    tmp_path: Path, agent: tuple[Coordinator, NodeAgent, list[ProcessHandle]]
+) -> None:
+    c, a, _ = agent
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = JobSpec(
+        entrypoint=[PY, str(script)],
+        nproc_per_node=2,
+        max_restarts=1,
+        stop_grace=2.0,
+        preload=("json",),
+        env={"OUT_DIR": str(out)},
+    )
+    job_id = await c.service.submit(spec)
+    await wait_for(
+        lambda: a._standbys.count(job_id) == 2, DEADLINE, what="two standbys for the job"
+    )
+    svc = c.service
+    svc.apply(svc.cluster.drain("node-a", None, svc.now()))
+    # The job's next round cannot come to a drained node: its standbys go with the stop, not
+    # after they idled out.
+    await wait_for(lambda: a._standbys.count(job_id) == 0, 10.0, what="the standbys to go")
+    await wait_for(
+        lambda: svc.cluster.job_state(job_id) == JobState.QUEUED, DEADLINE, what="re-queued"
+    )
+    svc.apply(svc.cluster.cancel(job_id, svc.now()))

@@ -23,7 +23,7 @@ import pytest
 
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import MAX_RETURN_VALUE_BYTES, FailureCategory, JobSpec, WorkerState
-from client.results import verified_load
+from client.results import decode
 from nodeagent._reaper import reap_previous, record_workers
 from nodeagent._sentinel import MARK_ENV
 from nodeagent._workers import WorkerExit, WorkerGroup
@@ -370,7 +370,7 @@ async def test_function_returns_values(h: Harness) -> None:
     done = await exits.wait(2)
     assert [e.failure for e in done] == [None, None]
     values = [
-        verified_load(e.return_value, key=key, job_id="job1", rank=e.global_rank)
+        decode(e.return_value, key=key, job_id="job1", rank=e.global_rank)
         for e in done
         if e.return_value is not None
     ]

@@ -1,4 +1,5 @@
-"""Property tests: any sequence of node messages, submits, cancels and ticks keeps the cluster sane.
+"""Property tests: any sequence of node messages, submits, cancels, drains and ticks keeps the
+cluster sane.
 
 Hostile or confused agents (wrong rounds, unknown jobs, duplicate exits, absurd values) must never
 crash the coordinator's state machine, corrupt another job or double-book a node's slots.
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from client.model import JobSpec, JobState, ProcessFailure, WorkerState
 from client.node_protocol import (
+    DrainRequest,
     GroupHealth,
     GroupStopped,
     Heartbeat,
@@ -112,6 +114,9 @@ action = st.one_of(
     st.tuples(st.just("submit"), st.integers(1, 3), st.integers(1, 3), st.integers(0, 2)),
     st.tuples(st.just("cancel"), job),
     st.tuples(st.just("tick"), st.floats(min_value=0, max_value=40)),
+    st.tuples(st.just("drain"), node, st.none() | st.floats(min_value=0.5, max_value=60)),
+    st.tuples(st.just("drain_request"), node, st.none() | st.floats(min_value=0.5, max_value=60)),
+    st.tuples(st.just("undrain"), node),
 )
 
 
@@ -174,6 +179,12 @@ class _Driver:
         elif kind == "tick":
             self.now += a[1]
             c.tick(self.now)
+        elif kind == "drain":
+            c.drain(a[1], a[2], now)
+        elif kind == "drain_request":
+            c.step(a[1], self.inc.get(a[1], ""), DrainRequest(a[2]), now)
+        elif kind == "undrain":
+            c.undrain(a[1], now)
 
     def check(self) -> None:
         c = self.c
@@ -191,6 +202,10 @@ class _Driver:
             assert len(ranks) == len(set(ranks))
             if st_.state in (JobState.RUNNING, JobState.STOPPING):
                 assert st_.members
+            if st_.state in (JobState.RUNNING, JobState.RENDEZVOUS):
+                # A drain stops every round with a member on its node: none runs on there.
+                drained = {n.name for n in c.nodes() if n.drain_reason and n.state != "lost"}
+                assert not [m.node for m in st_.members if m.node in drained and not m.done], st_
 
 
 @settings(
@@ -365,3 +380,48 @@ def test_a_round_assigned_just_before_a_crash_is_adopted_after_restore() -> None
     assert status.state == JobState.RUNNING and status.round == port.round
     assert sorted(w.pid for w in status.workers) == [11, 12]
     assert {n.state for n in c2.nodes()} == {"live"}
+
+
+drain_action = st.one_of(
+    st.tuples(st.just("drain"), node, st.none() | st.floats(min_value=0.5, max_value=60)),
+    st.tuples(st.just("drain_request"), node, st.none() | st.floats(min_value=0.5, max_value=60)),
+    st.tuples(st.just("undrain"), node),
+    st.tuples(st.just("tick"), st.floats(min_value=0, max_value=40)),
+    st.tuples(st.just("connect"), st.just("n2"), st.just("a"), st.just(2), st.just([])),
+)
+
+
+@settings(max_examples=3 * settings().max_examples, deadline=None)
+@given(st.lists(drain_action, min_size=1, max_size=12))
+def test_drains_at_any_moment_never_leave_a_round_running_on_a_drained_node(
+    actions: list[tuple[Any, ...]],
+) -> None:
+    d = _Driver()
+    _start_round(d)
+    for a in actions:
+        d.step(a)
+        # The agents behave: they answer every port request and assignment, and confirm stops.
+        for _ in range(10):
+            if not _answer(d):
+                break
+        d.check()
+
+
+def _answer(d: _Driver) -> bool:
+    """Play the agents once for job j0; whether anything was answered."""
+    c, now = d.c, d.now
+    status = c.job_status("j0")
+    if status.state == JobState.STOPPING:
+        for m in status.members:
+            c.step(m.node, d.inc.get(m.node, ""), GroupStopped("j0", status.round, ()), now)
+        return True
+    if status.state == JobState.RENDEZVOUS and status.members:
+        first = status.members[0].node
+        c.step(first, d.inc.get(first, ""), PortReserved("j0", status.round, 4000, ""), now)
+        return c.job_status("j0").state != JobState.RENDEZVOUS
+    if status.state == JobState.RUNNING and any(w.pid == 0 for w in status.workers):
+        for m in status.members:
+            pids = tuple((lr, 100 + lr) for lr in range(m.nproc))
+            c.step(m.node, d.inc.get(m.node, ""), WorkersStarted("j0", status.round, pids), now)
+        return True
+    return False

@@ -261,3 +261,27 @@ def test_agent_message_overrides_and_keeps_file_message() -> None:
     assert f.message == "watchdog timer 's' expired"
     assert f.traceback == "RuntimeError: r"
     assert f.signal == "SIGKILL"
+
+
+@pytest.mark.parametrize(
+    ("ef", "timestamp", "resolution"),
+    [
+        # gelastic's writer (nanoseconds) and a float time: exact.
+        (ErrorFileResult("/e", True, "m", "", 1999.123456789), 1999.123456789, 0.0),
+        # torch's whole seconds, refined by the file's modification time: one kernel tick.
+        (ErrorFileResult("/e", True, "m", "", 1999.0, written_at=1999.75), 1999.75, 0.01),
+        # ... by the exit seen after it: somewhere between the second and the exit.
+        (ErrorFileResult("/e", True, "m", "", 1999.0), 2000.5, 1.5),
+        # ... by nothing (the exit came much later): the whole second.
+        (ErrorFileResult("/e", True, "m", "", 1990.0), 1990.0, 1.0),
+        # No time in the file: the agent saw the exit itself.
+        (ErrorFileResult("/e", True, "m", "", None), 2000.5, 0.0),
+        (None, 2000.5, 0.0),
+    ],
+)
+def test_a_failure_says_how_precise_its_time_is(
+    ef: ErrorFileResult | None, timestamp: float, resolution: float
+) -> None:
+    f = build_failure(exitcode=1, pid=7, error_file=ef, **BASE)  # type: ignore[arg-type]
+    assert f.timestamp == timestamp
+    assert f.time_uncertainty == pytest.approx(resolution)

@@ -31,6 +31,7 @@ OURS = (*PACKAGES, "protos")
 PURE = (
     "coordinator._cluster",
     "coordinator._cluster_core",
+    "coordinator._cluster_drain",
     "coordinator._cluster_exits",
     "coordinator._cluster_failures",
     "coordinator._cluster_nodes",
@@ -52,6 +53,7 @@ WORKER_SIDE = (
     "nodeagent._pdeathsig",
     "nodeagent._sentinel",
     "client.errors",
+    "client.preempt",
 )
 """Modules that run inside a user's worker process: the standard library only."""
 

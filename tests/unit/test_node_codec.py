@@ -25,7 +25,11 @@ from client.node_codec import (
 from client.node_protocol import (
     Assign,
     CancelLogs,
+    ClockProbe,
+    ClockReply,
     CoordinatorMsg,
+    DrainAccepted,
+    DrainRequest,
     GroupHealth,
     GroupStopped,
     GroupUnknown,
@@ -57,6 +61,10 @@ TEXT = st.text(max_size=40)
 FLOAT = st.floats(allow_nan=False, allow_infinity=False)
 # Whole milliseconds: the wire carries durations in ms.
 MS = st.integers(min_value=0, max_value=10**9).map(lambda ms: ms / 1000)
+# A drain's deadline: None, or whole milliseconds up to a week.
+DEADLINES = st.none() | st.integers(min_value=1, max_value=7 * 86400 * 1000).map(
+    lambda ms: ms / 1000
+)
 PIDS = st.lists(st.tuples(I32, I32), max_size=4).map(tuple)
 
 FAILURES = st.builds(
@@ -78,6 +86,8 @@ FAILURES = st.builds(
     stderr_tail=TEXT,
     role=TEXT,
     role_rank=I32,
+    clock_offset=FLOAT,
+    time_uncertainty=FLOAT,
 )
 EXITS = st.builds(
     WorkerExit,
@@ -184,6 +194,8 @@ NODE_MESSAGES: dict[type, st.SearchStrategy[NodeMsg]] = {
     LogChunk: st.builds(
         LogChunk, request_id=I64, data=st.binary(max_size=64), eof=st.booleans(), error=TEXT
     ),
+    ClockReply: st.builds(ClockReply, probe_sent_at=FLOAT, received_at=FLOAT, sent_at=FLOAT),
+    DrainRequest: st.builds(DrainRequest, deadline=DEADLINES, reason=TEXT),
 }
 
 SPECS = st.sampled_from(
@@ -229,7 +241,17 @@ COORDINATOR_MESSAGES: dict[type, st.SearchStrategy[CoordinatorMsg]] = {
     Welcome: st.builds(Welcome, heartbeat_interval=MS, lease=MS, coordinator_id=TEXT),
     ReservePort: st.builds(ReservePort, job_id=TEXT, round=I32),
     Assign: st.builds(Assign, assignment=ASSIGNMENTS),
-    Stop: st.builds(Stop, job_id=TEXT, round=I32, grace=MS, reason=TEXT, replaced=st.booleans()),
+    Stop: st.builds(
+        Stop,
+        job_id=TEXT,
+        round=I32,
+        grace=MS,
+        reason=TEXT,
+        replaced=st.booleans(),
+        notice=st.booleans(),
+        term_after=DEADLINES.map(lambda d: d or 0.0),
+        drain_node=TEXT,
+    ),
     Release: st.builds(Release, job_id=TEXT, round=I32),
     StartLogs: st.builds(
         StartLogs,
@@ -243,6 +265,8 @@ COORDINATOR_MESSAGES: dict[type, st.SearchStrategy[CoordinatorMsg]] = {
     ),
     CancelLogs: st.builds(CancelLogs, request_id=I64),
     LogCredit: st.builds(LogCredit, request_id=I64, chunks=I64),
+    ClockProbe: st.builds(ClockProbe, sent_at=FLOAT),
+    DrainAccepted: st.builds(DrainAccepted, deadline=DEADLINES),
 }
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import JobSpec, SpecError
+from client.results import decode
 from nodeagent._bootstrap import parse_handoff
 from nodeagent._launch import build_standby_launch
 from nodeagent._process import spawn
@@ -168,7 +169,7 @@ def test_a_standby_runs_the_round_exactly_as_a_cold_worker(tmp_path: Path, kind:
             assert f"probe rank {rank} out" in log
             assert f"probe rank {rank} err" in group.plan[rank - 2].stderr_path.read_text()
             if kind == "function":
-                assert pickle.loads(warm_exits[rank].return_value[46:]) == rank * 10  # type: ignore[index]
+                assert decode(warm_exits[rank].return_value, rank=rank) == rank * 10  # type: ignore[arg-type]
         await pool.close()
 
     asyncio.run(main())

@@ -176,7 +176,7 @@ class Role(_message.Message):
     def __init__(self, name: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ...) -> None: ...
 
 class ProcessFailure(_message.Message):
-    __slots__ = ("node", "global_rank", "local_rank", "pid", "exitcode", "signal", "error_file", "message", "traceback", "timestamp", "attempt", "round", "root_cause", "category", "stderr_tail", "role_rank", "role")
+    __slots__ = ("node", "global_rank", "local_rank", "pid", "exitcode", "signal", "error_file", "message", "traceback", "timestamp", "attempt", "round", "root_cause", "category", "stderr_tail", "role_rank", "role", "clock_offset", "time_uncertainty")
     NODE_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,8 @@ class ProcessFailure(_message.Message):
     STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
     ROLE_RANK_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNCERTAINTY_FIELD_NUMBER: _ClassVar[int]
     node: str
     global_rank: int
     local_rank: int
@@ -211,7 +213,9 @@ class ProcessFailure(_message.Message):
     stderr_tail: str
     role_rank: int
     role: str
-    def __init__(self, node: _Optional[str] = ..., global_rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., exitcode: _Optional[int] = ..., signal: _Optional[str] = ..., error_file: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., timestamp: _Optional[float] = ..., attempt: _Optional[int] = ..., round: _Optional[int] = ..., root_cause: _Optional[bool] = ..., category: _Optional[_Union[FailureCategory, str]] = ..., stderr_tail: _Optional[str] = ..., role_rank: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
+    clock_offset: float
+    time_uncertainty: float
+    def __init__(self, node: _Optional[str] = ..., global_rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., exitcode: _Optional[int] = ..., signal: _Optional[str] = ..., error_file: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., timestamp: _Optional[float] = ..., attempt: _Optional[int] = ..., round: _Optional[int] = ..., root_cause: _Optional[bool] = ..., category: _Optional[_Union[FailureCategory, str]] = ..., stderr_tail: _Optional[str] = ..., role_rank: _Optional[int] = ..., role: _Optional[str] = ..., clock_offset: _Optional[float] = ..., time_uncertainty: _Optional[float] = ...) -> None: ...
 
 class AttemptSummary(_message.Message):
     __slots__ = ("attempt", "round", "nodes", "end_reason", "failures", "started_at", "ended_at")
@@ -373,7 +377,7 @@ class Job(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ..., round: _Optional[int] = ..., max_restarts: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., result: _Optional[_Union[RunResult, _Mapping]] = ..., has_result: _Optional[bool] = ..., submitted_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., nodes_joined: _Optional[int] = ..., last_call_deadline: _Optional[float] = ..., world_size: _Optional[int] = ...) -> None: ...
 
 class Node(_message.Message):
-    __slots__ = ("name", "addr", "slots", "slots_used", "state", "last_seen", "jobs", "incarnation", "quarantine_reason", "quarantined_until", "gpus", "gpu_health", "gpus_used")
+    __slots__ = ("name", "addr", "slots", "slots_used", "state", "last_seen", "jobs", "incarnation", "quarantine_reason", "quarantined_until", "gpus", "gpu_health", "gpus_used", "drain_reason", "drain_deadline", "drained_since", "drain_by_agent", "clock_offset", "clock_uncertainty")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -387,6 +391,12 @@ class Node(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     GPU_HEALTH_FIELD_NUMBER: _ClassVar[int]
     GPUS_USED_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_REASON_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_SINCE_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_BY_AGENT_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_UNCERTAINTY_FIELD_NUMBER: _ClassVar[int]
     name: str
     addr: str
     slots: int
@@ -400,7 +410,13 @@ class Node(_message.Message):
     gpus: _containers.RepeatedCompositeFieldContainer[GpuDevice]
     gpu_health: _containers.RepeatedCompositeFieldContainer[GpuHealth]
     gpus_used: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., addr: _Optional[str] = ..., slots: _Optional[int] = ..., slots_used: _Optional[int] = ..., state: _Optional[str] = ..., last_seen: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., quarantine_reason: _Optional[str] = ..., quarantined_until: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ..., gpus_used: _Optional[_Iterable[int]] = ...) -> None: ...
+    drain_reason: str
+    drain_deadline: float
+    drained_since: float
+    drain_by_agent: bool
+    clock_offset: float
+    clock_uncertainty: float
+    def __init__(self, name: _Optional[str] = ..., addr: _Optional[str] = ..., slots: _Optional[int] = ..., slots_used: _Optional[int] = ..., state: _Optional[str] = ..., last_seen: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., quarantine_reason: _Optional[str] = ..., quarantined_until: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_health: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ..., gpus_used: _Optional[_Iterable[int]] = ..., drain_reason: _Optional[str] = ..., drain_deadline: _Optional[float] = ..., drained_since: _Optional[float] = ..., drain_by_agent: _Optional[bool] = ..., clock_offset: _Optional[float] = ..., clock_uncertainty: _Optional[float] = ...) -> None: ...
 
 class GpuDevice(_message.Message):
     __slots__ = ("index", "uuid", "name", "memory_total")
@@ -547,6 +563,36 @@ class ClearQuarantineResponse(_message.Message):
     CLEARED_FIELD_NUMBER: _ClassVar[int]
     cleared: bool
     def __init__(self, cleared: _Optional[bool] = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("name", "deadline_ms", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    deadline_ms: int
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DrainNodeResponse(_message.Message):
+    __slots__ = ("drained", "state")
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    drained: bool
+    state: str
+    def __init__(self, drained: _Optional[bool] = ..., state: _Optional[str] = ...) -> None: ...
+
+class UndrainNodeRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UndrainNodeResponse(_message.Message):
+    __slots__ = ("undrained",)
+    UNDRAINED_FIELD_NUMBER: _ClassVar[int]
+    undrained: bool
+    def __init__(self, undrained: _Optional[bool] = ...) -> None: ...
 
 class CancelJobRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -814,8 +860,26 @@ class LogChunk(_message.Message):
     error: str
     def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
+class ClockReply(_message.Message):
+    __slots__ = ("probe_sent_at", "received_at", "sent_at")
+    PROBE_SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    probe_sent_at: float
+    received_at: float
+    sent_at: float
+    def __init__(self, probe_sent_at: _Optional[float] = ..., received_at: _Optional[float] = ..., sent_at: _Optional[float] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("deadline_ms", "reason")
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    deadline_ms: int
+    reason: str
+    def __init__(self, deadline_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class NodeMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "port_reserved", "workers_started", "worker_exited", "group_stopped", "log_chunk", "worker_failing", "group_unknown")
+    __slots__ = ("hello", "heartbeat", "port_reserved", "workers_started", "worker_exited", "group_stopped", "log_chunk", "worker_failing", "group_unknown", "drain_request", "clock_reply")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PORT_RESERVED_FIELD_NUMBER: _ClassVar[int]
@@ -825,6 +889,8 @@ class NodeMessage(_message.Message):
     LOG_CHUNK_FIELD_NUMBER: _ClassVar[int]
     WORKER_FAILING_FIELD_NUMBER: _ClassVar[int]
     GROUP_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_REPLY_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     port_reserved: PortReserved
@@ -834,7 +900,9 @@ class NodeMessage(_message.Message):
     log_chunk: LogChunk
     worker_failing: WorkerFailing
     group_unknown: GroupUnknown
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., port_reserved: _Optional[_Union[PortReserved, _Mapping]] = ..., workers_started: _Optional[_Union[WorkersStarted, _Mapping]] = ..., worker_exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., group_stopped: _Optional[_Union[GroupStopped, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., worker_failing: _Optional[_Union[WorkerFailing, _Mapping]] = ..., group_unknown: _Optional[_Union[GroupUnknown, _Mapping]] = ...) -> None: ...
+    drain_request: DrainRequest
+    clock_reply: ClockReply
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., port_reserved: _Optional[_Union[PortReserved, _Mapping]] = ..., workers_started: _Optional[_Union[WorkersStarted, _Mapping]] = ..., worker_exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., group_stopped: _Optional[_Union[GroupStopped, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., worker_failing: _Optional[_Union[WorkerFailing, _Mapping]] = ..., group_unknown: _Optional[_Union[GroupUnknown, _Mapping]] = ..., drain_request: _Optional[_Union[DrainRequest, _Mapping]] = ..., clock_reply: _Optional[_Union[ClockReply, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("heartbeat_interval_ms", "lease_ms", "coordinator_id")
@@ -899,18 +967,24 @@ class Assign(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., group_rank: _Optional[int] = ..., group_world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerRanks, _Mapping]]] = ..., run_id: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., gpu_uuids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Stop(_message.Message):
-    __slots__ = ("job_id", "round", "grace_ms", "reason", "replaced")
+    __slots__ = ("job_id", "round", "grace_ms", "reason", "replaced", "notice", "term_after_ms", "drain_node")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     GRACE_MS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     REPLACED_FIELD_NUMBER: _ClassVar[int]
+    NOTICE_FIELD_NUMBER: _ClassVar[int]
+    TERM_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_NODE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     round: int
     grace_ms: int
     reason: str
     replaced: bool
-    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., grace_ms: _Optional[int] = ..., reason: _Optional[str] = ..., replaced: _Optional[bool] = ...) -> None: ...
+    notice: bool
+    term_after_ms: int
+    drain_node: str
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., grace_ms: _Optional[int] = ..., reason: _Optional[str] = ..., replaced: _Optional[bool] = ..., notice: _Optional[bool] = ..., term_after_ms: _Optional[int] = ..., drain_node: _Optional[str] = ...) -> None: ...
 
 class Release(_message.Message):
     __slots__ = ("job_id", "round")
@@ -952,8 +1026,20 @@ class LogCredit(_message.Message):
     chunks: int
     def __init__(self, request_id: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
 
+class ClockProbe(_message.Message):
+    __slots__ = ("sent_at",)
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    sent_at: float
+    def __init__(self, sent_at: _Optional[float] = ...) -> None: ...
+
+class DrainAccepted(_message.Message):
+    __slots__ = ("deadline_ms",)
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    deadline_ms: int
+    def __init__(self, deadline_ms: _Optional[int] = ...) -> None: ...
+
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "reserve_port", "assign", "stop", "release", "start_logs", "cancel_logs", "log_credit", "epoch")
+    __slots__ = ("welcome", "reserve_port", "assign", "stop", "release", "start_logs", "cancel_logs", "log_credit", "drain_accepted", "clock_probe", "epoch")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     RESERVE_PORT_FIELD_NUMBER: _ClassVar[int]
     ASSIGN_FIELD_NUMBER: _ClassVar[int]
@@ -962,6 +1048,8 @@ class CoordinatorMessage(_message.Message):
     START_LOGS_FIELD_NUMBER: _ClassVar[int]
     CANCEL_LOGS_FIELD_NUMBER: _ClassVar[int]
     LOG_CREDIT_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_PROBE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     reserve_port: ReservePort
@@ -971,5 +1059,7 @@ class CoordinatorMessage(_message.Message):
     start_logs: StartLogs
     cancel_logs: CancelLogs
     log_credit: LogCredit
+    drain_accepted: DrainAccepted
+    clock_probe: ClockProbe
     epoch: int
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., reserve_port: _Optional[_Union[ReservePort, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., start_logs: _Optional[_Union[StartLogs, _Mapping]] = ..., cancel_logs: _Optional[_Union[CancelLogs, _Mapping]] = ..., log_credit: _Optional[_Union[LogCredit, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., reserve_port: _Optional[_Union[ReservePort, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., start_logs: _Optional[_Union[StartLogs, _Mapping]] = ..., cancel_logs: _Optional[_Union[CancelLogs, _Mapping]] = ..., log_credit: _Optional[_Union[LogCredit, _Mapping]] = ..., drain_accepted: _Optional[_Union[DrainAccepted, _Mapping]] = ..., clock_probe: _Optional[_Union[ClockProbe, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...

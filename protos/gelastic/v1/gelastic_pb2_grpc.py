@@ -99,6 +99,16 @@ class CoordinatorStub:
                 request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ClearQuarantineRequest.SerializeToString,
                 response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ClearQuarantineResponse.FromString,
                 _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/gelastic.v1.Coordinator/DrainNode',
+                request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.DrainNodeResponse.FromString,
+                _registered_method=True)
+        self.UndrainNode = channel.unary_unary(
+                '/gelastic.v1.Coordinator/UndrainNode',
+                request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.UndrainNodeRequest.SerializeToString,
+                response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.UndrainNodeResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -184,6 +194,18 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndrainNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -251,6 +273,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ClearQuarantine,
                     request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ClearQuarantineRequest.FromString,
                     response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ClearQuarantineResponse.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.DrainNodeRequest.FromString,
+                    response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.DrainNodeResponse.SerializeToString,
+            ),
+            'UndrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndrainNode,
+                    request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.UndrainNodeRequest.FromString,
+                    response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.UndrainNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -604,6 +636,60 @@ class Coordinator:
             '/gelastic.v1.Coordinator/ClearQuarantine',
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ClearQuarantineRequest.SerializeToString,
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.ClearQuarantineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gelastic.v1.Coordinator/DrainNode',
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.DrainNodeRequest.SerializeToString,
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.DrainNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gelastic.v1.Coordinator/UndrainNode',
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.UndrainNodeRequest.SerializeToString,
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.UndrainNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

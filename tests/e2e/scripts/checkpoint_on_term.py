@@ -1,4 +1,5 @@
-"""A worker whose SIGTERM handler saves a checkpoint for 2 s, the usual preemption pattern.
+"""A worker whose SIGTERM handler saves a checkpoint for 2 s ($CKPT_S), the usual preemption
+pattern.
 
 Stamps (epoch seconds) go to $OUT_DIR as `<what>.<rank>.<tag>`: start, term (SIGTERM
 received), ckpt (the checkpoint finished). $CKPT_MODE says what the job does:
@@ -6,6 +7,7 @@ received), ckpt (the checkpoint finished). $CKPT_MODE says what the job does:
   ranks run until stopped; attempt 1 ends at once.
 - "world" (tag: the world size): in a world of more than one rank every rank runs until
   stopped; alone (the job re-formed on one node) it ends.
+The worker's pid goes to $OUT_DIR as `pid.<rank>.<tag>`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ out = os.environ["OUT_DIR"]
 rank = os.environ["RANK"]
 mode = os.environ.get("CKPT_MODE", "crash")
 tag = os.environ["TORCHELASTIC_RESTART_COUNT" if mode == "crash" else "WORLD_SIZE"]
+checkpoint_s = float(os.environ.get("CKPT_S", "2"))
 
 
 def stamp(what: str) -> None:
@@ -29,12 +32,14 @@ def stamp(what: str) -> None:
 
 def on_term(signum: int, frame: types.FrameType | None) -> None:
     stamp("term")
-    time.sleep(2.0)  # the checkpoint being written
+    time.sleep(checkpoint_s)  # the checkpoint being written
     stamp("ckpt")
     sys.exit(0)
 
 
 signal.signal(signal.SIGTERM, on_term)
+with open(os.path.join(out, f"pid.{rank}.{tag}"), "w") as f:
+    f.write(str(os.getpid()))
 stamp("start")
 deadline = time.monotonic() + 60
 if mode == "world":
