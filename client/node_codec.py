@@ -8,6 +8,7 @@ field that no honest peer sends (too many GPUs, an unprintable uuid, an empty me
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -62,6 +63,7 @@ __all__ = [
     "MAX_GPUS",
     "MAX_GPU_TEXT",
     "MAX_REASON_TEXT",
+    "NODE_SECRET_PATTERN",
     "MessageError",
     "decode_coordinator",
     "decode_node",
@@ -79,6 +81,8 @@ MAX_GPU_TEXT = 96
 """Longest GPU name or uuid."""
 MAX_REASON_TEXT = 4000
 """Longest reason a GroupUnknown keeps."""
+NODE_SECRET_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
+"""What a hello's node secret may be (fullmatch); empty is none."""
 MAX_DRAIN_REASON = 1000
 """Longest reason a drain keeps."""
 MAX_DRAIN_S = 7 * 86400.0
@@ -177,6 +181,16 @@ def _running_from_pb(g: pb.RunningGroup) -> RunningGroup:
         exits=tuple(exit_from_pb(e) for e in g.exits),
         stopped=g.stopped,
     )
+
+
+def _secret_from_hello(hello: pb.Hello) -> str:
+    """The hello's node secret, checked; the error never repeats it."""
+    secret = hello.node_secret
+    if secret and not NODE_SECRET_PATTERN.fullmatch(secret):
+        raise MessageError(
+            f"hello.node_secret: must be 16-128 of [A-Za-z0-9_-], got {len(secret)} characters"
+        )
+    return secret
 
 
 def _gpus_from_hello(hello: pb.Hello) -> tuple[GpuDevice, ...]:
@@ -314,6 +328,7 @@ def encode_node(msg: NodeMsg) -> pb.NodeMessage:
                 version=msg.version,
                 running=[_running_to_pb(g) for g in msg.running],
                 gpus=[gpu_device_to_pb(d) for d in msg.gpus],
+                node_secret=msg.node_secret,
             )
         )
     if isinstance(msg, DrainRequest):
@@ -385,6 +400,7 @@ def decode_node(m: pb.NodeMessage) -> NodeMsg:
             version=hello.version,
             running=tuple(_running_from_pb(g) for g in hello.running),
             gpus=_gpus_from_hello(hello),
+            node_secret=_secret_from_hello(hello),
         )
     if kind == "drain_request":
         d = m.drain_request

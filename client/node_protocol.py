@@ -15,7 +15,7 @@ epoch of the coordinator that sent it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from client.assignment import RoundAssignment
 from client.model import GpuDevice, GpuHealth, ProcessFailure, WorkerState
@@ -136,6 +136,9 @@ class Hello:
     version: str = ""
     running: tuple[RunningGroup, ...] = ()
     gpus: tuple[GpuDevice, ...] = ()
+    node_secret: str = field(default="", repr=False)
+    """Random, kept in the agent's state dir: a restarted agent proves with it that it is the
+    same node ("" = none, an older agent). Never logged or shown; the coordinator keeps a hash."""
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,13 @@ from client.model import (
 from client.node_protocol import Heartbeat
 from coordinator._cluster_drain import _Drains
 from coordinator._cluster_records import (
+    PORT_TIMEOUT_S,
     STALE_HOLD_S,
     Forgotten,
     NodeIsLive,
-    NodeNameInUse,
     Ready,
     ReleaseRound,
+    RequestPort,
     RunningGroupReport,
     StopRound,
     _Node,
@@ -32,6 +33,7 @@ from coordinator._cluster_records import (
 from coordinator._cluster_words import (
     _ENDED_GROUP,
 )
+from coordinator._node_claims import Claim, judge_claim
 
 logger = logging.getLogger("coordinator._cluster")
 
@@ -48,21 +50,33 @@ class _Nodes(_Drains):
         now: float,
         running: Sequence[RunningGroupReport] = (),
         gpus: Sequence[GpuDevice] = (),
+        *,
+        secret_digest: str = "",
+        session_open: bool = False,
     ) -> Ready:
+        """An agent says hello (NodeNameInUse when the name is not its to take; see
+        `judge_claim`). `secret_digest`: the hash of its node secret ("" = none);
+        `session_open`: the service still has a session under the name."""
         node = self._nodes.get(name)
-        if node is not None and node.live and node.incarnation != incarnation:
-            if node.attached:
-                raise NodeNameInUse(f"node name {name!r} is already used by a live agent")
-            # Known only from the coordinator's state on disk: the name stays its own agent's
-            # for the reconnect grace, so no other agent can take over its rounds meanwhile. An
-            # agent that restarted while the coordinator was away gets in once the grace ends.
-            raise NodeNameInUse(
-                f"node name {name!r} is kept for the agent that held it before the coordinator "
-                "restarted, until it reconnects or its reconnect grace ends"
-            )
+        claim = judge_claim(
+            node,
+            name,
+            incarnation,
+            secret_digest,
+            session_open=session_open,
+            lease=self.config.lease,
+            now=now,
+        )
+        if claim == Claim.TAKE_OVER and node is not None:
+            # Its previous process is gone (it proved it is the same node): what ran there went
+            # with it, as with a lost node; the new one joins like a node that came back.
+            self._lose_node(node, "its agent restarted (the new one proved it is this node)", now)
+        if node is not None and (claim != Claim.RESUME or not node.secret_digest):
+            node.secret_digest = secret_digest
         if node is None:
             self._reschedule = True
             node = _Node(name, addr, slots, incarnation, True, now, gpus=list(gpus))
+            node.secret_digest = secret_digest
             self._n_live += 1
             self._nodes[name] = node
             logger.info("node %s joined (%s, %d slots, %d GPUs)", name, addr, slots, len(gpus))
@@ -110,6 +124,19 @@ class _Nodes(_Drains):
                     node=name,
                 )
                 self._member_stopped(job, m, now)
+                continue
+            if (
+                job.state == JobState.RENDEZVOUS
+                and job.current.port_deadline is not None
+                and m is not None
+                and m is job.current.members[0]
+                and all(self._attached(x.node) for x in job.current.members)
+            ):
+                # Asked for the round's master port, it is back without the round: the request
+                # or its answer went down with the old stream (or the old coordinator). Ask
+                # again rather than wait out the port deadline (after a restart: the grace).
+                job.current.port_deadline = now + PORT_TIMEOUT_S
+                self._effects.append(RequestPort(name, job.job_id, job.round))
                 continue
             if (
                 m is None

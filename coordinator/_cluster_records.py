@@ -55,7 +55,12 @@ class NodeIsLive(ValueError):
 
 
 class NodeNameInUse(ValueError):
-    """A different live agent already uses this node name."""
+    """A different live agent already uses this node name; with `grace_left`, the name is kept
+    for an agent that may still come back within that many seconds (a reconnect grace)."""
+
+    def __init__(self, message: str, grace_left: float | None = None) -> None:
+        super().__init__(message)
+        self.grace_left = grace_left
 
 
 WorkerExitReport = WorkerExit
@@ -277,6 +282,9 @@ class _Node:
     quarantined_until: float = 0.0
     failed_rounds: tuple[float, ...] = ()
     """When rounds of several nodes failed first here (the latest `flaky_rounds`, in order)."""
+    secret_digest: str = ""
+    """Hash of the node secret of the agent that holds the name ("" = it sent none): a new
+    process that proves the same secret takes the name over. Kept, never shown."""
     drain_reason: str = ""
     """Set while the node is drained: no new round goes there (see `_cluster_drain`)."""
     drain_deadline: float = 0.0

@@ -147,12 +147,8 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
             return
         except NodeNameInUse as exc:
             svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
-            # How long a gone holder can keep the name: the agent retries that long, no longer.
-            held_ms = round(max(svc.config.lease, svc.reconnect_grace) * 1000)
             await context.abort(
-                grpc.StatusCode.ALREADY_EXISTS,
-                str(exc),
-                trailing_metadata=(("gelastic-name-held-ms", str(held_ms)),),
+                grpc.StatusCode.ALREADY_EXISTS, str(exc), trailing_metadata=_name_held(svc, exc)
             )
             return
         except RequestError as exc:
@@ -224,6 +220,22 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
             logger.exception("node %s session reader failed", session.name)
         finally:
             session.close()
+
+
+NAME_HELD_HEADER = "gelastic-name-held-ms"
+"""How long a gone agent can keep the name: the refused agent retries that long, no longer."""
+NAME_GRACE_HEADER = "gelastic-name-grace-ms"
+"""Set when the name is kept only for a reconnect grace, this long still: the refusal is
+temporary, and the refused agent retries until the name is free."""
+
+
+def _name_held(svc: NodeService, exc: NodeNameInUse) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata of a name-in-use refusal."""
+    if exc.grace_left is not None:
+        grace_ms = str(round(exc.grace_left * 1000))
+        return ((NAME_HELD_HEADER, grace_ms), (NAME_GRACE_HEADER, grace_ms))
+    # A live session under the name: a dead process's stream is gone within the lease.
+    return ((NAME_HELD_HEADER, str(round(svc.config.lease * 1000))),)
 
 
 def _check_hello(hello: Hello) -> None:

@@ -52,7 +52,6 @@ from coordinator._cluster import (
     EventRecorded,
     Forgotten,
     JobChanged,
-    NodeNameInUse,
     Ready,
     ReleaseRound,
     RequestPort,
@@ -66,6 +65,7 @@ from coordinator._log_relay import LOG_STREAMS_MAX as LOG_STREAMS_MAX
 from coordinator._log_relay import LOG_STREAMS_PER_CLIENT as LOG_STREAMS_PER_CLIENT
 from coordinator._log_relay import LOG_WINDOW_CHUNKS as LOG_WINDOW_CHUNKS
 from coordinator._log_relay import LogRelay
+from coordinator._node_claims import secret_digest
 from coordinator._node_sessions import MAX_NODE_MESSAGE_BYTES as MAX_NODE_MESSAGE_BYTES
 from coordinator._node_sessions import OUTBOX_LIMIT as OUTBOX_LIMIT
 from coordinator._node_sessions import _assign_size_bound as _assign_size_bound
@@ -375,13 +375,11 @@ class CoordinatorService:
 
     def open_session(self, hello: Hello) -> _Session:
         _check_hello(hello)
-        if hello.name in self._sessions:
-            # Whatever its incarnation: a second session never takes over a live one. An agent
-            # that reconnects gets in once its old stream has ended here (or its lease expired).
-            raise NodeNameInUse(
-                f"node name {hello.name!r} already has a live session; "
-                "a new one is refused until that one ends"
-            )
+        # A second session is refused while one is open under the name, unless the agent proves
+        # with its node secret that it is that node (the old one is then a dead process's
+        # stream: it ends here). An unproven agent gets in once the old stream has ended (or
+        # its lease expired).
+        old = self._sessions.get(hello.name)
         effects = self.cluster.node_connected(
             hello.name,
             hello.addr,
@@ -390,7 +388,15 @@ class CoordinatorService:
             self.now(),
             list(hello.running),
             list(hello.gpus),
+            secret_digest=secret_digest(hello.node_secret),
+            session_open=old is not None,
         )
+        if old is not None:
+            logger.warning(
+                "node %s: a new session of its agent replaces the one still open", hello.name
+            )
+            del self._sessions[hello.name]
+            old.close()
         session = _Session(hello.name, hello.incarnation)
         self._sessions[hello.name] = session
         self.journal.node_changed(hello.name)

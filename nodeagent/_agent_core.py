@@ -265,6 +265,7 @@ def hello(
     slots: int,
     incarnation: str,
     gpus: Sequence[GpuDevice],
+    node_secret: str = "",
 ) -> Hello:
     """The first message of a session: the node, and the groups and pids it holds.
 
@@ -282,7 +283,7 @@ def hello(
         )
         for (job_id, round_), h in held.items()
     )
-    return Hello(name, addr, slots, incarnation, VERSION, running, tuple(gpus))
+    return Hello(name, addr, slots, incarnation, VERSION, running, tuple(gpus), node_secret)
 
 
 def replay(held: HeldRounds) -> list[NodeMsg]:

@@ -11,7 +11,9 @@ outbox that stops draining drops the session.
 When the stream breaks it reconnects with backoff and jitter, rotating through the listed
 replicas and going straight to the leader a standby names; the agent's workers keep running
 meanwhile. A refusal no retry can fix (a wrong token, a name another live agent holds, a TLS
-setting the coordinator does not accept) ends `run` instead, with the reason in `refusal`.
+setting the coordinator does not accept) ends `run` instead, with the reason in `refusal`. A
+name the coordinator keeps for this node's previous agent during its reconnect grace is no such
+refusal: it is retried until the name is free.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ REFUSED_RETRY_MAX_S = 1.0
 NAME_HELD_HEADER = "gelastic-name-held-ms"
 """Trailing metadata of a name-in-use refusal: how long the name can stay held by an agent that
 is in fact gone (its lease, or the reconnect grace after a restart)."""
+NAME_GRACE_HEADER = "gelastic-name-grace-ms"
+"""Trailing metadata of a temporary name-in-use refusal: the name is kept for this node's
+previous agent (known only from the coordinator's state on disk) this much longer."""
 NAME_HELD_DEFAULT_S = 60.0
 """How long refusals of a name in use are retried when the coordinator does not say."""
 NAME_HELD_MARGIN_S = 3.0
@@ -134,6 +139,8 @@ class SessionLink:
         self.refused = asyncio.Event()
         """Set when the coordinator refused this agent for good; `refusal` says why."""
         self.refusal = ""
+        self._refused_since: float | None = None
+        """When the coordinator first refused this agent's name since its last session."""
 
     @property
     def epoch(self) -> int:
@@ -142,7 +149,7 @@ class SessionLink:
     async def run(self) -> None:
         """Keep a session up until the agent closes, or is refused for good."""
         delay = 0.05
-        refused_since: float | None = None
+        self._refused_since = None
         last_log: tuple[str, float, float] = ("", 0.0, 0.0)  # (reason, pause, when)
         probed: dict[str, str] = {}
         hops = 0  # hints followed since the last pause
@@ -166,20 +173,9 @@ class SessionLink:
             except grpc.aio.AioRpcError as exc:
                 code, details = exc.code(), one_line(exc.details() or "")[:500]
                 if code == grpc.StatusCode.ALREADY_EXISTS:
-                    # This node's previous session (or another live agent) holds the name. A
-                    # dead holder's session ends within the time the coordinator says; past
-                    # it the holder is alive and retrying cannot help.
-                    now = time.monotonic()
-                    refused_since = refused_since if refused_since is not None else now
-                    if now - refused_since > _name_held_s(exc) + NAME_HELD_MARGIN_S:
-                        self._refuse_for_good(
-                            f"node name {self.name!r} is in use by another live agent "
-                            f"(coordinator {target} refused this one for "
-                            f"{now - refused_since:.0f} s: {details}); give this agent "
-                            "another --name"
-                        )
+                    reason = self._name_refused(exc, target, details)
+                    if self.refused.is_set():
                         return
-                    reason = f"coordinator refused this agent for now: {details}"
                     delay = min(delay, REFUSED_RETRY_MAX_S / 2)
                     after = target  # that coordinator holds the name: only it can free it
                 elif code in (
@@ -216,7 +212,7 @@ class SessionLink:
                 reason = f"session failed: {type(exc).__name__}: {exc}"
             finally:
                 if self.connected.is_set():
-                    refused_since = None
+                    self._refused_since = None
                     probed.clear()
                     hunting = 0
                 self.connected.clear()
@@ -246,6 +242,29 @@ class SessionLink:
             if low == 0:
                 delay = min(delay * 2, self.reconnect_max)
 
+    def _name_refused(self, exc: grpc.aio.AioRpcError, target: str, details: str) -> str:
+        """The coordinator refused this agent's name: why the next try waits, or (past the time
+        the coordinator says a gone holder can keep it) refused for good."""
+        if _name_grace_s(exc) is not None:
+            # Kept for a previous agent during the reconnect grace after a coordinator restart:
+            # temporary, whatever the time spent (a second restart begins the grace again).
+            self._refused_since = None
+            return f"coordinator keeps this node's name for its previous agent for now: {details}"
+        # This node's previous session (or another live agent) holds the name. A dead holder's
+        # session ends within the time the coordinator says; past it the holder is alive and
+        # retrying cannot help.
+        now = time.monotonic()
+        since = self._refused_since if self._refused_since is not None else now
+        self._refused_since = since
+        if now - since > _name_held_s(exc) + NAME_HELD_MARGIN_S:
+            self._refuse_for_good(
+                f"node name {self.name!r} is in use by another live agent "
+                f"(coordinator {target} refused this one for "
+                f"{now - since:.0f} s: {details}); give this agent "
+                "another --name"
+            )
+        return f"coordinator refused this agent for now: {details}"
+
     def _refuse_for_good(self, reason: str) -> None:
         logger.error("%s", reason)
         self.refusal = reason
@@ -262,6 +281,10 @@ class SessionLink:
                 ("grpc.keepalive_time_ms", 10_000),
                 ("grpc.keepalive_timeout_ms", 5_000),
                 ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+                # Its own subchannel: one shared with the channels of earlier tries would make
+                # this one wait out grpc's connection backoff (1 s, growing 1.6 times a
+                # refusal), however soon the coordinator is back: the pauses are ours to choose.
+                ("grpc.use_local_subchannel_pool", 1),
             ],
         ) as channel:
             stub = pb_grpc.NodeSessionStub(channel)
@@ -403,6 +426,16 @@ def _name_held_s(exc: grpc.aio.AioRpcError) -> float:
         if key == NAME_HELD_HEADER and isinstance(value, str) and value.isdigit():
             return min(int(value[:9]) / 1000, 24 * 3600.0)
     return NAME_HELD_DEFAULT_S
+
+
+def _name_grace_s(exc: grpc.aio.AioRpcError) -> float | None:
+    """How much longer the coordinator keeps the name for a previous agent during its
+    reconnect grace; None when the refusal is not such a temporary one."""
+    metadata: Any = exc.trailing_metadata() or ()
+    for key, value in metadata:
+        if key == NAME_GRACE_HEADER and isinstance(value, str) and value.isdigit():
+            return min(int(value[:9]) / 1000, 24 * 3600.0)
+    return None
 
 
 def _probe_tls(target: str, security: Security) -> str:

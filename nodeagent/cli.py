@@ -60,7 +60,16 @@ def _parser() -> argparse.ArgumentParser:
         "as root /var/lib/gelastic/agent-NAME/logs)",
     )
     p.add_argument(
-        "--state-dir", default="", help="where the worker pid file lives (default: --log-dir)"
+        "--state-dir",
+        default="",
+        help="where the worker pid file and the node secret live; keep it across restarts "
+        "(default: --log-dir)",
+    )
+    p.add_argument(
+        "--reconnect-max",
+        type=float,
+        default=d.reconnect_max,
+        help="longest pause between reconnect attempts, in seconds (default %(default)s)",
     )
     p.add_argument(
         "--token-file",
@@ -173,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         addr=args.addr,
         log_dir=args.log_dir,
         state_dir=args.state_dir,
+        reconnect_max=args.reconnect_max,
         token_file=args.token_file,
         tls_ca=args.tls_ca,
         tls_cert=args.tls_cert,

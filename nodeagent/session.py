@@ -79,6 +79,7 @@ from nodeagent._gpus import (
     parse_gpus,
 )
 from nodeagent._metrics import AgentMetrics
+from nodeagent._node_secret import NodeSecret, load_node_secret
 from nodeagent._process import Sentinel
 from nodeagent._reaper import PidRegistry, reap_previous
 from nodeagent._standby import StandbyPool, can_serve
@@ -119,7 +120,8 @@ class AgentConfig:
     """Where worker logs go ("" = `$XDG_STATE_HOME/gelastic/agent-<name>/logs`, for root
     `/var/lib/gelastic/agent-<name>/logs`). It must be ours and not group/world-writable."""
     state_dir: str = ""
-    """Where the agent keeps its worker pid file ("" = log_dir)."""
+    """Where the agent keeps its worker pid file and its node secret ("" = log_dir): keep it
+    across restarts, so that a restarted agent proves it is the same node."""
     reconnect_max: float = 5.0
     """Longest pause between reconnect attempts, in seconds."""
     token_file: str = ""
@@ -148,6 +150,8 @@ class AgentConfig:
         if not is_name(self.name):
             raise ValueError(f"name: must be 1-128 of [A-Za-z0-9_.-], got {self.name!r}")
         parse_coordinators(self.coordinator)
+        if not 0.05 <= self.reconnect_max <= 3600:
+            raise ValueError(f"reconnect_max: must be 0.05-3600 s, got {self.reconnect_max}")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port: must be 0-65535 (0 = off), got {self.metrics_port}")
 
@@ -165,6 +169,8 @@ class NodeAgent:
         self._gpu_health: list[GpuHealth] = []
         self.slots = config.slots or os.cpu_count() or 1
         self.incarnation = uuid.uuid4().hex
+        self._node_secret = NodeSecret("")
+        """Read (or made) at start, in the state dir: sent with every hello, never logged."""
         self.log_root = Path(config.log_dir or _default_log_dir(config.name)).resolve()
         self.state_dir = Path(config.state_dir).resolve() if config.state_dir else self.log_root
         if config.addr:
@@ -269,6 +275,11 @@ class NodeAgent:
             return
         await self._discover_gpus()
         await asyncio.to_thread(self._make_dirs)
+        self._node_secret = await asyncio.to_thread(
+            load_node_secret, self.state_dir, self.config.name
+        )
+        if self._node_secret.note:
+            logger.warning("%s", self._node_secret.note)
         await asyncio.to_thread(self.metrics.start)
         killed = await asyncio.to_thread(reap_previous, self._pid_file())
         if killed:
@@ -341,6 +352,7 @@ class NodeAgent:
                     except Exception:
                         logger.exception("agent task %s failed", t.get_name())
         self._main = None
+        self._node_secret.close()
         await self._sentinel.stop()
         await asyncio.to_thread(self.metrics.stop)
 
@@ -417,6 +429,7 @@ class NodeAgent:
                 slots=self.slots,
                 incarnation=self.incarnation,
                 gpus=self.gpus,
+                node_secret=self._node_secret.value,
             )
         )
 

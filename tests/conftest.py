@@ -1,4 +1,5 @@
-"""Suite-wide test settings: the hypothesis profiles, and a marker per test directory.
+"""Suite-wide test settings: the hypothesis profiles, a marker per test directory, and the check
+that every FAILED result a test sees has a root cause.
 
 GELASTIC_HYPOTHESIS_PROFILE picks one (`make test` sets ci, `make fuzz` sets fuzz); unset, it is
 ci when $CI is set and dev otherwise.
@@ -18,14 +19,19 @@ Every test carries the marker of the directory it lives in (`DIRECTORY_MARKERS`)
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
+import client._client
+import client.wire
+from client.model import RunResult
 from tests._etcd import EtcdServer
 from tests.gpu import GPU_TESTS_ENV, nvidia_gpu_present
 
@@ -132,3 +138,60 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer
 def etcd_url(etcd_server: EtcdServer) -> str:
     """An etcd store URL with a prefix of this test's own."""
     return etcd_server.url(f"t/{uuid.uuid4().hex}")
+
+
+# ---- every FAILED result has a root cause --------------------------------------------------------
+
+_ROOTLESS: list[str] = []
+"""Jobs whose FAILED RunResult had no failure (so no root cause), as this process decoded or
+encoded them since the current test began."""
+
+
+def _rootless(result: RunResult, job_id: str) -> None:
+    if result.is_failed() and result.root_cause is None:
+        _ROOTLESS.append(job_id or result.job_id or "(no job id)")
+
+
+def _checked_decode(decode: Callable[..., RunResult]) -> Callable[..., RunResult]:
+    @functools.wraps(decode)
+    def result_from_pb(m: Any, job_id: str = "", name: str = "") -> RunResult:
+        result = decode(m, job_id, name)
+        _rootless(result, job_id)
+        return result
+
+    return result_from_pb
+
+
+def _checked_encode(encode: Callable[[RunResult], Any]) -> Callable[[RunResult], Any]:
+    @functools.wraps(encode)
+    def result_to_pb(r: RunResult) -> Any:
+        _rootless(r, r.job_id)
+        return encode(r)
+
+    return result_to_pb
+
+
+# The one place a client turns a job message into a RunResult (client.wire.result_from_pb, which
+# client._client holds by name), and the one place a coordinator in this process puts a result
+# into one (client.wire.result_to_pb, which job_to_pb looks up at each call). Results that other
+# processes decode (a `gelastic` CLI or `gelastic run` a test starts) are out of reach here.
+client.wire.result_from_pb = _checked_decode(client.wire.result_from_pb)
+client._client.result_from_pb = client.wire.result_from_pb  # type: ignore[attr-defined]
+client.wire.result_to_pb = _checked_encode(client.wire.result_to_pb)
+
+
+@pytest.fixture(autouse=True)
+def _every_failed_result_has_a_root_cause() -> Iterator[None]:
+    """Fail a test (at teardown) in which a FAILED RunResult had no failure, so no root cause:
+    a job that fails without a worker's failure carries its own at key -1."""
+    start = len(_ROOTLESS)
+    yield
+    found = _ROOTLESS[start:]
+    del _ROOTLESS[start:]
+    if found:
+        jobs = ", ".join(sorted(set(found))[:10])
+        pytest.fail(
+            f"a FAILED RunResult without a root cause (its failures are empty) for job {jobs}: "
+            "every failed job must name one (see coordinator/_cluster_failures.JOB_FAILURE_RANK)",
+            pytrace=False,
+        )

@@ -24,9 +24,11 @@ class FakeNode:
         slots: int = 2,
         incarnation: str = "",
         gpus: list[pb.GpuDevice] | None = None,
+        node_secret: str = "",
     ) -> None:
         self.address, self.name, self.addr, self.slots = address, name, addr, slots
         self.gpus = gpus or []
+        self.node_secret = node_secret
         self.incarnation = incarnation or f"inc-{name}"
         self.outbox: asyncio.Queue[pb.NodeMessage | None] = asyncio.Queue()
         self.channel = grpc.aio.insecure_channel(address)
@@ -44,6 +46,7 @@ class FakeNode:
             incarnation=self.incarnation,
             running=running or [],
             gpus=self.gpus,
+            node_secret=self.node_secret,
         )
         await self.outbox.put(pb.NodeMessage(hello=hello))
 

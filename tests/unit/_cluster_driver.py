@@ -117,6 +117,7 @@ class Driver:
         incarnation: str | None = None,
         running: Sequence[RunningGroupReport] = (),
         gpus: Sequence[GpuDevice] = (),
+        secret_digest: str = "",
     ) -> list[Effect]:
         if incarnation is None:
             self._incarnations += 1
@@ -126,7 +127,14 @@ class Driver:
         if old is not None and old.incarnation == incarnation:
             node.assignments, node.running = old.assignments, old.running
         effects = self.cluster.node_connected(
-            name, node.addr, slots, incarnation, self.now, running=running, gpus=gpus
+            name,
+            node.addr,
+            slots,
+            incarnation,
+            self.now,
+            running=running,
+            gpus=gpus,
+            secret_digest=secret_digest,
         )
         self.nodes[name] = node
         return self._take(effects)

@@ -727,7 +727,7 @@ class RunningGroup(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerPid, _Mapping]]] = ..., exits: _Optional[_Iterable[_Union[WorkerExit, _Mapping]]] = ..., stopped: _Optional[bool] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("name", "addr", "slots", "incarnation", "version", "running", "gpus")
+    __slots__ = ("name", "addr", "slots", "incarnation", "version", "running", "gpus", "node_secret")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -735,6 +735,7 @@ class Hello(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    NODE_SECRET_FIELD_NUMBER: _ClassVar[int]
     name: str
     addr: str
     slots: int
@@ -742,7 +743,8 @@ class Hello(_message.Message):
     version: str
     running: _containers.RepeatedCompositeFieldContainer[RunningGroup]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuDevice]
-    def __init__(self, name: _Optional[str] = ..., addr: _Optional[str] = ..., slots: _Optional[int] = ..., incarnation: _Optional[str] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningGroup, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ...) -> None: ...
+    node_secret: str
+    def __init__(self, name: _Optional[str] = ..., addr: _Optional[str] = ..., slots: _Optional[int] = ..., incarnation: _Optional[str] = ..., version: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningGroup, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., node_secret: _Optional[str] = ...) -> None: ...
 
 class WorkerHealth(_message.Message):
     __slots__ = ("local_rank", "global_rank", "pid", "cpu_percent", "rss_bytes", "proc_state")
