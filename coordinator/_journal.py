@@ -224,11 +224,20 @@ class Journal:
             if self._seq_reservation_dirty:
                 meta = {EVENT_SEQ_KEY: str(self._seq_reserved)}
                 self._seq_reservation_dirty = False
+            cancelled = False
             if jobs or events or nodes is not None or meta or forget_jobs or forget_nodes or cuts:
-                try:
-                    await asyncio.to_thread(
+                save = asyncio.ensure_future(
+                    asyncio.to_thread(
                         store.save, jobs, events, nodes, meta, forget_jobs, forget_nodes, cuts
                     )
+                )
+                # The write runs on in its thread whatever happens to this task: a cancel (a
+                # stop) waits for its end, then takes effect. Else the stop would find nothing
+                # left to write (it is all marked clean), close the store under the write, and
+                # drop the messages that wait for it.
+                cancelled = await _to_its_end(save)
+                try:
+                    save.result()
                 except Exception as exc:
                     if isinstance(exc, StoreFenced):
                         logger.error("the coordinator state was not written: %s", exc)
@@ -245,6 +254,8 @@ class Journal:
                     self._forget_jobs |= forget_jobs
                     self._forget_nodes |= forget_nodes
                     self._cut_events = cuts + self._cut_events
+                    if cancelled:
+                        raise asyncio.CancelledError from exc
                     raise
             written = set(batch) | {j for _, j, _ in events}
             still = self._dirty_jobs | {j for _, j, _ in self._pending_events}
@@ -253,6 +264,8 @@ class Journal:
                 session.send(msg)
         async with self._written:
             self._written.notify_all()
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def written(self, job_ids: Collection[str] | None = None) -> None:
         """Return once the named jobs (every job: None) have no change that is not on disk.
@@ -313,6 +326,20 @@ class Journal:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, FLUSH_INTERVAL_S - cost)):
                         await self.urgent.wait()
+
+
+async def _to_its_end(fut: asyncio.Future[None]) -> bool:
+    """Wait until `fut` is done, even through cancels of the waiting task; whether one came.
+
+    `fut` keeps its own outcome; `asyncio.wait` never cancels what it waits on.
+    """
+    cancelled = False
+    while not fut.done():
+        try:
+            await asyncio.wait((fut,))
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
 
 
 def _int(text: str) -> int:
