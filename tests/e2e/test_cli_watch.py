@@ -164,7 +164,7 @@ def test_a_lost_node_can_be_forgotten_and_a_live_one_cannot(
     assert _main(shared, "nodes", "--forget", "node-0") == cli.EXIT_USAGE
     assert "FAILED_PRECONDITION" in capfd.readouterr().err
     assert _main(shared, "nodes", "--forget", "extra") == cli.EXIT_OK
-    assert capfd.readouterr().out == "extra forgotten\n"
+    assert capfd.readouterr().out == "extra: forgotten\n"
     assert _main(shared, "nodes", "--forget", "extra") == cli.EXIT_OK  # idempotent
     assert "extra" not in {n.name for n in shared.client.list_nodes()}
 
