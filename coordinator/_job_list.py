@@ -1,7 +1,8 @@
 """ListJobs, a page at a time: a job's list entry, the page token, and one page.
 
 A list entry is a job's summary, the same size whatever the job's width: no workers, no
-members, no spec, its result reduced to state, reason and root cause rank, its texts cut.
+members, no spec, its result reduced to state, reason and root cause (who and what, no
+traceback), its texts cut.
 `gelastic jobs` and `Client.list_jobs` show no more; GetJob has the rest.
 
 Pages go in submit order (submit time, then job id). The token names the last job a page held,
@@ -16,13 +17,14 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
+import dataclasses
 import math
 import re
 from collections.abc import Sequence
 
 import grpc
 
-from client.model import RunResult
+from client.model import ProcessFailure, RunResult
 from client.wire import job_to_pb, result_to_pb
 from coordinator._cluster import Cluster
 from coordinator._errors import RequestError
@@ -69,10 +71,20 @@ def list_entry(cluster: Cluster, job_id: str) -> pb.Job:
     result = cluster.job_result(job_id)
     if result is not None:
         root = result.root_cause
-        msg.result.CopyFrom(result_to_pb(RunResult(state=result.state, reason=_cut(result.reason))))
+        # A failed job's entry keeps its root cause, so that a result read from a list names one
+        # as every FAILED result does; its report is cut to who and what (GetJob has it whole).
+        failures = {} if root is None else {root.global_rank: _short_failure(root)}
+        shown = RunResult(state=result.state, failures=failures, reason=_cut(result.reason))
+        msg.result.CopyFrom(result_to_pb(shown))
         msg.result.root_cause_rank = root.global_rank if root is not None else -1
         msg.has_result = True
     return msg
+
+
+def _short_failure(f: ProcessFailure) -> ProcessFailure:
+    return dataclasses.replace(
+        f, message=_cut(f.message), traceback="", stderr_tail="", error_file=_cut(f.error_file)
+    )
 
 
 def encode_page_token(submitted_at: float, job_id: str) -> str:

@@ -19,6 +19,7 @@ import pytest
 from client import Client, JobSpec, JobState, WorkerState
 from client.model import MAX_RESULT_BYTES_PER_JOB, MAX_RETURN_VALUE_BYTES
 from client.results import KIND_JSON, KIND_PICKLE, tagged
+from coordinator._job_list import LIST_TEXT_MAX
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -223,6 +224,14 @@ async def test_many_big_failures_leave_the_job_message_bounded(coordinator: Coor
 
         got, listed, watched = await asyncio.to_thread(read)
         assert got.ByteSize() <= 5 * MiB and listed.ByteSize() < SMALL
+        # The list entry names the root cause too, cut to who and what.
+        (entry,) = listed.jobs
+        assert entry.result.root_cause_rank == 0
+        assert list(entry.result.failures) == [0]
+        shown = entry.result.failures[0]
+        assert shown.root_cause and shown.message.startswith("rank 0: ")
+        assert len(shown.message) <= LIST_TEXT_MAX + 6 and not shown.traceback
+        assert not shown.stderr_tail
         assert all(u.ByteSize() <= 5 * MiB for u in watched)
         # The root cause keeps its whole report; the others keep who and what.
         assert result.is_failed() and len(result.failures) == ranks
