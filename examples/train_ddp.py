@@ -60,6 +60,10 @@ def _write_atomically(directory: Path, name: str, write: Any) -> None:
 def save_checkpoint(directory: Path, model: torch.nn.Module, opt: Any, step: int) -> None:
     state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
     _write_atomically(directory, CHECKPOINT, lambda f: torch.save(state, f))
+    write_checkpoint_info(directory, step)
+
+
+def write_checkpoint_info(directory: Path, step: int) -> None:
     info = json.dumps({"step": step}).encode()
     _write_atomically(directory, CHECKPOINT_INFO, lambda f: f.write(info))
 
@@ -103,6 +107,9 @@ def main() -> None:
         # ranks of an attempt start from the same checkpoint.
         start = load_checkpoint(args.checkpoint_dir, net, opt)
         if rank == 0 and start:
+            # The step file follows the checkpoint: a rank stopped between the two writes left it
+            # one step behind, and a run resumed at its last step writes no checkpoint again.
+            write_checkpoint_info(args.checkpoint_dir, start)
             # gelastic names the round; torchrun does not.
             where = (
                 f", round {os.environ['GELASTIC_ROUND']}" if "GELASTIC_ROUND" in os.environ else ""
