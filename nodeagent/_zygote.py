@@ -68,6 +68,7 @@ MAX_MESSAGE = 16384
 FORK_REPLY_S = 10.0
 """How long a fork request waits for the zygote's answer."""
 _MAX_LOG_READ = 65536
+_MAX_EARLY_EXITS = 64
 
 
 def _is_pid(value: object) -> TypeGuard[int]:
@@ -188,6 +189,8 @@ class Zygote:
         self.ready: asyncio.Future[list[str]] = self._loop.create_future()
         """Done once the imports are over: the failure lines of preloads that did not import."""
         self._forks: dict[int, ForkedProcess] = {}
+        self._early_exits: dict[int, int] = {}
+        """Exit codes reported before their fork's handle was made (it died at once)."""
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         """The answer of each fork request on its way, by request id."""
         self._next_id = 0
@@ -315,6 +318,11 @@ class Zygote:
         if not _is_pid(pid):
             raise OSError(f"zygote pid {self.pid} answered a bad pid")
         handle = ForkedProcess(pid, pipes, self._loop, sentinel)
+        early = self._early_exits.pop(pid, None)
+        if early is not None:
+            # Its exit was read with (or right after) the answer, before this resumed.
+            handle.reported(early)
+            return handle
         self._forks[pid] = handle
         if sentinel is not None:
             # Unreaped until the zygote reports it, unless it died at once: ticks 0 then.
@@ -412,6 +420,11 @@ class Zygote:
             fork = self._forks.pop(pid, None)
             if fork is not None:
                 fork.reported(code)
+            elif self._waiting:
+                # A fork whose answer is read but not yet taken up: kept for it, bounded.
+                if len(self._early_exits) >= _MAX_EARLY_EXITS:
+                    self._early_exits.pop(next(iter(self._early_exits)))
+                self._early_exits[pid] = code
             if self._retired and not self.live_forks():
                 self.kill()
         else:

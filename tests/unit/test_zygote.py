@@ -322,3 +322,42 @@ def test_a_zygote_that_reports_an_exit_code_or_pid_out_of_range_is_killed() -> N
     # A well-formed exit of a pid it never forked is ignored, and the zygote serves on.
     signals, alive = asyncio.run(main({"op": "exit", "pid": 77, "code": -9}))
     assert signals == [] and alive
+
+
+def test_a_fork_whose_exit_is_read_with_its_answer_still_reports_its_code() -> None:
+    """A fork that dies at once: the zygote's `forked` answer and its `exit` report arrive
+    together, before the awaiting request has resumed and made the fork's handle; the exit
+    must still reach that handle, not be dropped as the exit of a pid never forked."""
+
+    async def main() -> int:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        handle = _FakeZygoteProcess()
+        z = Zygote(handle, ours, ("json",))  # type: ignore[arg-type]
+        try:
+            theirs.send(json.dumps({"op": "ready", "failed": []}).encode())
+            assert await z.wait_ready(5)
+            fork = asyncio.ensure_future(z.fork())
+            for _ in range(500):  # the request is sent once the task has run
+                await asyncio.sleep(0.01)
+                if z._waiting:
+                    break
+            data, ancillary, _, _ = theirs.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(16))
+            for _level, _kind, payload in ancillary:
+                for fd in array.array("i", payload[: len(payload) - len(payload) % 4]):
+                    os.close(fd)
+            rid = json.loads(data)["id"]
+            # A pid that is no process's now: the fork was reaped before its answer was read.
+            gone = os.fork()
+            if gone == 0:
+                os._exit(0)
+            os.waitpid(gone, 0)
+            theirs.send(json.dumps({"op": "forked", "id": rid, "pid": gone}).encode())
+            theirs.send(json.dumps({"op": "exit", "pid": gone, "code": 3}).encode())
+            forked, hand_w = await asyncio.wait_for(fork, 5)
+            os.close(hand_w)
+            return await asyncio.wait_for(forked.wait(), 5)
+        finally:
+            z.close()
+            theirs.close()
+
+    assert asyncio.run(main()) == 3
