@@ -304,9 +304,8 @@ def test_the_stacks_button_shows_every_rank_grouped_the_odd_one_first(
     page.goto(f"{cluster.dashboard_url}jobs/{job.job_id}")
     page.click("#stacks-button", timeout=WAIT_MS)
     heads = page.locator("#stacks .stack-ranks")
-    page.wait_for_function(
-        "document.querySelectorAll('#stacks .stack-ranks').length === 2", timeout=WAIT_MS
-    )
+    heads.nth(1).wait_for(timeout=WAIT_MS)
+    assert heads.count() == 2
     first, second = heads.nth(0).inner_text(), heads.nth(1).inner_text()
     assert first.startswith("rank 2 (") and second.startswith("ranks 0,1,3 (")
     stacks = page.locator("#stacks pre.stack")
