@@ -159,14 +159,14 @@ def read_stack(t: StackTarget, native: bool, timeout: float, py_spy: str | None)
             t.local_rank, t.pid, "error", note=f"py-spy did not finish within {timeout:g} s"
         )
     if _REFUSAL.fullmatch(text):
-        return _fallback(t, _first_line(text))
+        return _fallback(t, f"ptrace refused ({_first_line(text)})")
     note = f"py-spy failed (exit code {code}): {_first_line(text)}"
     return WorkerStack(t.local_rank, t.pid, "error", note=note[:MAX_STACK_NOTE])
 
 
-def _fallback(t: StackTarget, why: str) -> WorkerStack:
-    """Ask the worker's faulthandler for its stack; it writes it to the worker's stderr log."""
-    head = f"ptrace refused ({why})"
+def _fallback(t: StackTarget, head: str) -> WorkerStack:
+    """Ask the worker's faulthandler for its stack; it writes it to the worker's stderr log.
+    `head` says why py-spy could not read it."""
     if not t.python:
         note = f"{head}; not a python worker started by the bootstrap, so no faulthandler to ask"
         return WorkerStack(t.local_rank, t.pid, "error", note=note[:MAX_STACK_NOTE])

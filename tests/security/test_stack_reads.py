@@ -52,6 +52,12 @@ def test_a_refusal_for_a_worker_without_the_bootstrap_sends_no_signal(tmp_path: 
     assert got.note.startswith("ptrace refused (Permission Denied); not a python worker")
 
 
+def test_without_py_spy_the_answer_says_so_not_a_refusal(tmp_path: Path) -> None:
+    got = read_stack(target(tmp_path, python=False), False, 20.0, None)
+    assert got.status == "error"
+    assert got.note.startswith("py-spy is not installed on this node; not a python worker")
+
+
 def test_any_other_failure_is_said_with_its_exit_code(tmp_path: Path) -> None:
     py_spy = fake(tmp_path, "import sys\nprint('Error: no such process')\nsys.exit(3)")
     got = read_stack(target(tmp_path), False, 20.0, py_spy)
