@@ -32,6 +32,7 @@ SCENARIOS = (
     "footprint",
     "coordinator_restart",
     "submit_throughput",
+    "stacks",
     "failover",
     "soak",
     "torch_start",

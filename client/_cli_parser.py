@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from client._cli_output import EXIT_USAGE, one_line
+from client._cli_stacks import STACK_HELP, add_stack_arguments
 from client._client import DEFAULT_COORDINATOR
 from client.model import JobSpec
 from client.version import VersionAction as _Version
@@ -458,6 +459,8 @@ def _parser() -> argparse.ArgumentParser:
         help="with --follow: stop after S seconds",
     )
     _add_json(s)
+
+    add_stack_arguments(command("stack", STACK_HELP))
 
     s = command("cancel", "stop every worker of a job; the job ends CANCELED")
     s.add_argument("job_id", metavar="JOB", help="the job's id")

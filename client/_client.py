@@ -25,6 +25,7 @@ from typing import Any, TextIO, TypeVar
 
 import grpc
 
+from client._client_stacks import STACK_WAIT_S, _StackCalls
 from client._progress import _Progress
 from client._replica_channels import ReplicaChannels, Stub
 from client.coordinators import (
@@ -48,6 +49,7 @@ from client.model import (
 )
 from client.results import ReturnValueError, decode
 from client.security import Security
+from client.stacks import StackCapture
 from client.wire import (
     attempt_from_pb,
     check_spec_size,
@@ -116,7 +118,7 @@ def _hint(exc: grpc.RpcError, listed: Sequence[str]) -> tuple[str, bool]:
     return leader_hint(md, listed), named
 
 
-class Client:
+class Client(_StackCalls):
     """A connection to a coordinator, or to the leader of a list of replicas
     ("a:29400,b:29400"). Usable as a context manager."""
 
@@ -627,6 +629,16 @@ class Job:
     def attempts(self) -> list[AttemptSummary]:
         """The job's attempts so far, oldest first, each whole (paged by GetAttempts)."""
         return self.client.attempts(self.job_id)
+
+    def stacks(
+        self, *, rank: int | None = None, native: bool = False, wait: float = STACK_WAIT_S
+    ) -> StackCapture:
+        """Every running rank's stack now, grouped (see Client.capture_stacks)."""
+        return self.client.capture_stacks(self.job_id, rank=rank, native=native, wait=wait)
+
+    def stored_stacks(self) -> list[StackCapture]:
+        """The stack captures the job keeps, oldest first (readable after the job ended)."""
+        return self.client.stacks(self.job_id)
 
     def logs(
         self,

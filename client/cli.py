@@ -39,6 +39,7 @@ from client._cli_parser import (
     _unrecognized,
     parse_nnodes,
 )
+from client._cli_stacks import _cmd_stack
 from client._cli_submit import _check_spec, _check_submit_flags, _cmd_submit, build_spec
 from client._client import DEFAULT_COORDINATOR, Client, GelasticError
 from client.coordinators import parse_coordinators
@@ -208,6 +209,7 @@ _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "result": _cmd_result,
     "logs": _cmd_logs,
     "events": _cmd_events,
+    "stack": _cmd_stack,
     "cancel": _cmd_cancel,
     "dashboard": _cmd_dashboard,
 }

@@ -34,6 +34,8 @@ from client.node_protocol import (
     Release,
     ReservePort,
     RunningGroup,
+    StackReply,
+    StackRequest,
     StartLogs,
     Stop,
     Welcome,
@@ -42,7 +44,9 @@ from client.node_protocol import (
     WorkerFailing,
     WorkerHealthSample,
     WorkersStarted,
+    WorkerStack,
 )
+from client.stacks import MAX_STACK_BYTES, MAX_STACK_NOTE, STACK_STATUSES, bounded_stack
 from client.wire import (
     failure_from_pb,
     failure_to_pb,
@@ -63,6 +67,8 @@ __all__ = [
     "MAX_GPUS",
     "MAX_GPU_TEXT",
     "MAX_REASON_TEXT",
+    "MAX_STACK_WAIT_S",
+    "MAX_STACK_WORKERS",
     "NODE_SECRET_PATTERN",
     "MessageError",
     "decode_coordinator",
@@ -86,6 +92,10 @@ NODE_SECRET_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 MAX_DRAIN_REASON = 1000
 """Longest reason a drain keeps."""
 MAX_DRAIN_S = 7 * 86400.0
+MAX_STACK_WORKERS = 1024
+"""Most workers one stack request or reply names (more than a node runs)."""
+MAX_STACK_WAIT_S = 60.0
+"""Longest a stack request lets the reading of one worker's stack take."""
 """Longest drain deadline a message may carry (seconds)."""
 
 
@@ -331,6 +341,23 @@ def encode_node(msg: NodeMsg) -> pb.NodeMessage:
                 node_secret=msg.node_secret,
             )
         )
+    if isinstance(msg, StackReply):
+        return pb.NodeMessage(
+            stack_reply=pb.StackReply(
+                request_id=msg.request_id,
+                error=msg.error,
+                stacks=[
+                    pb.WorkerStack(
+                        local_rank=w.local_rank,
+                        pid=w.pid,
+                        status=w.status,
+                        text=w.text,
+                        note=w.note,
+                    )
+                    for w in msg.stacks
+                ],
+            )
+        )
     if isinstance(msg, DrainRequest):
         return pb.NodeMessage(
             drain_request=pb.DrainRequest(deadline_ms=_deadline_ms(msg.deadline), reason=msg.reason)
@@ -408,7 +435,28 @@ def decode_node(m: pb.NodeMessage) -> NodeMsg:
             _deadline_from_ms(d.deadline_ms, "drain_request.deadline_ms"),
             d.reason[:MAX_DRAIN_REASON],
         )
+    if kind == "stack_reply":
+        return _stack_reply_from_pb(m.stack_reply)
     raise MessageError("empty node message")
+
+
+def _stack_reply_from_pb(r: pb.StackReply) -> StackReply:
+    if len(r.stacks) > MAX_STACK_WORKERS:
+        raise MessageError(f"stack_reply.stacks: at most {MAX_STACK_WORKERS}, got {len(r.stacks)}")
+    return StackReply(
+        r.request_id,
+        tuple(
+            WorkerStack(
+                w.local_rank,
+                w.pid,
+                w.status if w.status in STACK_STATUSES else "error",
+                bounded_stack(w.text, MAX_STACK_BYTES),
+                w.note[:MAX_STACK_NOTE],
+            )
+            for w in r.stacks
+        ),
+        r.error[:MAX_STACK_NOTE],
+    )
 
 
 # ---- coordinator to agent ------------------------------------------------------------------------
@@ -507,6 +555,17 @@ def encode_coordinator(msg: CoordinatorMsg, epoch: int = 0) -> pb.CoordinatorMes
         out = pb.CoordinatorMessage(
             drain_accepted=pb.DrainAccepted(deadline_ms=_deadline_ms(msg.deadline))
         )
+    elif isinstance(msg, StackRequest):
+        out = pb.CoordinatorMessage(
+            stack_request=pb.StackRequest(
+                request_id=msg.request_id,
+                job_id=msg.job_id,
+                round=msg.round,
+                local_ranks=list(msg.local_ranks),
+                native=msg.native,
+                timeout_ms=max(1, round(msg.timeout * 1000)),
+            )
+        )
     else:
         raise TypeError(f"not a coordinator message: {type(msg).__name__}")
     if epoch:
@@ -552,5 +611,13 @@ def decode_coordinator(m: pb.CoordinatorMessage) -> CoordinatorMsg:
     if kind == "drain_accepted":
         return DrainAccepted(
             _deadline_from_ms(m.drain_accepted.deadline_ms, "drain_accepted.deadline_ms")
+        )
+    if kind == "stack_request":
+        q = m.stack_request
+        if len(q.local_ranks) > MAX_STACK_WORKERS:
+            raise MessageError(f"stack_request.local_ranks: at most {MAX_STACK_WORKERS}")
+        timeout = min(max(q.timeout_ms, 1), round(MAX_STACK_WAIT_S * 1000)) / 1000
+        return StackRequest(
+            q.request_id, q.job_id, q.round, tuple(q.local_ranks), q.native, timeout
         )
     raise MessageError("empty coordinator message")

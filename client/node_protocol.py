@@ -6,10 +6,11 @@ pure data with no transport: the coordinator's decision code takes `NodeMsg` val
 them into protobuf messages and back.
 
 Agent to coordinator: `Hello` (first, once), then `Heartbeat`, `PortReserved`, `WorkersStarted`,
-`WorkerExited`, `WorkerFailing`, `GroupStopped`, `GroupUnknown`, `LogChunk`, `ClockReply` and
-`DrainRequest`.
+`WorkerExited`, `WorkerFailing`, `GroupStopped`, `GroupUnknown`, `LogChunk`, `ClockReply`,
+`DrainRequest` and `StackReply`.
 Coordinator to agent: `Welcome` (first, once), then `ReservePort`, `Assign`, `Stop`, `Release`,
-`StartLogs`, `CancelLogs`, `LogCredit`, `ClockProbe` and `DrainAccepted`, each under the leader
+`StartLogs`, `CancelLogs`, `LogCredit`, `ClockProbe`, `DrainAccepted` and `StackRequest`, each
+under the leader
 epoch of the coordinator that sent it.
 """
 
@@ -41,6 +42,8 @@ __all__ = [
     "ReservePort",
     "RoundMsg",
     "RunningGroup",
+    "StackReply",
+    "StackRequest",
     "StartLogs",
     "Stop",
     "Welcome",
@@ -48,6 +51,7 @@ __all__ = [
     "WorkerExited",
     "WorkerFailing",
     "WorkerHealthSample",
+    "WorkerStack",
     "WorkersStarted",
 ]
 
@@ -237,6 +241,28 @@ class DrainRequest:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class WorkerStack:
+    """One worker's stack, as its agent read it."""
+
+    local_rank: int
+    pid: int
+    status: str
+    """"ok", "ptrace_refused" (faulthandler wrote it to the worker's log), "error"."""
+    text: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class StackReply:
+    """The answer to a `StackRequest`: one stack per worker asked for."""
+
+    request_id: int
+    stacks: tuple[WorkerStack, ...] = ()
+    error: str = ""
+    """Why none could be read ("" when they were)."""
+
+
 NodeMsg = (
     Hello
     | Heartbeat
@@ -249,6 +275,7 @@ NodeMsg = (
     | LogChunk
     | ClockReply
     | DrainRequest
+    | StackReply
 )
 """Anything an agent sends."""
 
@@ -349,6 +376,20 @@ class DrainAccepted:
     """Seconds the drain gives the workers; None: each job's stop_grace."""
 
 
+@dataclass(frozen=True)
+class StackRequest:
+    """Read the stacks of the node's own workers of one round (no pid is ever named here)."""
+
+    request_id: int
+    job_id: str
+    round: int
+    local_ranks: tuple[int, ...] = ()
+    """Empty: every worker of the round on the node."""
+    native: bool = False
+    timeout: float = 5.0
+    """Seconds one worker's read may take."""
+
+
 CoordinatorMsg = (
     Welcome
     | ReservePort
@@ -360,5 +401,6 @@ CoordinatorMsg = (
     | LogCredit
     | ClockProbe
     | DrainAccepted
+    | StackRequest
 )
 """Anything a coordinator sends."""

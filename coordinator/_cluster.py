@@ -7,17 +7,19 @@ clock (`now` is a parameter), so every decision is tested directly with a fake c
 
 - node sessions: `step(node, incarnation, msg, now)` takes every message of an agent's session
   (`client.node_protocol`: heartbeats, reserved ports, started workers, exits, failure notices,
-  stopped and unknown groups, log chunks, answers to clock probes, an agent's drain request);
+  stopped and unknown groups, log chunks, answers to clock probes, an agent's drain request;
+  stack replies pass through to `coordinator._stacks`);
   the session's opening and end are `node_connected` and `node_disconnected`, and
   `assign_undeliverable` says an assignment could not be sent;
 - clients: `submit`, `confirm_written`, `withdraw`, `cancel`, `forget_node`, `clear_quarantine`,
-  `drain`, `undrain`;
+  `drain`, `undrain`; a stack capture the agents answered: `record_stacks`;
 - time: `tick`; the store: `restore` (and `dump_job`, `dump_nodes`, `dump_node` out).
 
 Everything else public is a read: `job_ids`, `has_job`, `job_spec`, `job_state`, `job_status`,
 `job_summary`, `job_result`, `job_attempts`, `job_events`, `job_for_request`,
 `job_submitted_at`, `round_progress`, `failure`, `log_location`, `nodes`, `node_is_live`,
-`event_seq`; and `clock_probe_due` says when to probe a node's clock.
+`event_seq`, `job_stacks`; `clock_probe_due` says when to probe a node's clock, and
+`stack_targets` which workers a stack capture asks for.
 
 `step` checks once what every node message needs: that it comes from the node's live session,
 and, for a message about a round, that the round is the job's current one (any other is refused
@@ -29,7 +31,8 @@ The class is a facade over rooms, each a module of its own, stacked from the bot
 end of a job, quarantine), `_cluster_exits` (exits and failures), `_cluster_rounds` (scheduling
 and forming rounds, with `_placement`), `_cluster_drain` (drains: a node's rounds replaced with
 a notice to their workers), `_cluster_nodes` (sessions, leases, adoption),
-`_cluster_views` (views, dumps, restore); the records and effects are in `_cluster_records`.
+`_cluster_views` (views, dumps, restore), `_cluster_stacks` (stack captures); the records and
+effects are in `_cluster_records`.
 A job's round is a `_Round` record of its own (`job.current`): `_form` makes it whole and
 going back to the queue drops it whole, so no field of one round leaks into the next.
 """
@@ -55,6 +58,7 @@ from client.node_protocol import (
     LogChunk,
     NodeMsg,
     PortReserved,
+    StackReply,
     WorkerExited,
     WorkerFailing,
     WorkerHealthSample,
@@ -96,7 +100,7 @@ from coordinator._cluster_records import (
     _StopKind,
     _WorkerPhase,
 )
-from coordinator._cluster_views import _Views
+from coordinator._cluster_stacks import _Stacks
 from coordinator._cluster_words import (
     _clip,
     _count,
@@ -135,7 +139,7 @@ __all__ = [
 logger = logging.getLogger("coordinator._cluster")
 
 
-class Cluster(_Views):
+class Cluster(_Stacks):
     """Every decision of the coordinator. Not thread-safe: one event at a time."""
 
     def submit(
@@ -223,7 +227,7 @@ class Cluster(_Views):
         node.last_seen = now
         if isinstance(msg, Heartbeat):
             return self._on_heartbeat(node, msg, now)
-        if isinstance(msg, LogChunk):
+        if isinstance(msg, LogChunk | StackReply):
             return self._finish(now) if self._effects else Ready()
         if isinstance(msg, ClockReply):
             self._clock(node).add(msg.probe_sent_at, msg.received_at, msg.sent_at, now)

@@ -22,6 +22,7 @@ from client.model import (
     WorkerState,
 )
 from client.node_protocol import RunningGroup, WorkerExit
+from client.stacks import StackCapture
 from coordinator._ranks import GroupRanks
 
 logger = logging.getLogger("coordinator._cluster")
@@ -465,6 +466,8 @@ class _Job:
     """The client's id for the submit that made this job (a retry returns this job)."""
     awaiting_write: bool = False
     """Submitted, not yet on disk: not scheduled until `confirm_written`, dropped by `withdraw`."""
+    stacks: list[StackCapture] = field(default_factory=list)
+    """The latest stack captures of the job's ranks (`coordinator._cluster_stacks`)."""
 
     def member(self, node: str) -> _Member | None:
         # Indexed: every node message looks its member up, and a round may have 10,000 of them.

@@ -1,4 +1,5 @@
-"""The coordinator's read-only web dashboard: cluster, jobs and one job, live in a browser.
+"""The coordinator's web dashboard: cluster, jobs and one job, live in a browser; it reads,
+and its one action is a job's stack capture (`_dashboard_stacks`).
 
 Served by aiohttp on the coordinator's own asyncio loop, beside the gRPC server, so it reads the
 same `Cluster` state the servicers read, one event at a time, without locks or copies. Pages
@@ -51,6 +52,7 @@ from coordinator._dashboard_guard import (
     wildcard_names,
 )
 from coordinator._dashboard_sse import ChangeFeed, sse_event, with_keepalive
+from coordinator._dashboard_stacks import add_stack_routes
 from coordinator._dashboard_views import DashboardModel
 from coordinator._errors import RequestError
 from protos.gelastic.v1 import gelastic_pb2 as pb
@@ -152,6 +154,7 @@ class Dashboard:
         r.add_get("/api/stream/overview", self._stream_overview)
         r.add_get("/api/stream/jobs/{job_id}", self._stream_job)
         r.add_get("/api/stream/logs/{job_id}/{rank}", self._stream_logs)
+        add_stack_routes(r, self.svc, self._job_id, self._written, _same_origin)
         return app
 
     async def start(self) -> None:

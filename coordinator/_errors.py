@@ -6,6 +6,7 @@ import grpc
 
 from client.model import SpecError
 from coordinator._cluster import JobNotFound, NodeNameInUse
+from coordinator._cluster_stacks import JobNotRunning
 from coordinator._store import StoreFenced, StoreUnavailable
 
 __all__ = ["RequestError", "status_for"]
@@ -30,6 +31,8 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
         return grpc.StatusCode.NOT_FOUND, f"no job with id {exc.args[0]!r}"
     if isinstance(exc, StoreUnavailable | StoreFenced):
         return grpc.StatusCode.UNAVAILABLE, f"the coordinator could not write its state: {exc}"
+    if isinstance(exc, JobNotRunning):
+        return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
     if isinstance(exc, NodeNameInUse):
         return grpc.StatusCode.ALREADY_EXISTS, str(exc)
     return None

@@ -26,6 +26,8 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from client.model import JobSpec, SpecError, is_job_id, is_name
+from client.stacks import CAPTURE_ID, StackCapture
+from client.stacks_wire import capture_to_pb
 from client.wire import attempt_to_pb, event_to_pb, node_to_pb, spec_from_pb
 from coordinator._cluster import Cluster, Effect, NodeChanged, NodeIsLive
 from coordinator._cluster_drain import MAX_DRAIN_S
@@ -78,6 +80,16 @@ class Service(Protocol):
     def watch_interval(self, job_id: str) -> float: ...
 
     def read_logs(self, req: pb.ReadLogsRequest, client: str = "") -> AsyncIterator[bytes]: ...
+
+    async def capture_stacks(
+        self,
+        job_id: str,
+        reason: str,
+        *,
+        rank: int | None = None,
+        native: bool = False,
+        wait: float = ...,
+    ) -> StackCapture: ...
 
 
 async def _abort_for(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
@@ -344,6 +356,49 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         _check_job_id(request.job_id)
         async for data in self._svc.read_logs(request, _peer_host(context.peer())):
             yield pb.LogData(data=data)
+
+    @_unary
+    async def CaptureStacks(
+        self, request: pb.CaptureStacksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StackCapture:
+        _check_job_ref(self._svc, request.job_id)
+        if request.rank < -1:
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"rank: -1 (every rank) or a rank, got {request.rank}",
+            )
+        wait = {"wait": request.timeout_ms / 1000} if request.timeout_ms > 0 else {}
+        capture = await self._svc.capture_stacks(
+            request.job_id,
+            "requested by a client",
+            rank=None if request.rank < 0 else request.rank,
+            native=request.native,
+            **wait,
+        )
+        return capture_to_pb(capture)
+
+    @_unary
+    async def GetStacks(
+        self, request: pb.GetStacksRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStacksResponse:
+        _check_job_ref(self._svc, request.job_id)
+        if request.capture_id and not CAPTURE_ID.fullmatch(request.capture_id):
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"capture_id: not a capture id: {request.capture_id[:80]!r}",
+            )
+        await self._svc.written([request.job_id])
+        captures = [
+            c
+            for c in self._svc.cluster.job_stacks(request.job_id)
+            if request.capture_id in ("", c.capture_id)
+        ]
+        if request.capture_id and not captures:
+            raise RequestError(
+                grpc.StatusCode.NOT_FOUND,
+                f"job {request.job_id} keeps no capture {request.capture_id}",
+            )
+        return pb.GetStacksResponse(captures=[capture_to_pb(c) for c in captures])
 
 
 P = TypeVar("P", pb.Event, pb.AttemptSummary)

@@ -6,7 +6,8 @@ are: the changes go to the service's journal (coordinator._journal), which write
 back what must wait for the write; the messages go to the node sessions; the job watchers are
 woken.
 Around it sit the client RPCs (coordinator._rpc), the node agents' streams
-(coordinator._node_sessions) and the log relay (coordinator._log_relay).
+(coordinator._node_sessions), the log relay (coordinator._log_relay) and the stack captures
+(coordinator._stacks).
 
 The names imported here as themselves (`from m import X as X`) stay importable from this module
 for whoever took them from here; they live in their own modules, and are patched there.
@@ -34,9 +35,11 @@ from client.node_protocol import (
     Heartbeat,
     Hello,
     LogChunk,
+    StackReply,
     Welcome,
 )
 from client.spec_diff import spec_differences
+from client.stacks import StackCapture
 from client.wire import (
     check_spec_size,
     job_to_pb,
@@ -79,6 +82,7 @@ from coordinator._node_sessions import (
 from coordinator._rpc import ATTEMPTS_PAGE_MAX as ATTEMPTS_PAGE_MAX
 from coordinator._rpc import _attempt_page as _attempt_page
 from coordinator._rpc import _CoordinatorServicer
+from coordinator._stacks import CAPTURE_WAIT_S, StackCollector
 from coordinator._store import StateStore, StoreFenced
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -125,6 +129,7 @@ class CoordinatorService:
         self._sessions: dict[str, _Session] = {}
         self._changed = asyncio.Condition()
         self.log_relay = LogRelay(self.cluster, self._sessions)
+        self.stacks = StackCollector(self.cluster, self._sessions, self.apply, self.now)
         self._tick_task: asyncio.Task[None] | None = None
         self.coordinator_id = uuid.uuid4().hex
         self.effect_observers: list[Callable[[list[Effect]], None]] = []  # e.g. metrics
@@ -431,6 +436,8 @@ class CoordinatorService:
             )
         if isinstance(decoded, LogChunk):
             self.log_relay.on_chunk(session, decoded)
+        elif isinstance(decoded, StackReply):
+            self.stacks.on_reply(session, decoded)
         self.apply(self.cluster.step(session.name, session.incarnation, decoded, self.now()))
         if isinstance(decoded, Heartbeat):
             self._probe_clock(session)
@@ -442,6 +449,25 @@ class CoordinatorService:
         now = self.now()
         if self.cluster.clock_probe_due(session.name, session.incarnation, now):
             session.send(encode_coordinator(ClockProbe(now)))
+
+    # ---- stacks ----------------------------------------------------------------------------
+
+    async def capture_stacks(
+        self,
+        job_id: str,
+        reason: str,
+        *,
+        rank: int | None = None,
+        native: bool = False,
+        wait: float = CAPTURE_WAIT_S,
+    ) -> StackCapture:
+        """Every running rank's stack of the job, read by the agents that run them, grouped and
+        kept with the job (an event of kind "stacks" names it); returns once it is written.
+        What any part of the coordinator calls to look at a job's ranks (see StackCollector)."""
+        capture = await self.stacks.capture(job_id, reason, rank=rank, native=native, wait=wait)
+        await self.flush()
+        await self.written([job_id])
+        return capture
 
     # ---- logs ------------------------------------------------------------------------------
 

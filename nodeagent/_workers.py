@@ -128,6 +128,11 @@ class WorkerGroup:
         return self._sup.pids
 
     @property
+    def stack_workers(self) -> list[Worker]:
+        """Every worker of the plan, started or not, to read the stacks of (nodeagent._stacks)."""
+        return list(self._workers)
+
+    @property
     def running(self) -> int:
         """Workers started and not yet reported as exited."""
         return sum(1 for w in self._workers if w.handle is not None and not w.reported)

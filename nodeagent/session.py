@@ -47,6 +47,7 @@ from client.node_protocol import (
     PortReserved,
     Release,
     ReservePort,
+    StackRequest,
     StartLogs,
     Stop,
 )
@@ -82,6 +83,7 @@ from nodeagent._metrics import AgentMetrics
 from nodeagent._node_secret import NodeSecret, load_node_secret
 from nodeagent._process import Sentinel
 from nodeagent._reaper import PidRegistry, reap_previous
+from nodeagent._stacks import StackService, stack_targets
 from nodeagent._standby import StandbyPool, can_serve
 from protos.gelastic.v1 import gelastic_pb2 as pb
 
@@ -237,6 +239,12 @@ class NodeAgent:
             chunk_bytes=LOG_CHUNK_BYTES,
         )
         self._log_requests, self._log_tasks = self._logs.requests, self._logs.tasks
+        self._stacks = StackService(
+            config.name,
+            lambda job_id, round_: stack_targets(self._held, job_id, round_),
+            self._tell,
+            self._spawn,
+        )
         self.metrics = AgentMetrics(config.name, config.metrics_host, config.metrics_port)
 
     @property
@@ -467,6 +475,8 @@ class NodeAgent:
                 self._logs.cancel(msg.request_id)
             case LogCredit():
                 self._logs.credit(msg)
+            case StackRequest():
+                self._stacks.start(msg)
             case DrainAccepted():
                 if self._drain_answer is not None and not self._drain_answer.done():
                     self._drain_answer.set_result(None)

@@ -479,6 +479,65 @@ function logPanel(jobId, ranks) {
   return card;
 }
 
+// ---- stacks ----------------------------------------------------------------------------
+
+// Every rank's stack, grouped: identical stacks once with the ranks that share them, the odd
+// ones first (the coordinator orders them). "stacks" takes a capture; the latest one the job
+// keeps is shown on arrival, also once its workers are gone.
+
+const STACK_STATUS = { ptrace_refused: "fallback (ptrace refused)", no_answer: "no answer", error: "not read" };
+
+function rankList(ranks) {
+  const shown = ranks.slice(0, 64).join(",");
+  const more = ranks.length > 64 ? " and " + (ranks.length - 64) + " more" : "";
+  return (ranks.length === 1 ? "rank " : "ranks ") + shown + more;
+}
+
+function showCapture(box, c) {
+  const parts = [el("p", { class: "muted", id: "stacks-capture" },
+    c.capture_id + " · " + clock(c.taken_at) + " · attempt " + c.attempt + " round " + c.round + " · " + c.reason)];
+  for (const g of c.groups) {
+    const status = STACK_STATUS[g.status];
+    const head = el("h3", { class: "stack-ranks" }, rankList(g.ranks) + " (" + g.nodes.join(", ") + "):");
+    if (status) head.append(" ", el("span", { class: "badge s-failed" }, status));
+    const group = el("div", { class: "stack-group" }, head);
+    if (g.note) group.append(el("p", { class: "muted stack-note" }, g.note));
+    if (g.text) group.append(el("pre", { class: "stack" }, g.text));
+    parts.push(group);
+  }
+  box.replaceChildren(...parts);
+}
+
+async function stackCall(jobId, method) {
+  const resp = await fetch("/api/jobs/" + encodeURIComponent(jobId) + "/stacks", { method, headers: authHeaders(), cache: "no-store" });
+  if (resp.status === 401) { toLogin(); throw new Error("log in first"); }
+  const data = await resp.json().catch(() => ({}));
+  if (!resp.ok) throw new Error(data.error || "HTTP " + resp.status);
+  return data;
+}
+
+function stacksPanel(jobId) {
+  const box = el("div", { id: "stacks" });
+  const status = el("span", { class: "muted", id: "stacks-status" });
+  const button = el("button", { type: "button", id: "stacks-button" }, "stacks");
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    status.textContent = "reading every rank's stack…";
+    try {
+      showCapture(box, await stackCall(jobId, "POST"));
+      status.textContent = "";
+    } catch (e) {
+      status.textContent = e.message;
+    } finally {
+      button.disabled = false;
+    }
+  });
+  stackCall(jobId, "GET").then((d) => {
+    if (d.captures && d.captures.length && !box.childElementCount) showCapture(box, d.captures[d.captures.length - 1]);
+  }).catch(() => {});
+  return el("div", { class: "card", id: "stacks-card" }, el("h2", {}, "Stacks"), el("div", { class: "controls" }, button, " ", status), box);
+}
+
 let jobParts = null;
 
 function renderJob(app, d) {
@@ -491,13 +550,14 @@ function renderJob(app, d) {
       cause: el("div"),
       events: el("div", { class: "card" }),
       logs: null,
+      stacks: stacksPanel(j.job_id),
     };
     const ranks = d.workers.map((w) => w.rank);
     if (!ranks.length) ranks.push(0);
     if (!ranks.includes(logChoice.rank)) logChoice.rank = ranks[0];
     jobParts.logs = logPanel(j.job_id, ranks);
     jobParts.rankKey = ranks.join(",");
-    app.replaceChildren(jobParts.head, jobParts.timeline, jobParts.ranks, jobParts.cause, jobParts.logs, jobParts.events);
+    app.replaceChildren(jobParts.head, jobParts.timeline, jobParts.ranks, jobParts.cause, jobParts.logs, jobParts.stacks, jobParts.events);
   }
   // A job that was queued at first sight gets its ranks once a round forms.
   const ranksNow = d.workers.map((w) => w.rank);

@@ -273,3 +273,54 @@ def test_the_cluster_page_shows_a_drained_node_and_why(
         page.close()
         cluster.client.undrain_node("node-1")
     assert not script_errors, script_errors
+
+
+def test_the_stacks_button_shows_every_rank_grouped_the_odd_one_first(
+    session: Any,
+    cluster: LocalCluster,
+    requested: list[str],
+    script_errors: list[str],
+    shots: Path,
+    tmp_path: Path,
+) -> None:
+    spots = Path(__file__).resolve().parents[1] / "e2e" / "scripts" / "stack_spots.py"
+    job = cluster.client.submit(
+        JobSpec(
+            entrypoint=[sys.executable, str(spots)],
+            name="stacks",
+            min_nodes=2,
+            max_nodes=2,
+            nproc_per_node=2,
+            last_call_timeout=0,
+            env={"OUT_DIR": str(tmp_path), "ODD_RANK": "2"},
+        )
+    )
+    poll_until(
+        lambda: all((tmp_path / f"ready-{r}").exists() for r in range(4)),
+        60,
+        what="every rank at its spot",
+    )
+    page = session.new_page()
+    page.goto(f"{cluster.dashboard_url}jobs/{job.job_id}")
+    page.click("#stacks-button", timeout=WAIT_MS)
+    heads = page.locator("#stacks .stack-ranks")
+    heads.nth(1).wait_for(timeout=WAIT_MS)
+    assert heads.count() == 2
+    first, second = heads.nth(0).inner_text(), heads.nth(1).inner_text()
+    assert first.startswith("rank 2 (") and second.startswith("ranks 0,1,3 (")
+    stacks = page.locator("#stacks pre.stack")
+    assert "gelastic_stack_odd_one_out" in stacks.nth(0).inner_text()
+    assert "gelastic_stack_probe_wait" in stacks.nth(1).inner_text()
+    captured = page.inner_text("#stacks-capture")
+    _shot(page, shots, "stacks", "dashboard-stacks.png")
+    page.close()
+    # Kept with the job: a page opened after its end shows the same capture.
+    job.cancel()
+    poll_until(lambda: job.status().state.is_terminal(), 60, what="the job to end")
+    again = session.new_page()
+    again.goto(f"{cluster.dashboard_url}jobs/{job.job_id}")
+    again.wait_for_selector("#stacks-capture", timeout=WAIT_MS)
+    assert again.inner_text("#stacks-capture") == captured
+    again.close()
+    _no_token_in(requested, cluster)
+    assert not script_errors, script_errors

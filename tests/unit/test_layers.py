@@ -38,6 +38,7 @@ PURE = (
     "coordinator._cluster_outcome",
     "coordinator._cluster_records",
     "coordinator._cluster_rounds",
+    "coordinator._cluster_stacks",
     "coordinator._cluster_views",
     "coordinator._cluster_words",
     "coordinator._placement",

@@ -42,6 +42,8 @@ from client.node_protocol import (
     Release,
     ReservePort,
     RunningGroup,
+    StackReply,
+    StackRequest,
     StartLogs,
     Stop,
     Welcome,
@@ -50,7 +52,9 @@ from client.node_protocol import (
     WorkerFailing,
     WorkerHealthSample,
     WorkersStarted,
+    WorkerStack,
 )
+from client.stacks import STACK_STATUSES
 from protos.gelastic.v1 import gelastic_pb2 as pb
 
 I32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
@@ -196,6 +200,22 @@ NODE_MESSAGES: dict[type, st.SearchStrategy[NodeMsg]] = {
     ),
     ClockReply: st.builds(ClockReply, probe_sent_at=FLOAT, received_at=FLOAT, sent_at=FLOAT),
     DrainRequest: st.builds(DrainRequest, deadline=DEADLINES, reason=TEXT),
+    StackReply: st.builds(
+        StackReply,
+        request_id=I64,
+        stacks=st.lists(
+            st.builds(
+                WorkerStack,
+                local_rank=I32,
+                pid=I32,
+                status=st.sampled_from(STACK_STATUSES),
+                text=TEXT,
+                note=TEXT,
+            ),
+            max_size=3,
+        ).map(tuple),
+        error=TEXT,
+    ),
 }
 
 SPECS = st.sampled_from(
@@ -267,6 +287,15 @@ COORDINATOR_MESSAGES: dict[type, st.SearchStrategy[CoordinatorMsg]] = {
     LogCredit: st.builds(LogCredit, request_id=I64, chunks=I64),
     ClockProbe: st.builds(ClockProbe, sent_at=FLOAT),
     DrainAccepted: st.builds(DrainAccepted, deadline=DEADLINES),
+    StackRequest: st.builds(
+        StackRequest,
+        request_id=I64,
+        job_id=TEXT,
+        round=I32,
+        local_ranks=st.lists(I32, max_size=4).map(tuple),
+        native=st.booleans(),
+        timeout=st.integers(min_value=1, max_value=60_000).map(lambda ms: ms / 1000),
+    ),
 }
 
 

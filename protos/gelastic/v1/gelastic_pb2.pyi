@@ -468,6 +468,66 @@ class Event(_message.Message):
     rank: int
     def __init__(self, seq: _Optional[int] = ..., job_id: _Optional[str] = ..., timestamp: _Optional[float] = ..., kind: _Optional[str] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ..., round: _Optional[int] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
 
+class StackGroup(_message.Message):
+    __slots__ = ("status", "text", "note", "ranks", "nodes")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    text: str
+    note: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, status: _Optional[str] = ..., text: _Optional[str] = ..., note: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StackCapture(_message.Message):
+    __slots__ = ("capture_id", "job_id", "reason", "taken_at", "native", "attempt", "round", "groups")
+    CAPTURE_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_AT_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    capture_id: str
+    job_id: str
+    reason: str
+    taken_at: float
+    native: bool
+    attempt: int
+    round: int
+    groups: _containers.RepeatedCompositeFieldContainer[StackGroup]
+    def __init__(self, capture_id: _Optional[str] = ..., job_id: _Optional[str] = ..., reason: _Optional[str] = ..., taken_at: _Optional[float] = ..., native: _Optional[bool] = ..., attempt: _Optional[int] = ..., round: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[StackGroup, _Mapping]]] = ...) -> None: ...
+
+class CaptureStacksRequest(_message.Message):
+    __slots__ = ("job_id", "rank", "native", "timeout_ms")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    native: bool
+    timeout_ms: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., native: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class GetStacksRequest(_message.Message):
+    __slots__ = ("job_id", "capture_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    capture_id: str
+    def __init__(self, job_id: _Optional[str] = ..., capture_id: _Optional[str] = ...) -> None: ...
+
+class GetStacksResponse(_message.Message):
+    __slots__ = ("captures",)
+    CAPTURES_FIELD_NUMBER: _ClassVar[int]
+    captures: _containers.RepeatedCompositeFieldContainer[StackCapture]
+    def __init__(self, captures: _Optional[_Iterable[_Union[StackCapture, _Mapping]]] = ...) -> None: ...
+
 class SubmitRequest(_message.Message):
     __slots__ = ("spec", "request_id")
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -884,8 +944,32 @@ class DrainRequest(_message.Message):
     reason: str
     def __init__(self, deadline_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class WorkerStack(_message.Message):
+    __slots__ = ("local_rank", "pid", "status", "text", "note")
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    local_rank: int
+    pid: int
+    status: str
+    text: str
+    note: str
+    def __init__(self, local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., status: _Optional[str] = ..., text: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
+
+class StackReply(_message.Message):
+    __slots__ = ("request_id", "stacks", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STACKS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    stacks: _containers.RepeatedCompositeFieldContainer[WorkerStack]
+    error: str
+    def __init__(self, request_id: _Optional[int] = ..., stacks: _Optional[_Iterable[_Union[WorkerStack, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+
 class NodeMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "port_reserved", "workers_started", "worker_exited", "group_stopped", "log_chunk", "worker_failing", "group_unknown", "drain_request", "clock_reply")
+    __slots__ = ("hello", "heartbeat", "port_reserved", "workers_started", "worker_exited", "group_stopped", "log_chunk", "worker_failing", "group_unknown", "drain_request", "clock_reply", "stack_reply")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PORT_RESERVED_FIELD_NUMBER: _ClassVar[int]
@@ -897,6 +981,7 @@ class NodeMessage(_message.Message):
     GROUP_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REQUEST_FIELD_NUMBER: _ClassVar[int]
     CLOCK_REPLY_FIELD_NUMBER: _ClassVar[int]
+    STACK_REPLY_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     port_reserved: PortReserved
@@ -908,7 +993,8 @@ class NodeMessage(_message.Message):
     group_unknown: GroupUnknown
     drain_request: DrainRequest
     clock_reply: ClockReply
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., port_reserved: _Optional[_Union[PortReserved, _Mapping]] = ..., workers_started: _Optional[_Union[WorkersStarted, _Mapping]] = ..., worker_exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., group_stopped: _Optional[_Union[GroupStopped, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., worker_failing: _Optional[_Union[WorkerFailing, _Mapping]] = ..., group_unknown: _Optional[_Union[GroupUnknown, _Mapping]] = ..., drain_request: _Optional[_Union[DrainRequest, _Mapping]] = ..., clock_reply: _Optional[_Union[ClockReply, _Mapping]] = ...) -> None: ...
+    stack_reply: StackReply
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., port_reserved: _Optional[_Union[PortReserved, _Mapping]] = ..., workers_started: _Optional[_Union[WorkersStarted, _Mapping]] = ..., worker_exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., group_stopped: _Optional[_Union[GroupStopped, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., worker_failing: _Optional[_Union[WorkerFailing, _Mapping]] = ..., group_unknown: _Optional[_Union[GroupUnknown, _Mapping]] = ..., drain_request: _Optional[_Union[DrainRequest, _Mapping]] = ..., clock_reply: _Optional[_Union[ClockReply, _Mapping]] = ..., stack_reply: _Optional[_Union[StackReply, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("heartbeat_interval_ms", "lease_ms", "coordinator_id")
@@ -1044,8 +1130,24 @@ class DrainAccepted(_message.Message):
     deadline_ms: int
     def __init__(self, deadline_ms: _Optional[int] = ...) -> None: ...
 
+class StackRequest(_message.Message):
+    __slots__ = ("request_id", "job_id", "round", "local_ranks", "native", "timeout_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANKS_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    job_id: str
+    round: int
+    local_ranks: _containers.RepeatedScalarFieldContainer[int]
+    native: bool
+    timeout_ms: int
+    def __init__(self, request_id: _Optional[int] = ..., job_id: _Optional[str] = ..., round: _Optional[int] = ..., local_ranks: _Optional[_Iterable[int]] = ..., native: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("welcome", "reserve_port", "assign", "stop", "release", "start_logs", "cancel_logs", "log_credit", "drain_accepted", "clock_probe", "epoch")
+    __slots__ = ("welcome", "reserve_port", "assign", "stop", "release", "start_logs", "cancel_logs", "log_credit", "drain_accepted", "clock_probe", "stack_request", "epoch")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     RESERVE_PORT_FIELD_NUMBER: _ClassVar[int]
     ASSIGN_FIELD_NUMBER: _ClassVar[int]
@@ -1056,6 +1158,7 @@ class CoordinatorMessage(_message.Message):
     LOG_CREDIT_FIELD_NUMBER: _ClassVar[int]
     DRAIN_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     CLOCK_PROBE_FIELD_NUMBER: _ClassVar[int]
+    STACK_REQUEST_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     reserve_port: ReservePort
@@ -1067,5 +1170,6 @@ class CoordinatorMessage(_message.Message):
     log_credit: LogCredit
     drain_accepted: DrainAccepted
     clock_probe: ClockProbe
+    stack_request: StackRequest
     epoch: int
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., reserve_port: _Optional[_Union[ReservePort, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., start_logs: _Optional[_Union[StartLogs, _Mapping]] = ..., cancel_logs: _Optional[_Union[CancelLogs, _Mapping]] = ..., log_credit: _Optional[_Union[LogCredit, _Mapping]] = ..., drain_accepted: _Optional[_Union[DrainAccepted, _Mapping]] = ..., clock_probe: _Optional[_Union[ClockProbe, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., reserve_port: _Optional[_Union[ReservePort, _Mapping]] = ..., assign: _Optional[_Union[Assign, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., start_logs: _Optional[_Union[StartLogs, _Mapping]] = ..., cancel_logs: _Optional[_Union[CancelLogs, _Mapping]] = ..., log_credit: _Optional[_Union[LogCredit, _Mapping]] = ..., drain_accepted: _Optional[_Union[DrainAccepted, _Mapping]] = ..., clock_probe: _Optional[_Union[ClockProbe, _Mapping]] = ..., stack_request: _Optional[_Union[StackRequest, _Mapping]] = ..., epoch: _Optional[int] = ...) -> None: ...

@@ -109,6 +109,16 @@ class CoordinatorStub:
                 request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.UndrainNodeRequest.SerializeToString,
                 response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.UndrainNodeResponse.FromString,
                 _registered_method=True)
+        self.CaptureStacks = channel.unary_unary(
+                '/gelastic.v1.Coordinator/CaptureStacks',
+                request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.CaptureStacksRequest.SerializeToString,
+                response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.StackCapture.FromString,
+                _registered_method=True)
+        self.GetStacks = channel.unary_unary(
+                '/gelastic.v1.Coordinator/GetStacks',
+                request_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetStacksRequest.SerializeToString,
+                response_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetStacksResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -206,6 +216,20 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CaptureStacks(self, request, context):
+        """Every rank's stack now, through the agents that run them; stored with the job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetStacks(self, request, context):
+        """The captures a job keeps (they outlive its workers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -283,6 +307,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.UndrainNode,
                     request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.UndrainNodeRequest.FromString,
                     response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.UndrainNodeResponse.SerializeToString,
+            ),
+            'CaptureStacks': grpc.unary_unary_rpc_method_handler(
+                    servicer.CaptureStacks,
+                    request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.CaptureStacksRequest.FromString,
+                    response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.StackCapture.SerializeToString,
+            ),
+            'GetStacks': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStacks,
+                    request_deserializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetStacksRequest.FromString,
+                    response_serializer=protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetStacksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -690,6 +724,60 @@ class Coordinator:
             '/gelastic.v1.Coordinator/UndrainNode',
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.UndrainNodeRequest.SerializeToString,
             protos_dot_gelastic_dot_v1_dot_gelastic__pb2.UndrainNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CaptureStacks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gelastic.v1.Coordinator/CaptureStacks',
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.CaptureStacksRequest.SerializeToString,
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.StackCapture.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStacks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gelastic.v1.Coordinator/GetStacks',
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetStacksRequest.SerializeToString,
+            protos_dot_gelastic_dot_v1_dot_gelastic__pb2.GetStacksResponse.FromString,
             options,
             channel_credentials,
             insecure,
