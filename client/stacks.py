@@ -37,10 +37,11 @@ MAX_STACK_BYTES = 16 * 1024
 """Most of one rank's stack text kept (the rest is cut, and the cut said)."""
 MAX_STACK_NOTE = 512
 """Most of what a node says besides a stack (why ptrace was refused, an error)."""
-MAX_CAPTURE_BYTES = 256 * 1024
+MAX_CAPTURE_BYTES = 128 * 1024
 """Most stack text one capture keeps, its groups together: past it, a group keeps a note only."""
-MAX_CAPTURES_KEPT = 4
-"""Captures a job keeps, the latest ones."""
+MAX_CAPTURES_KEPT = 2
+"""Captures a job keeps, the latest ones. They are written with every change of the job's record
+(an etcd request is at most 1.5 MiB by default), so together they stay small."""
 MAX_RANKS_NAMED = 64
 """Ranks one group's heading names; the rest are counted."""
 STACK_STATUSES = ("ok", "ptrace_refused", "no_answer", "error")
