@@ -168,13 +168,18 @@ _STATUS_WORDS = {
 }
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def format_capture(c: StackCapture) -> str:
     """The capture as a person reads it: a heading, then each group, the odd ones first."""
     when = datetime.fromtimestamp(c.taken_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     native = ", native frames" if c.native else ""
     lines = [
         f"capture {c.capture_id} of job {c.job_id} (attempt {c.attempt}, round {c.round}) "
-        f"at {when}{native}: {c.ranks} ranks in {len(c.groups)} groups; reason: {c.reason}"
+        f"at {when}{native}: {_count(c.ranks, 'rank')} in {_count(len(c.groups), 'group')};"
+        f" reason: {c.reason}"
     ]
     for g in c.groups:
         nodes = ", ".join(g.nodes[:MAX_RANKS_NAMED])

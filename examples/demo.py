@@ -45,6 +45,7 @@ import psutil
 
 from client import GelasticError, Job, JobSpec, JobState, WorkerState
 from client.model import AttemptSummary, ProcessFailure, RunResult
+from client.stacks import format_capture
 from gelastic.local import AGENT_ENV, CLUSTER_ENV, LocalCluster, poll_until
 
 HERE = Path(__file__).resolve().parent
@@ -219,7 +220,18 @@ def _wait(job: Job, pred: Callable[[], bool], what: str, timeout: float = WAIT_S
             raise DemoFailed(f"the job ended ({state.value}) while waiting for {what}")
         return False
 
-    poll_until(check, timeout, interval=0.2, what=what)
+    try:
+        poll_until(check, timeout, interval=0.2, what=what)
+    except TimeoutError as e:
+        raise DemoFailed(f"{e}\n{_where_each_rank_is(job)}") from None
+
+
+def _where_each_rank_is(job: Job) -> str:
+    """Every running rank's stack, grouped: what a wait that ran out has to say."""
+    try:
+        return "where each rank is:\n" + format_capture(job.stacks(wait=10))
+    except GelasticError as e:
+        return f"no stacks of the ranks: {e}"
 
 
 def resumed_from(job: Job, attempt: int, round_: int) -> tuple[int, int] | None:
@@ -340,7 +352,10 @@ def run(
     if step2 < at:
         raise DemoFailed(f"the re-formed round resumed from step {step2}, not from {at} or later")
 
-    result = job.wait(timeout=WAIT_S)
+    try:
+        result = job.wait(timeout=WAIT_S)
+    except TimeoutError as e:
+        raise DemoFailed(f"{e}\n{_where_each_rank_is(job)}") from None
     phases.mark(f"training to step {steps} and the exit barrier")
     timeline.final_step = checkpoint_step(ckpt_dir)
     timeline.update()
