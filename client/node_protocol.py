@@ -6,8 +6,8 @@ pure data with no transport: the coordinator's decision code takes `NodeMsg` val
 them into protobuf messages and back.
 
 Agent to coordinator: `Hello` (first, once), then `Heartbeat`, `PortReserved`, `WorkersStarted`,
-`WorkerExited`, `WorkerFailing`, `GroupStopped`, `GroupUnknown`, `LogChunk`, `ClockReply` and
-`DrainRequest`.
+`WorkerExited`, `WorkerFailing`, `GroupStopped`, `GroupUnknown`, `LogChunk`, `ClockReply`,
+`DrainRequest` and `ProgressReport`.
 Coordinator to agent: `Welcome` (first, once), then `ReservePort`, `Assign`, `Stop`, `Release`,
 `StartLogs`, `CancelLogs`, `LogCredit`, `ClockProbe` and `DrainAccepted`, each under the leader
 epoch of the coordinator that sent it.
@@ -37,6 +37,8 @@ __all__ = [
     "LogCredit",
     "NodeMsg",
     "PortReserved",
+    "ProgressReport",
+    "RankProgress",
     "Release",
     "ReservePort",
     "RoundMsg",
@@ -237,6 +239,26 @@ class DrainRequest:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class RankProgress:
+    """One rank's latest progress, as its worker reported it (`client.progress`)."""
+
+    local_rank: int
+    global_rank: int
+    step: int
+    steps_per_s: float = 0.0
+    metrics: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """The ranks of one round on the node whose progress changed since the agent's last report."""
+
+    job_id: str
+    round: int
+    ranks: tuple[RankProgress, ...] = ()
+
+
 NodeMsg = (
     Hello
     | Heartbeat
@@ -249,6 +271,7 @@ NodeMsg = (
     | LogChunk
     | ClockReply
     | DrainRequest
+    | ProgressReport
 )
 """Anything an agent sends."""
 
