@@ -55,6 +55,7 @@ from client.node_protocol import (
     LogChunk,
     NodeMsg,
     PortReserved,
+    ProgressReport,
     WorkerExited,
     WorkerFailing,
     WorkerHealthSample,
@@ -88,6 +89,7 @@ from coordinator._cluster_records import (
     ReleaseRound,
     RequestPort,
     RunningGroupReport,
+    StallDetected,
     StopRound,
     WorkerExitReport,
     _Job,
@@ -127,6 +129,7 @@ __all__ = [
     "ReleaseRound",
     "RequestPort",
     "RunningGroupReport",
+    "StallDetected",
     "StopRound",
     "WorkerExitReport",
     "WorkerHealthSample",
@@ -223,6 +226,9 @@ class Cluster(_Views):
         node.last_seen = now
         if isinstance(msg, Heartbeat):
             return self._on_heartbeat(node, msg, now)
+        if isinstance(msg, ProgressReport):
+            self._on_progress(node, msg, now)
+            return self._finish(now) if self._effects else Ready()
         if isinstance(msg, LogChunk):
             return self._finish(now) if self._effects else Ready()
         if isinstance(msg, ClockReply):
@@ -491,4 +497,5 @@ class Cluster(_Views):
                     self._effects.append(ReleaseRound(m.node, job.job_id, job.round))
                     self._free_member(job, m)
                 self._changed(job)
+        self._check_progress(now)
         return self._finish(now, force=True)
