@@ -72,23 +72,37 @@ class ProgressSample:
         return json.dumps(doc, separators=(",", ":")).encode()
 
 
+_known_names: set[str] = set()
+"""Metric names already checked (a loop reports the same few every step)."""
+MAX_KNOWN_NAMES = 1024
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        try:
+            value = float(value)  # type: ignore[arg-type]  # a 0-d tensor or numpy scalar
+        except (TypeError, ValueError):
+            raise ValueError(f"metric {name}: not a number") from None
+    f = float(value)
+    if not math.isfinite(f):
+        f = 0.0 if math.isnan(f) else math.copysign(1e308, f)
+    return f
+
+
 def _check_metrics(metrics: Mapping[str, object]) -> tuple[tuple[str, float], ...]:
     if len(metrics) > MAX_METRICS:
         raise ValueError(f"at most {MAX_METRICS} metrics, got {len(metrics)}")
     out = []
     for name, value in metrics.items():
-        if not isinstance(name, str) or not METRIC_NAME.fullmatch(name):
-            raise ValueError(f"metric name {str(name)[:80]!r}: must be [A-Za-z_][A-Za-z0-9_.]*")
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            try:
-                value = float(value)  # type: ignore[arg-type]  # a 0-d tensor or numpy scalar
-            except (TypeError, ValueError):
-                raise ValueError(f"metric {name}: not a number") from None
-        f = float(value)
-        if not math.isfinite(f):
-            f = 0.0 if math.isnan(f) else math.copysign(1e308, f)
-        out.append((name, f))
-    return tuple(sorted(out))
+        if name not in _known_names:
+            if not isinstance(name, str) or not METRIC_NAME.fullmatch(name):
+                raise ValueError(f"metric name {str(name)[:80]!r}: must be [A-Za-z_][A-Za-z0-9_.]*")
+            if len(_known_names) < MAX_KNOWN_NAMES:
+                _known_names.add(name)
+        # A finite float, the usual case, as it is; anything else through _number.
+        ok = type(value) is float and value - value == 0.0
+        out.append((name, value if ok else _number(name, value)))
+    return tuple(out)  # type: ignore[arg-type]
 
 
 def _check_step(step: object) -> int:
@@ -120,36 +134,35 @@ def parse_progress(data: bytes) -> ProgressSample | None:
 
 
 class ProgressBatcher:
-    """What to write, and when (pure: the clock is passed in). `offer` keeps the latest values;
-    `due` says what to write now, if anything: the latest sample, at most every `every` seconds,
-    and only when it changed."""
+    """What to write, and when (pure: the clock is passed in). `offer` keeps the latest values
+    (one assignment: it runs on every step); `due` says what to write now, if anything: the
+    latest sample, at most every `every` seconds, and only when it changed. Steps/s is measured
+    between offers at least `rate_window` seconds apart."""
 
     def __init__(self, every: float = FLUSH_EVERY_S, rate_window: float = RATE_WINDOW_S) -> None:
         self.every = every
         self.rate_window = rate_window
-        self._latest: tuple[int, tuple[tuple[str, float], ...]] | None = None
+        self._latest: tuple[int, tuple[tuple[str, float], ...], float] | None = None
         self._written: ProgressSample | None = None
         self._written_at = -math.inf
         self._rate = 0.0
         self._rate_mark: tuple[int, float] | None = None
-        self._step_at: tuple[int, float] | None = None
 
     def offer(self, step: int, metrics: tuple[tuple[str, float], ...], now: float) -> None:
-        self._latest = (step, metrics)
-        if self._step_at is None or self._step_at[0] != step:
-            self._step_at = (step, now)
-        if self._rate_mark is None or step < self._rate_mark[0]:
-            self._rate_mark = (step, now)
+        self._latest = (step, metrics, now)
 
     def due(self, now: float) -> ProgressSample | None:
-        if self._latest is None or now - self._written_at < self.every:
+        latest = self._latest
+        if latest is None or now - self._written_at < self.every:
             return None
-        step, metrics = self._latest
-        mark, last = self._rate_mark, self._step_at
-        if mark is not None and last is not None and last[1] - mark[1] >= self.rate_window:
-            self._rate = (last[0] - mark[0]) / (last[1] - mark[1])
-            self._rate_mark = last
-        sample = ProgressSample(step, round(self._rate, 3), metrics)
+        step, metrics, at = latest
+        mark = self._rate_mark
+        if mark is None or step < mark[0]:
+            self._rate_mark = (step, at)
+        elif at - mark[1] >= self.rate_window:
+            self._rate = (step - mark[0]) / (at - mark[1])
+            self._rate_mark = (step, at)
+        sample = ProgressSample(step, round(self._rate, 3), tuple(sorted(metrics)))
         if sample == self._written:
             return None
         self._written, self._written_at = sample, now
@@ -169,8 +182,7 @@ class _Reporter:
         self.thread.start()
 
     def offer(self, step: int, metrics: tuple[tuple[str, float], ...]) -> None:
-        with self.lock:
-            self.batcher.offer(step, metrics, self.clock())
+        self.batcher.offer(step, metrics, self.clock())  # one assignment: no lock
 
     def flush(self) -> None:
         with self.lock:
@@ -211,12 +223,12 @@ def progress(step: int, **metrics: float) -> None:
     checked_step = _check_step(step)
     checked = _check_metrics(metrics) if metrics else ()
     reporter = _reporter
-    if reporter is None or reporter.path != os.environ.get(PROGRESS_FILE_ENV):
+    if reporter is None:
         path = os.environ.get(PROGRESS_FILE_ENV)
         if not path:
             return
         with _reporter_lock:
-            if _reporter is None or _reporter.path != path:
+            if _reporter is None:
                 _reporter = _Reporter(path)
             reporter = _reporter
     reporter.offer(checked_step, checked)
