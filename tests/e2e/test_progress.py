@@ -111,24 +111,16 @@ def test_progress_of_four_ranks_shows_in_status_and_in_top(cluster: LocalCluster
     poll_until(lambda: all((w.step or 0) > 10 for w in job.status().workers), 30.0)
     gelastic = [PY, "-m", "gelastic"]
     env = {**os.environ, **cluster.client_env}
-    shown = subprocess.run(
-        [*gelastic, "status", job.job_id],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-        env=env,
-    ).stdout
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [*gelastic, *args], capture_output=True, text=True, timeout=30, check=True, env=env
+        )
+        return done.stdout
+
+    shown = cli("status", job.job_id)
     assert "progress:" in shown and "STEPS/S" in shown and "loss=" in shown
-    # Not a tty: one frame, then it returns.
-    frame = subprocess.run(
-        [*gelastic, "top", job.job_id],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-        env=env,
-    ).stdout
+    frame = cli("top", job.job_id)  # not a tty: one frame, then it returns
     rows = [r for r in (line.split() for line in frame.splitlines()) if r[:1] in RANK_CELLS]
     assert sorted(int(r[0]) for r in rows) == [0, 1, 2, 3]
     assert all(int(r[3]) > 10 for r in rows)  # STEP

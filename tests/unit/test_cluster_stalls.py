@@ -123,12 +123,17 @@ def test_a_job_without_a_stall_timeout_is_never_stalled() -> None:
     assert not of_type(out, StallDetected) and not d.cluster.job_status("j").stalled
 
 
-def test_stall_action_restart_is_a_hang_failure_of_the_ranks_behind_and_a_restart() -> None:
-    d = running(stall_timeout=3.0, stall_action="restart", max_restarts=1)
+def rank_2_hangs_at_step_5(d: Driver) -> None:
+    """The others enter step 5's collective; past the stall_timeout, the agents do as told."""
     step_all(d, 4)
     step_all(d, 5, skip=0)
     d.advance(4.0)
     d.settle()
+
+
+def test_stall_action_restart_is_a_hang_failure_of_the_ranks_behind_and_a_restart() -> None:
+    d = running(stall_timeout=3.0, stall_action="restart", max_restarts=1)
+    rank_2_hangs_at_step_5(d)
     assert d.state("j") == JobState.RUNNING
     status = d.cluster.job_status("j")
     assert status.attempt == 1 and not status.stalled
@@ -140,10 +145,7 @@ def test_stall_action_restart_is_a_hang_failure_of_the_ranks_behind_and_a_restar
 
 def test_stall_action_fail_fails_the_job_without_a_restart() -> None:
     d = running(stall_timeout=3.0, stall_action="fail", max_restarts=3)
-    step_all(d, 4)
-    step_all(d, 5, skip=0)
-    d.advance(4.0)
-    d.settle()
+    rank_2_hangs_at_step_5(d)
     assert d.state("j") == JobState.FAILED
     result = d.cluster.job_result("j")
     assert result is not None and list(result.failures) == [2]
