@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,8 @@ class ProgressFiles:
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if self._seen.get(lr) == key or st.st_size > MAX_PROGRESS_BYTES:
             return None
+        if not stat.S_ISREG(st.st_mode):
+            return None  # a FIFO, a device, a directory: never a progress file
         self._seen[lr] = key
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
