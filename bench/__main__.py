@@ -29,6 +29,8 @@ SCENARIOS = (
     "failure_report",
     "rendezvous_scale",
     "heartbeat_capacity",
+    "progress_load",
+    "progress_overhead",
     "footprint",
     "coordinator_restart",
     "submit_throughput",

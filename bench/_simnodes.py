@@ -21,6 +21,11 @@ newest leader epoch seen and hangs up on a coordinator whose message carries an 
 it names the replica its last session could not reach in its next session's metadata, as the
 agent does.
 
+With a progress rate (`progress HZ` on its stdin, 0 = off), every node also sends what the
+real agent forwards of its workers' `client.progress`: one ProgressReport per held round twice
+a second (the agent's `FORWARD_EVERY_S`), each rank's step advanced by HZ steps a second, its
+steps/s and one metric.
+
 `CoordinatorProcess` runs `coordinator serve` as a process of its own, so its CPU time and
 peak RSS are measured apart from everything else; `kill()` and `start()` again restart it on
 the same port and state directory.
@@ -240,6 +245,8 @@ class FleetStats:
     """Wall-clock receive times (time.time()) of the first and the last of those Assigns."""
     heartbeats: int = 0
     """Heartbeats sent since the fleet started."""
+    progress_reports: int = 0
+    """ProgressReports sent since the fleet started."""
     welcomes: int = 0
     """Welcomes received since the fleet started (reconnects count again)."""
     welcome_last: float | None = None
@@ -323,6 +330,7 @@ class SimFleet:
             out.ended += a["ended"]
             out.assigned += a["assigned"]
             out.heartbeats += a["heartbeats"]
+            out.progress_reports += a["progress_reports"]
             out.refused += a["refused"]
             out.errors += a["errors"]
             out.welcomes += a["welcomes"]
@@ -333,6 +341,11 @@ class SimFleet:
                 out.assign_first = min(first, out.assign_first or first)
                 out.assign_last = max(last, out.assign_last or last)
         return out
+
+    def set_progress(self, hz: float, timeout: float = 30.0) -> None:
+        """Every node's ranks step `hz` times a second from now, and their agents forward it
+        (0: no progress reports)."""
+        self._ask(f"progress {hz:g}", timeout)
 
     def finish(self, job_id: str, timeout: float = 30.0) -> int:
         """Every node's workers of `job_id` exit 0 now; returns how many nodes held it. A node
@@ -465,6 +478,11 @@ class _Held:
     attempt: int
     workers: list[pb.WorkerPid]
     exits: list[pb.WorkerExit] = field(default_factory=list)
+    started_at: float = field(default_factory=time.monotonic)
+
+
+PROGRESS_EVERY_S = 0.5
+"""How often a node forwards its workers' progress (the agent's FORWARD_EVERY_S)."""
 
 
 class _SimNode:
@@ -660,6 +678,26 @@ class _SimNode:
             ]
         self.send(pb.NodeMessage(heartbeat=pb.Heartbeat(seq=self.seq, groups=groups)))
 
+    def progress(self, hz: float) -> int:
+        """One ProgressReport per held round: every rank stepping `hz` times a second."""
+        sent = 0
+        for h in self.held.values():
+            step = int((time.monotonic() - h.started_at) * hz)
+            ranks = [
+                pb.RankProgress(
+                    local_rank=w.local_rank,
+                    global_rank=w.global_rank,
+                    step=step,
+                    steps_per_s=hz,
+                    metrics={"loss": 1.0 / (step + 1)},
+                )
+                for w in h.workers
+            ]
+            report = pb.ProgressReport(job_id=h.job_id, round=h.round, ranks=ranks)
+            self.send(pb.NodeMessage(progress_report=report))
+            sent += 1
+        return sent
+
     def _on(self, msg: pb.CoordinatorMessage) -> None:
         kind = msg.WhichOneof("kind")
         if kind == "welcome":
@@ -738,6 +776,8 @@ class _FleetProcess:
         self.nodes: list[_SimNode] = []
         self.errors: list[str] = []
         self.heartbeats = 0
+        self.progress_hz = 0.0
+        self.progress_reports = 0
         self.refused = 0
         self.metadata = Security.from_env().metadata
         """The agent token of $GELASTIC_TOKEN_FILE, if the coordinator wants one."""
@@ -767,6 +807,7 @@ class _FleetProcess:
         ]
         tasks = [loop.create_task(n.run()) for n in self.nodes]
         ticker = loop.create_task(self._heartbeats())
+        forwarder = loop.create_task(self._progress())
         reader = asyncio.StreamReader()
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
         try:
@@ -777,15 +818,19 @@ class _FleetProcess:
                 cmd, _, arg = line.partition(" ")
                 if cmd == "stats":
                     self._answer(self._stats(arg))
+                elif cmd == "progress":
+                    self.progress_hz = max(0.0, float(arg))
+                    self._answer({"progress_hz": self.progress_hz})
                 elif cmd == "finish":
                     self._answer({"finished": sum(n.finish(arg) for n in self.nodes)})
                 else:
                     self._answer({"error": f"unknown command {cmd!r}"})
         finally:
             ticker.cancel()
+            forwarder.cancel()
             for t in tasks:
                 t.cancel()
-            await asyncio.gather(ticker, *tasks, return_exceptions=True)
+            await asyncio.gather(ticker, forwarder, *tasks, return_exceptions=True)
             for c in channels:
                 await c.close(grace=None)
 
@@ -802,6 +847,19 @@ class _FleetProcess:
                     self.heartbeats += 1
             slice_no = (slice_no + 1) % HEARTBEAT_SLICES
 
+    async def _progress(self) -> None:
+        """With a progress rate, every node forwards progress each PROGRESS_EVERY_S, spread."""
+        slice_no = 0
+        next_at = time.monotonic()
+        while True:
+            next_at += PROGRESS_EVERY_S / HEARTBEAT_SLICES
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            if self.progress_hz > 0:
+                for n in self.nodes[slice_no::HEARTBEAT_SLICES]:
+                    if n.welcomed:
+                        self.progress_reports += n.progress(self.progress_hz)
+            slice_no = (slice_no + 1) % HEARTBEAT_SLICES
+
     def _stats(self, job_id: str) -> dict[str, Any]:
         times = [n.assigned_at[job_id] for n in self.nodes if job_id in n.assigned_at]
         welcome_times = [n.welcome_at for n in self.nodes if n.welcome_at is not None]
@@ -814,6 +872,7 @@ class _FleetProcess:
             "assign_first": min(times) if times else None,
             "assign_last": max(times) if times else None,
             "heartbeats": self.heartbeats,
+            "progress_reports": self.progress_reports,
             "refused": self.refused,
             "stale": self.stale,
             "errors": self.errors,

@@ -28,6 +28,7 @@ from client.model import (
     WorkerStatus,
 )
 from client.preempt import PreemptNotice, preempted
+from client.progress import progress
 
 if TYPE_CHECKING:
     from client._client import Client, GelasticError, Job, submit
@@ -74,5 +75,6 @@ __all__ = [
     "WorkerState",
     "WorkerStatus",
     "preempted",
+    "progress",
     "submit",
 ]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from client._cli_output import EXIT_USAGE, one_line
 from client._cli_stacks import STACK_HELP, add_stack_arguments
 from client._client import DEFAULT_COORDINATOR
 from client.model import JobSpec
+from client.stall_flags import add_stall_options
 from client.version import VersionAction as _Version
 
 DEFAULT_CALL_TIMEOUT_S = 10.0
@@ -151,6 +152,21 @@ def _add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
+def _add_status_and_top(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    s = command("status", "show a job: state, reason, members, and every rank")
+    s.add_argument("job_id", metavar="JOB", help="the job's id")
+    _add_json(s)
+    s = command("top", "show a job's ranks' progress live (q or Ctrl-C quits)")
+    s.add_argument("job_id", metavar="JOB", help="the job's id")
+    s.add_argument(
+        "--interval",
+        type=_positive_float,
+        default=1.0,
+        metavar="S",
+        help="seconds between refreshes (default %(default)g)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     d = JobSpec()
     p = _Parser(
@@ -283,6 +299,7 @@ def _parser() -> argparse.ArgumentParser:
         "error), which fail at once; 'always'; or exit codes such as '2,127' that fail at once "
         "too",
     )
+    add_stall_options(s, d.stall_timeout, d.stall_action)
     s.add_argument(
         "--scale-up",
         choices=("restart", "never"),
@@ -396,9 +413,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_json(s)
 
-    s = command("status", "show a job: state, reason, members, and every rank")
-    s.add_argument("job_id", metavar="JOB", help="the job's id")
-    _add_json(s)
+    _add_status_and_top(command)
 
     s = command("result", "show a finished job's return values or its failure report")
     s.add_argument("job_id", metavar="JOB", help="the job's id")

@@ -57,6 +57,8 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
         stop_grace=args.stop_grace,
         restart_backoff=args.restart_backoff,
         restart_policy=args.restart_policy,
+        stall_timeout=args.stall_timeout,
+        stall_action=args.stall_action,
         scale_up=args.scale_up,
         watchdog=args.watchdog,
         cwd=args.cwd,

@@ -31,6 +31,7 @@ class FailureCategory(enum.Enum):
     PLATFORM = "PLATFORM"  # the agent failed
     INFRA = "INFRA"  # the host or the network failed
     INPUT = "INPUT"  # the spec was invalid
+    HANG = "HANG"  # the rank stopped making progress (stall detection)
 
 
 def signal_message(signum: int, pid: int) -> str:

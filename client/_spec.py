@@ -29,6 +29,7 @@ from client._spec_fields import (
     MAX_STANDBY_LINGER_S,
     MAX_STRING,
     RESULT_KEY_BYTES,
+    STALL_ACTIONS,
     SpecError,
     _count,
     _cut,
@@ -227,6 +228,18 @@ class JobSpec:
     """Lines of stderr attached to a failure without an error file."""
     unhealthy_timeout: float = 60.0
     """Seconds a worker may stay in uninterruptible sleep or stopped before it is a failure."""
+    stall_timeout: float = 0.0
+    """Seconds without a step (`client.progress`) after which the job is stalled: no rank's step
+    advanced for that long, or some ranks' did while others' did not (those are behind).
+    Without progress reports, every rank idle on the CPU for that long. 0 (the default): off."""
+    stall_action: str = "report"
+    """What a stall does: "report" (an event and the job's status say so; it keeps running),
+    "restart" (a HANG failure of the ranks behind: the job restarts as after a crash) or
+    "fail" (the job fails at once)."""
+    straggler_factor: float = 1.5
+    """A rank whose steps/s stays under the median rank's divided by this is a straggler."""
+    straggler_window: float = 60.0
+    """Seconds a rank must stay that slow before it is flagged a straggler."""
     function: str = field(default="", repr=False)
     """Internal: set from `entrypoint` when it names a function; "pkg.module:qualname"."""
     main_path: str = ""
@@ -441,6 +454,20 @@ class JobSpec:
         _seconds("restart_backoff", self.restart_backoff)
         parse_restart_policy(self.restart_policy)
         _seconds("unhealthy_timeout", self.unhealthy_timeout, allow_zero=False)
+        _seconds("stall_timeout", self.stall_timeout)
+        if self.stall_action not in STALL_ACTIONS:
+            raise SpecError(
+                "stall_action",
+                f"must be one of {', '.join(STALL_ACTIONS)}, got {self.stall_action!r:.80}",
+            )
+        if not isinstance(self.straggler_factor, int | float) or not (
+            1.0 < self.straggler_factor <= 1000.0
+        ):
+            raise SpecError(
+                "straggler_factor",
+                f"must be a number in (1, 1000], got {self.straggler_factor!r:.80}",
+            )
+        _seconds("straggler_window", self.straggler_window)
         if self.scale_up not in ("restart", "never"):
             raise SpecError("scale_up", f"must be 'restart' or 'never', got {self.scale_up!r}")
         if not isinstance(self.cwd, str) or "\x00" in self.cwd or len(self.cwd) > 4096:

@@ -42,6 +42,8 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 MAX_PRELOAD = 32
 """Most modules a spec may ask its standby workers to preload."""
 MAX_STANDBY_LINGER_S = 3600.0
+STALL_ACTIONS = ("report", "restart", "fail")
+"""What a stall does (`JobSpec.stall_action`)."""
 """Longest `standby_linger`: idle interpreters hold memory on the nodes."""
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}(\.[A-Za-z_][A-Za-z0-9_]{0,127}){0,15}")
 _STD_MAPPING = re.compile(r"(\d+:[0123],)*(\d+:[0123])")

@@ -7,7 +7,7 @@ snapshots `job.status()`, `list_nodes()` and `events()` return.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class WorkerState(enum.Enum):
@@ -134,6 +134,18 @@ class WorkerStatus:
     """Workers of its role in the round (ROLE_WORLD_SIZE)."""
     gpu: WorkerGpu | None = None
     """None on a node without GPUs."""
+    step: int | None = None
+    """The step the rank last reported (`client.progress`); None: it never reported one."""
+    steps_per_s: float = 0.0
+    """Its steps per second, as measured by the worker over about a second."""
+    last_step_age: float | None = None
+    """Seconds since its step last advanced (None: no step reported)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The metrics it reported with its step (`progress(step, loss=...)`)."""
+    behind: bool = False
+    """The job's current stall names this rank as behind."""
+    straggler: bool = False
+    """Flagged a straggler: slower than the median rank by the job's straggler_factor."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +168,13 @@ class JobStatus:
     world_size: int = 0
     submitted_at: float = 0.0
     finished_at: float = 0.0
+    stall_reason: str = ""
+    """Set while the job is stalled (`JobSpec.stall_timeout`): why, naming the ranks behind."""
+    stalled_since: float = 0.0
+
+    @property
+    def stalled(self) -> bool:
+        return bool(self.stall_reason)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ __all__ = [
     "events_table",
     "jobs_table",
     "nodes_table",
+    "progress_lines",
     "result_text",
     "status_text",
     "table",
@@ -270,6 +271,9 @@ def status_text(s: JobStatus) -> str:
                 right="RANK,LOCAL,ROLE_RANK,WORLD,ROLE_WORLD,PID,CPU%,RSS_MB",
             )
         )
+    if s.stalled or any(w.step is not None for w in s.workers):
+        lines += ["", "progress:"]
+        lines += _indent("\n".join(progress_lines(s)))
     gpu_rows = [
         (
             w.global_rank,
@@ -293,6 +297,67 @@ def status_text(s: JobStatus) -> str:
             )
         )
     return "\n".join(lines)
+
+
+MAX_METRICS_SHOWN = 4
+
+
+def _flags(w: WorkerStatus) -> str:
+    flags = [f for f, on in (("BEHIND", w.behind), ("STRAGGLER", w.straggler)) if on]
+    return ",".join(flags) or "-"
+
+
+def _metrics(w: WorkerStatus) -> str:
+    shown = [f"{k}={v:.4g}" for k, v in sorted(w.metrics.items())[:MAX_METRICS_SHOWN]]
+    more = len(w.metrics) - MAX_METRICS_SHOWN
+    return _cell(" ".join(shown) + (f" +{more}" if more > 0 else "")) or "-"
+
+
+def _gpu(w: WorkerStatus) -> str:
+    if w.gpu is None:
+        return "-"
+    return f"{w.gpu.index}:{w.gpu.utilization_percent:.0f}%"
+
+
+def progress_lines(s: JobStatus) -> list[str]:
+    """The stall (if any) and the per-rank progress table, as lines."""
+    lines = []
+    if s.stalled:
+        lines.append(f"STALLED: {_cell(s.stall_reason)}")
+    rows = [
+        (
+            w.global_rank,
+            w.node,
+            w.state,
+            "-" if w.step is None else w.step,
+            "-" if w.step is None else f"{w.steps_per_s:.2f}",
+            "-" if w.last_step_age is None else f"{w.last_step_age:.1f}",
+            f"{w.cpu_percent:.0f}",
+            f"{w.rss_bytes / 2**20:.0f}",
+            _gpu(w),
+            _flags(w),
+            _metrics(w),
+        )
+        for w in sorted(s.workers, key=lambda w: w.global_rank)
+    ]
+    lines += table(
+        (
+            "RANK",
+            "NODE",
+            "STATE",
+            "STEP",
+            "STEPS/S",
+            "LAST_STEP_S",
+            "CPU%",
+            "RSS_MB",
+            "GPU",
+            "FLAGS",
+            "METRICS",
+        ),
+        rows,
+        right="RANK,STEP,STEPS/S,LAST_STEP_S,CPU%,RSS_MB",
+    ).splitlines()
+    return lines
 
 
 def events_table(events: Sequence[JobEvent], *, header: bool = True) -> str:

@@ -41,6 +41,7 @@ from client._cli_parser import (
 )
 from client._cli_stacks import _cmd_stack
 from client._cli_submit import _check_spec, _check_submit_flags, _cmd_submit, build_spec
+from client._cli_top import _cmd_top
 from client._client import DEFAULT_COORDINATOR, Client, GelasticError
 from client.coordinators import parse_coordinators
 from client.model import is_host
@@ -206,6 +207,7 @@ _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "jobs": _cmd_jobs,
     "nodes": _cmd_nodes,
     "status": _cmd_status,
+    "top": _cmd_top,
     "result": _cmd_result,
     "logs": _cmd_logs,
     "events": _cmd_events,

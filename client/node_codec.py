@@ -8,6 +8,7 @@ field that no honest peer sends (too many GPUs, an unprintable uuid, an empty me
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import replace
@@ -31,6 +32,8 @@ from client.node_protocol import (
     LogCredit,
     NodeMsg,
     PortReserved,
+    ProgressReport,
+    RankProgress,
     Release,
     ReservePort,
     RunningGroup,
@@ -46,6 +49,7 @@ from client.node_protocol import (
     WorkersStarted,
     WorkerStack,
 )
+from client.progress import MAX_METRICS, MAX_STEP, METRIC_NAME
 from client.stacks import MAX_STACK_BYTES, MAX_STACK_NOTE, STACK_STATUSES, bounded_stack
 from client.wire import (
     failure_from_pb,
@@ -92,11 +96,13 @@ NODE_SECRET_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 MAX_DRAIN_REASON = 1000
 """Longest reason a drain keeps."""
 MAX_DRAIN_S = 7 * 86400.0
+"""Longest drain deadline a message may carry (seconds)."""
 MAX_STACK_WORKERS = 1024
 """Most workers one stack request or reply names (more than a node runs)."""
 MAX_STACK_WAIT_S = 60.0
 """Longest a stack request lets the reading of one worker's stack take."""
-"""Longest drain deadline a message may carry (seconds)."""
+MAX_PROGRESS_RANKS = 4096
+"""Ranks one progress report names at most (a node's workers of one round)."""
 
 
 class MessageError(ValueError):
@@ -358,6 +364,8 @@ def encode_node(msg: NodeMsg) -> pb.NodeMessage:
                 ],
             )
         )
+    if isinstance(msg, ProgressReport):
+        return pb.NodeMessage(progress_report=_progress_to_pb(msg))
     if isinstance(msg, DrainRequest):
         return pb.NodeMessage(
             drain_request=pb.DrainRequest(deadline_ms=_deadline_ms(msg.deadline), reason=msg.reason)
@@ -437,6 +445,8 @@ def decode_node(m: pb.NodeMessage) -> NodeMsg:
         )
     if kind == "stack_reply":
         return _stack_reply_from_pb(m.stack_reply)
+    if kind == "progress_report":
+        return _progress_from_pb(m.progress_report)
     raise MessageError("empty node message")
 
 
@@ -457,6 +467,43 @@ def _stack_reply_from_pb(r: pb.StackReply) -> StackReply:
         ),
         r.error[:MAX_STACK_NOTE],
     )
+
+
+def _progress_to_pb(msg: ProgressReport) -> pb.ProgressReport:
+    return pb.ProgressReport(
+        job_id=msg.job_id,
+        round=msg.round,
+        ranks=[
+            pb.RankProgress(
+                local_rank=r.local_rank,
+                global_rank=r.global_rank,
+                step=r.step,
+                steps_per_s=r.steps_per_s,
+                metrics=dict(r.metrics),
+            )
+            for r in msg.ranks
+        ],
+    )
+
+
+def _progress_from_pb(p: pb.ProgressReport) -> ProgressReport:
+    """Bounded as a worker's own report is (`client.progress`): what no agent sends is refused."""
+    if len(p.ranks) > MAX_PROGRESS_RANKS:
+        raise MessageError(f"progress_report.ranks: at most {MAX_PROGRESS_RANKS}")
+    ranks = []
+    for r in p.ranks:
+        if not 0 <= r.step <= MAX_STEP or not 0 <= r.steps_per_s <= 1e9:
+            raise MessageError("progress_report.ranks: step or steps_per_s out of range")
+        if len(r.metrics) > MAX_METRICS or not all(
+            METRIC_NAME.fullmatch(k) and math.isfinite(v) for k, v in r.metrics.items()
+        ):
+            raise MessageError("progress_report.ranks.metrics: a bad name or value")
+        ranks.append(
+            RankProgress(
+                r.local_rank, r.global_rank, r.step, r.steps_per_s, tuple(sorted(r.metrics.items()))
+            )
+        )
+    return ProgressReport(p.job_id, p.round, tuple(ranks))
 
 
 # ---- coordinator to agent ------------------------------------------------------------------------

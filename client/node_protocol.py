@@ -7,7 +7,7 @@ them into protobuf messages and back.
 
 Agent to coordinator: `Hello` (first, once), then `Heartbeat`, `PortReserved`, `WorkersStarted`,
 `WorkerExited`, `WorkerFailing`, `GroupStopped`, `GroupUnknown`, `LogChunk`, `ClockReply`,
-`DrainRequest` and `StackReply`.
+`DrainRequest`, `StackReply` and `ProgressReport`.
 Coordinator to agent: `Welcome` (first, once), then `ReservePort`, `Assign`, `Stop`, `Release`,
 `StartLogs`, `CancelLogs`, `LogCredit`, `ClockProbe`, `DrainAccepted` and `StackRequest`, each
 under the leader
@@ -38,6 +38,8 @@ __all__ = [
     "LogCredit",
     "NodeMsg",
     "PortReserved",
+    "ProgressReport",
+    "RankProgress",
     "Release",
     "ReservePort",
     "RoundMsg",
@@ -263,6 +265,26 @@ class StackReply:
     """Why none could be read ("" when they were)."""
 
 
+@dataclass(frozen=True)
+class RankProgress:
+    """One rank's latest progress, as its worker reported it (`client.progress`)."""
+
+    local_rank: int
+    global_rank: int
+    step: int
+    steps_per_s: float = 0.0
+    metrics: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """The ranks of one round on the node whose progress changed since the agent's last report."""
+
+    job_id: str
+    round: int
+    ranks: tuple[RankProgress, ...] = ()
+
+
 NodeMsg = (
     Hello
     | Heartbeat
@@ -276,6 +298,7 @@ NodeMsg = (
     | ClockReply
     | DrainRequest
     | StackReply
+    | ProgressReport
 )
 """Anything an agent sends."""
 

@@ -6,6 +6,8 @@ no decision code ever sees a protobuf message.
 
 from __future__ import annotations
 
+from typing import Any
+
 from client.model import (
     MAX_ROLES,
     MAX_SPEC_BYTES,
@@ -124,6 +126,10 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         roles=[role_to_pb(r) for r in spec.roles],
         wait_for_nodes=spec.wait_for_nodes,
         restart_policy=spec.restart_policy,
+        stall_timeout_ms=_ms(spec.stall_timeout),
+        stall_action=spec.stall_action,
+        straggler_factor=spec.straggler_factor,
+        straggler_window_ms=_ms(spec.straggler_window),
     )
 
 
@@ -226,6 +232,12 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         roles=tuple(role_from_pb(r) for r in msg.roles[: MAX_ROLES + 1]),
         wait_for_nodes=msg.wait_for_nodes,
         restart_policy=msg.restart_policy[:200],
+        stall_timeout=msg.stall_timeout_ms / 1000,
+        stall_action=msg.stall_action[:40] or d.stall_action,
+        straggler_factor=(
+            msg.straggler_factor if msg.HasField("straggler_factor") else d.straggler_factor
+        ),
+        straggler_window=opt_s("straggler_window_ms", d.straggler_window),
     )
 
 
@@ -370,9 +382,12 @@ def job_to_pb(status: JobStatus, result: RunResult | None, spec: JobSpec | None 
                 gpu_memory_used_bytes=w.gpu.memory_used if w.gpu is not None else 0,
                 gpu_temperature_c=w.gpu.temperature_c if w.gpu is not None else 0,
                 gpu_memory_total_bytes=w.gpu.memory_total if w.gpu is not None else 0,
+                **_progress_to_pb(w),
             )
             for w in status.workers
         ],
+        stall_reason=status.stall_reason,
+        stalled_since=status.stalled_since,
         submitted_at=status.submitted_at,
         finished_at=status.finished_at,
         min_nodes=status.min_nodes,
@@ -463,15 +478,45 @@ def job_status_from_pb(m: pb.Job) -> JobStatus:
                 world_size=w.world_size,
                 role_world_size=w.role_world_size,
                 gpu=_worker_gpu_from_pb(w),
+                **_progress_from_pb(w),
             )
             for w in m.workers
         ),
+        stall_reason=m.stall_reason,
+        stalled_since=m.stalled_since,
         nodes_joined=m.nodes_joined,
         last_call_deadline=m.last_call_deadline,
         world_size=m.world_size,
         submitted_at=m.submitted_at,
         finished_at=m.finished_at,
     )
+
+
+def _progress_to_pb(w: WorkerStatus) -> dict[str, Any]:
+    if w.step is None:
+        return {"behind": w.behind, "straggler": w.straggler}
+    return {
+        "has_progress": True,
+        "step": w.step,
+        "steps_per_s": w.steps_per_s,
+        "last_step_age_s": w.last_step_age or 0.0,
+        "metrics": dict(w.metrics),
+        "behind": w.behind,
+        "straggler": w.straggler,
+    }
+
+
+def _progress_from_pb(w: pb.WorkerStatus) -> dict[str, Any]:
+    if not w.has_progress:
+        return {"behind": w.behind, "straggler": w.straggler}
+    return {
+        "step": w.step,
+        "steps_per_s": w.steps_per_s,
+        "last_step_age": w.last_step_age_s,
+        "metrics": dict(w.metrics),
+        "behind": w.behind,
+        "straggler": w.straggler,
+    }
 
 
 def _worker_gpu_from_pb(w: pb.WorkerStatus) -> WorkerGpu | None:

@@ -58,6 +58,7 @@ from client.node_protocol import (
     LogChunk,
     NodeMsg,
     PortReserved,
+    ProgressReport,
     StackReply,
     WorkerExited,
     WorkerFailing,
@@ -92,6 +93,7 @@ from coordinator._cluster_records import (
     ReleaseRound,
     RequestPort,
     RunningGroupReport,
+    StallDetected,
     StopRound,
     WorkerExitReport,
     _Job,
@@ -131,6 +133,7 @@ __all__ = [
     "ReleaseRound",
     "RequestPort",
     "RunningGroupReport",
+    "StallDetected",
     "StopRound",
     "WorkerExitReport",
     "WorkerHealthSample",
@@ -227,6 +230,9 @@ class Cluster(_Stacks):
         node.last_seen = now
         if isinstance(msg, Heartbeat):
             return self._on_heartbeat(node, msg, now)
+        if isinstance(msg, ProgressReport):
+            self._on_progress(node, msg, now)
+            return self._finish(now) if self._effects else Ready()
         if isinstance(msg, LogChunk | StackReply):
             return self._finish(now) if self._effects else Ready()
         if isinstance(msg, ClockReply):
@@ -495,4 +501,5 @@ class Cluster(_Stacks):
                     self._effects.append(ReleaseRound(m.node, job.job_id, job.round))
                     self._free_member(job, m)
                 self._changed(job)
+        self._check_progress(now)
         return self._finish(now, force=True)

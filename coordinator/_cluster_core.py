@@ -28,6 +28,7 @@ from coordinator._cluster_records import (
     _Member,
     _Node,
 )
+from coordinator._progress_state import JobProgress
 
 logger = logging.getLogger("coordinator._cluster")
 
@@ -54,6 +55,10 @@ class _Core:
         self._reschedule = True
         self._changed_keys: set[tuple[str, bool]] = set()
         self._n_live = 0  # kept as a count: a join must not cost O(nodes)
+        self._now = 0.0
+        """The latest time an input brought: views that show an age (of a step) count from it."""
+        self._progress: dict[str, JobProgress] = {}
+        """Each running job's round's progress (`coordinator._cluster_stalls`); in memory only."""
         self._clocks: dict[str, tuple[str, ClockOffset]] = {}
         """Each node's clock as measured: name -> (the agent's incarnation, its estimate). In
         memory only (measuring again after a restart takes one probe), never written."""
@@ -61,6 +66,7 @@ class _Core:
     def _finish(self, now: float, *, force: bool = False) -> Ready:
         # Placement only changes when capacity or the queue does (or time passes, on a tick):
         # skipping it otherwise keeps a worker message O(1) however large the cluster.
+        self._now = max(self._now, now)
         if force or self._reschedule:
             self._reschedule = False
             self._schedule(now, tick=force)

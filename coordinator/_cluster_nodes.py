@@ -13,7 +13,7 @@ from client.model import (
     JobState,
     WorkerState,
 )
-from client.node_protocol import Heartbeat
+from client.node_protocol import Heartbeat, WorkerHealthSample
 from coordinator._cluster_drain import _Drains
 from coordinator._cluster_records import (
     PORT_TIMEOUT_S,
@@ -25,6 +25,8 @@ from coordinator._cluster_records import (
     RequestPort,
     RunningGroupReport,
     StopRound,
+    _Job,
+    _Member,
     _Node,
     _stop_round,
     _StopKind,
@@ -178,6 +180,10 @@ class _Nodes(_Drains):
         self._lose_node(node, "its stream to the coordinator ended", now)
         return self._finish(now)
 
+    def _note_cpu(self, job: _Job, member: _Member, s: WorkerHealthSample, now: float) -> None:
+        """A worker's CPU sample, for stall detection (`coordinator._cluster_stalls`)."""
+        raise NotImplementedError
+
     def _on_heartbeat(self, node: _Node, beat: Heartbeat, now: float) -> Ready:
         """A live node's heartbeat: its groups' states, its workers' and GPUs' health."""
         name = node.name
@@ -214,6 +220,7 @@ class _Nodes(_Drains):
                         s.rss_bytes,
                         s.proc_state,
                     )
+                    self._note_cpu(job, m, s, now)
         return self._finish(now) if self._effects else Ready()
 
     def _retain_nodes(self, now: float) -> None:

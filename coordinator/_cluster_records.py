@@ -167,6 +167,18 @@ class Forgotten:
     node: str = ""
 
 
+@dataclass(frozen=True)
+class StallDetected:
+    """A job's round is stalled (`coordinator._cluster_stalls`): the ranks behind, and their
+    nodes, in the same order. Neither written nor sent: the service's hook for what a stall
+    asks of the nodes besides the job's stall_action (capturing every rank's stack)."""
+
+    job_id: str
+    round: int
+    ranks: tuple[int, ...]
+    nodes: tuple[str, ...]
+
+
 Effect = (
     RequestPort
     | AssignRound
@@ -179,6 +191,7 @@ Effect = (
     | Forgotten
     | NodeChanged
     | DrainAccepted
+    | StallDetected
 )
 
 Change = JobChanged | EventRecorded | EventsCut | Forgotten | NodeChanged | CloseSession
@@ -380,7 +393,8 @@ class _StopKind(enum.Enum):
     MEMBERSHIP = "membership"
     CANCEL = "cancel"
     INPUT = "input"
-    """The spec itself cannot run: the job fails without spending its restart budget."""
+    """The spec itself cannot run (or a stall's action is "fail"): the job fails without
+    spending its restart budget."""
 
 
 @dataclass

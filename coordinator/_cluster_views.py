@@ -19,13 +19,13 @@ from client.model import (
     RunResult,
     WorkerStatus,
 )
-from coordinator._cluster_nodes import _Nodes
 from coordinator._cluster_records import (
     Ready,
     _Job,
     _Node,
     job_doc_with_round,
 )
+from coordinator._cluster_stalls import _Stalls
 from coordinator._cluster_words import (
     _node_state,
     _worker_gpu,
@@ -36,7 +36,7 @@ from coordinator._codec import decode, encode
 logger = logging.getLogger("coordinator._cluster")
 
 
-class _Views(_Nodes):
+class _Views(_Stalls):
     """Views, dumps and restore."""
 
     def job_ids(self) -> list[str]:
@@ -73,6 +73,7 @@ class _Views(_Nodes):
                         world_size=m.ranks.world_size,
                         role_world_size=m.ranks.role_world_size,
                         gpu=_worker_gpu(node, m, w.local_rank, sampled=not job.state.is_terminal()),
+                        **self._rank_progress(job, w.global_rank),
                     )
                 )
         workers.sort(key=lambda w: w.global_rank)
@@ -113,6 +114,7 @@ class _Views(_Nodes):
             world_size=sum(m.ranks.local_world_size for m in members),
             submitted_at=job.submitted_at,
             finished_at=job.finished_at,
+            **self._stall_status(job),
         )
 
     def job_result(self, job_id: str) -> RunResult | None:

@@ -252,9 +252,16 @@ class DashboardModel:
                     "cpu_percent": round(w.cpu_percent, 1),
                     "rss_bytes": w.rss_bytes,
                     "exitcode": w.exitcode,
+                    "step": w.step,
+                    "steps_per_s": round(w.steps_per_s, 2),
+                    "last_step_age": w.last_step_age,
+                    "metrics": {k: round(v, 6) for k, v in list(w.metrics.items())[:4]},
+                    "behind": w.behind,
+                    "straggler": w.straggler,
                 }
                 for w in s.workers[:RANKS_SHOWN]
             ],
+            "stall_reason": _cut(_one_line(s.stall_reason), ROW_TEXT_MAX),
             "ranks_total": len(s.workers),
             "attempts": attempts,
             "events": [_event_json(e) for e in events],

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from client.model import JobSpec, SpecError, is_host
+from client.stall_flags import add_stall_options
 from gelastic._rdzv import (
     BACKENDS,
     C10D_PORT,
@@ -214,6 +215,7 @@ def run_parser() -> argparse.ArgumentParser:
         "failed import of the script, a missing script, an argparse usage error), which fail at "
         "once; 'always'; or exit codes such as '2,127' that fail at once too",
     )
+    add_stall_options(p, 0.0, "report")
     p.add_argument(
         *_names("role"),
         dest="role",
@@ -700,6 +702,8 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
         max_nodes=1,
         max_restarts=args.max_restarts,
         restart_policy=args.restart_policy,
+        stall_timeout=args.stall_timeout,
+        stall_action=args.stall_action,
         role=args.role,
         redirects=redirects,
         tee=tee,

@@ -37,10 +37,12 @@ from string import Template
 
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import JobSpec, executable_note, parse_std_mapping
+from client.progress import PROGRESS_FILE_ENV
 
 __all__ = [
     "BOOTSTRAP_PATH",
     "PREEMPT_FILE_ENV",
+    "PROGRESS_FILE_ENV",
     "STDERR",
     "STDOUT",
     "STORE_HOST_PATH",
@@ -60,6 +62,7 @@ __all__ = [
     "job_python",
     "parse_python_command",
     "preempt_file",
+    "progress_file",
     "resolve_attempt_dir",
     "resolve_executable",
     "role_spec",
@@ -481,6 +484,11 @@ PREEMPT_FILE_ENV = "GELASTIC_PREEMPT_FILE"
 """Where a drain's preemption notice appears (`client.preempt`)."""
 
 
+def progress_file(worker_dir: Path) -> Path:
+    """Where a worker writes its progress: in its own log directory."""
+    return Path(worker_dir) / "progress.json"
+
+
 def preempt_file(round_dir: Path, node_name: str) -> Path:
     """The preemption notice of a worker group: in its round's directory, named for its node
     (agents of one host may share a round's directory)."""
@@ -496,6 +504,7 @@ def _worker_env(
     error_file: Path,
     timer_file: str | None,
     notice_file: Path,
+    progress_file: Path | None = None,
 ) -> dict[str, str]:
     spec = assignment.spec
     env = _job_env(spec, agent_env)
@@ -527,6 +536,8 @@ def _worker_env(
             PREEMPT_FILE_ENV: str(notice_file),
         }
     )
+    if progress_file is not None:
+        env[PROGRESS_FILE_ENV] = str(progress_file)
     if timer_file is not None:
         env["TORCHELASTIC_TIMER_FILE"] = timer_file
     if assignment.gpus:
@@ -695,6 +706,7 @@ def build_launch_plan(
             error_file=error_file,
             timer_file=timer_file,
             notice_file=preempt_file(base_dir, node_name),
+            progress_file=progress_file(wdir),
         )
         plan.append(
             WorkerLaunch(

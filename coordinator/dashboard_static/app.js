@@ -576,13 +576,18 @@ function renderJob(app, d) {
     el("p", { class: "muted entry" }, sp.entrypoint),
   );
   jobParts.timeline.replaceChildren(timeline(d));
+  const flags = (w) => [w.behind ? "behind" : "", w.straggler ? "straggler" : ""].filter((f) => f).join(", ");
+  const metrics = (w) => Object.entries(w.metrics || {}).map(([k, v]) => k + "=" + Number(v).toPrecision(4)).join(" ");
   const rows = d.workers.map((w) => ({
-    cells: [w.rank, w.local_rank, w.node, w.pid || "", el("td", {}, badge(w.state)), w.exitcode === null ? w.proc_state : "", w.cpu_percent.toFixed(0) + " %", bytes(w.rss_bytes), w.exitcode === null ? "" : w.exitcode],
+    cells: [w.rank, w.local_rank, w.node, w.pid || "", el("td", {}, badge(w.state)), w.exitcode === null ? w.proc_state : "", w.cpu_percent.toFixed(0) + " %", bytes(w.rss_bytes),
+      w.step === null ? "" : w.step, w.step === null ? "" : w.steps_per_s.toFixed(2), w.last_step_age === null ? "" : w.last_step_age.toFixed(1) + " s", flags(w), metrics(w),
+      w.exitcode === null ? "" : w.exitcode],
     data: { rank: w.rank },
   }));
   jobParts.ranks.replaceChildren(
     el("h2", {}, "Ranks"),
-    rows.length ? table(["rank", "local", "node", "pid", "state", "proc", "CPU", "RSS", "exit"], rows, "ranks") : el("p", { class: "muted" }, "no workers in the current round"),
+    ...(d.stall_reason ? [el("p", { class: "reason stalled", id: "stall-reason" }, d.stall_reason)] : []),
+    rows.length ? table(["rank", "local", "node", "pid", "state", "proc", "CPU", "RSS", "step", "steps/s", "last step", "flags", "metrics", "exit"], rows, "ranks") : el("p", { class: "muted" }, "no workers in the current round"),
   );
   if (d.ranks_total > d.workers.length) {
     jobParts.ranks.append(el("p", { class: "muted" }, "showing " + d.workers.length + " of " + d.ranks_total + " ranks"));

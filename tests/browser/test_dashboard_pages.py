@@ -288,10 +288,6 @@ def test_the_stacks_button_shows_every_rank_grouped_the_odd_one_first(
         JobSpec(
             entrypoint=[sys.executable, str(spots)],
             name="stacks",
-            min_nodes=2,
-            max_nodes=2,
-            nproc_per_node=2,
-            last_call_timeout=0,
             env={"OUT_DIR": str(tmp_path), "ODD_RANK": "2"},
         )
     )
@@ -322,5 +318,41 @@ def test_the_stacks_button_shows_every_rank_grouped_the_odd_one_first(
     again.wait_for_selector("#stacks-capture", timeout=WAIT_MS)
     assert again.inner_text("#stacks-capture") == captured
     again.close()
+
+
+def test_a_jobs_page_shows_each_ranks_progress(
+    session: Any, cluster: LocalCluster, requested: list[str], script_errors: list[str]
+) -> None:
+    """Four ranks that call client.progress: each row has its step, steps/s and metrics."""
+    steps = Path(__file__).resolve().parents[1] / "e2e" / "scripts" / "progress_steps.py"
+    job = cluster.client.submit(
+        JobSpec(
+            entrypoint=[sys.executable, str(steps)],
+            name="progress",
+            env={"RUN_S": "60"},
+        )
+    )
+    poll_until(
+        lambda: all(w.steps_per_s > 0 for w in job.status().workers), 60, what="4 ranks stepping"
+    )
+    page = session.new_page()
+    page.goto(f"{cluster.dashboard_url}jobs/{job.job_id}")
+    headers = page.locator("table.ranks th")
+    headers.first.wait_for(timeout=WAIT_MS)
+    names = headers.all_text_contents()
+    step_col, rate_col = names.index("step"), names.index("steps/s")
+    page.wait_for_function(
+        "[...document.querySelectorAll('table.ranks tbody tr')].length === 4 && "
+        f"[...document.querySelectorAll('table.ranks tbody tr')].every(r => "
+        f"Number(r.children[{step_col}].textContent) > 5 && "
+        f"Number(r.children[{rate_col}].textContent) > 0)",
+        timeout=WAIT_MS,
+    )
+    for row in page.locator("table.ranks tbody tr").all():
+        cells = row.locator("td").all_inner_texts()
+        assert float(cells[rate_col]) > 0 and "loss=" in " ".join(cells)
+    page.close()
+    job.cancel()
+    job.wait(60)
     _no_token_in(requested, cluster)
     assert not script_errors, script_errors

@@ -22,7 +22,7 @@ from bench._common import TORCHRUN
 from gelastic.local import poll_until
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT = 180
+TIMEOUT = 200
 MARK = "GELASTIC_BENCH_SMOKE"
 SCALE_METRICS = [
     ("rendezvous_scale", "N=10 submit -> all assigned"),
@@ -30,6 +30,9 @@ SCALE_METRICS = [
     ("rendezvous_scale", "N=10 coordinator peak RSS (MB)"),
     ("heartbeat_capacity", "N=100 coordinator CPU (cores)"),
     ("heartbeat_capacity", "N=100 simulated agents CPU (cores)"),
+    ("progress_load", "N=50 x8 coordinator CPU, heartbeats only (cores)"),
+    ("progress_load", "N=50 x8 coordinator CPU, progress at 10 Hz (cores)"),
+    ("progress_overhead", "progress(step, loss=...) call under gelastic (us)"),
     ("footprint", "idle agent RSS (MB)"),
     ("footprint", "idle agent CPU (%)"),
     ("footprint", "agent RSS, 8 workers (MB)"),

@@ -82,6 +82,7 @@ def test_torchrun_env_is_complete() -> None:
         "GELASTIC_ROUND": "5",
         "GELASTIC_NODE": "nodeA",
         "GELASTIC_PREEMPT_FILE": "/logs/job-7/attempt_2/preempt-nodeA.json",
+        "GELASTIC_PROGRESS_FILE": "/logs/job-7/attempt_2/5/progress.json",
     }
     assert env["PATH"] == "/bin"
     assert w0.env["RANK"] == "4" and w0.env["LOCAL_RANK"] == "0"

@@ -39,6 +39,8 @@ from client.node_protocol import (
     LogCredit,
     NodeMsg,
     PortReserved,
+    ProgressReport,
+    RankProgress,
     Release,
     ReservePort,
     RunningGroup,
@@ -215,6 +217,26 @@ NODE_MESSAGES: dict[type, st.SearchStrategy[NodeMsg]] = {
             max_size=3,
         ).map(tuple),
         error=TEXT,
+    ),
+    ProgressReport: st.builds(
+        ProgressReport,
+        job_id=TEXT,
+        round=I32,
+        ranks=st.lists(
+            st.builds(
+                RankProgress,
+                local_rank=I32,
+                global_rank=I32,
+                step=st.integers(min_value=0, max_value=2**62),
+                steps_per_s=st.floats(min_value=0, max_value=1e9),
+                metrics=st.dictionaries(
+                    st.from_regex(r"[A-Za-z_][A-Za-z0-9_.]{0,20}", fullmatch=True),
+                    FLOAT,
+                    max_size=16,
+                ).map(lambda d: tuple(sorted(d.items()))),
+            ),
+            max_size=3,
+        ).map(tuple),
     ),
 }
 

@@ -46,6 +46,7 @@ class FailureCategory(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_CATEGORY_PLATFORM: _ClassVar[FailureCategory]
     FAILURE_CATEGORY_INFRA: _ClassVar[FailureCategory]
     FAILURE_CATEGORY_INPUT: _ClassVar[FailureCategory]
+    FAILURE_CATEGORY_HANG: _ClassVar[FailureCategory]
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_QUEUED: JobState
 JOB_STATE_RENDEZVOUS: JobState
@@ -74,9 +75,10 @@ FAILURE_CATEGORY_USER: FailureCategory
 FAILURE_CATEGORY_PLATFORM: FailureCategory
 FAILURE_CATEGORY_INFRA: FailureCategory
 FAILURE_CATEGORY_INPUT: FailureCategory
+FAILURE_CATEGORY_HANG: FailureCategory
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "role", "entrypoint", "function", "main_path", "args", "function_args", "nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "env", "redirects", "tee", "join_timeout_ms", "last_call_timeout_ms", "exit_barrier_timeout_ms", "stop_grace_ms", "restart_backoff_ms", "scale_up", "watchdog", "cwd", "stderr_tail_lines", "unhealthy_timeout_ms", "result_key", "preload", "standby_linger_ms", "master_addr", "master_port", "roles", "wait_for_nodes", "restart_policy")
+    __slots__ = ("name", "role", "entrypoint", "function", "main_path", "args", "function_args", "nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "env", "redirects", "tee", "join_timeout_ms", "last_call_timeout_ms", "exit_barrier_timeout_ms", "stop_grace_ms", "restart_backoff_ms", "scale_up", "watchdog", "cwd", "stderr_tail_lines", "unhealthy_timeout_ms", "result_key", "preload", "standby_linger_ms", "master_addr", "master_port", "roles", "wait_for_nodes", "restart_policy", "stall_timeout_ms", "stall_action", "straggler_factor", "straggler_window_ms")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +118,10 @@ class JobSpec(_message.Message):
     ROLES_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_NODES_FIELD_NUMBER: _ClassVar[int]
     RESTART_POLICY_FIELD_NUMBER: _ClassVar[int]
+    STALL_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    STALL_ACTION_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: str
     entrypoint: _containers.RepeatedScalarFieldContainer[str]
@@ -148,7 +154,11 @@ class JobSpec(_message.Message):
     roles: _containers.RepeatedCompositeFieldContainer[Role]
     wait_for_nodes: bool
     restart_policy: str
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., function: _Optional[str] = ..., main_path: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., function_args: _Optional[bytes] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., redirects: _Optional[str] = ..., tee: _Optional[str] = ..., join_timeout_ms: _Optional[int] = ..., last_call_timeout_ms: _Optional[int] = ..., exit_barrier_timeout_ms: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., restart_backoff_ms: _Optional[int] = ..., scale_up: _Optional[str] = ..., watchdog: _Optional[bool] = ..., cwd: _Optional[str] = ..., stderr_tail_lines: _Optional[int] = ..., unhealthy_timeout_ms: _Optional[int] = ..., result_key: _Optional[bytes] = ..., preload: _Optional[_Iterable[str]] = ..., standby_linger_ms: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., roles: _Optional[_Iterable[_Union[Role, _Mapping]]] = ..., wait_for_nodes: _Optional[bool] = ..., restart_policy: _Optional[str] = ...) -> None: ...
+    stall_timeout_ms: int
+    stall_action: str
+    straggler_factor: float
+    straggler_window_ms: int
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., function: _Optional[str] = ..., main_path: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., function_args: _Optional[bytes] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., redirects: _Optional[str] = ..., tee: _Optional[str] = ..., join_timeout_ms: _Optional[int] = ..., last_call_timeout_ms: _Optional[int] = ..., exit_barrier_timeout_ms: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., restart_backoff_ms: _Optional[int] = ..., scale_up: _Optional[str] = ..., watchdog: _Optional[bool] = ..., cwd: _Optional[str] = ..., stderr_tail_lines: _Optional[int] = ..., unhealthy_timeout_ms: _Optional[int] = ..., result_key: _Optional[bytes] = ..., preload: _Optional[_Iterable[str]] = ..., standby_linger_ms: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., roles: _Optional[_Iterable[_Union[Role, _Mapping]]] = ..., wait_for_nodes: _Optional[bool] = ..., restart_policy: _Optional[str] = ..., stall_timeout_ms: _Optional[int] = ..., stall_action: _Optional[str] = ..., straggler_factor: _Optional[float] = ..., straggler_window_ms: _Optional[int] = ...) -> None: ...
 
 class Role(_message.Message):
     __slots__ = ("name", "entrypoint", "args", "env", "nproc_per_node", "min_nodes", "max_nodes")
@@ -293,7 +303,14 @@ class Member(_message.Message):
     def __init__(self, node: _Optional[str] = ..., addr: _Optional[str] = ..., group_rank: _Optional[int] = ..., nproc: _Optional[int] = ..., done: _Optional[bool] = ..., role: _Optional[str] = ..., group_state: _Optional[_Union[GroupState, str]] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("global_rank", "local_rank", "node", "state", "pid", "cpu_percent", "rss_bytes", "proc_state", "exitcode", "role", "role_rank", "world_size", "role_world_size", "gpu_index", "gpu_uuid", "gpu_utilization_percent", "gpu_memory_used_bytes", "gpu_temperature_c", "gpu_memory_total_bytes")
+    __slots__ = ("global_rank", "local_rank", "node", "state", "pid", "cpu_percent", "rss_bytes", "proc_state", "exitcode", "role", "role_rank", "world_size", "role_world_size", "gpu_index", "gpu_uuid", "gpu_utilization_percent", "gpu_memory_used_bytes", "gpu_temperature_c", "gpu_memory_total_bytes", "has_progress", "step", "steps_per_s", "last_step_age_s", "metrics", "behind", "straggler")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -313,6 +330,13 @@ class WorkerStatus(_message.Message):
     GPU_MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     GPU_TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HAS_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    BEHIND_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_FIELD_NUMBER: _ClassVar[int]
     global_rank: int
     local_rank: int
     node: str
@@ -332,10 +356,17 @@ class WorkerStatus(_message.Message):
     gpu_memory_used_bytes: int
     gpu_temperature_c: int
     gpu_memory_total_bytes: int
-    def __init__(self, global_rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., node: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., pid: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., proc_state: _Optional[str] = ..., exitcode: _Optional[int] = ..., role: _Optional[str] = ..., role_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., role_world_size: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., gpu_utilization_percent: _Optional[float] = ..., gpu_memory_used_bytes: _Optional[int] = ..., gpu_temperature_c: _Optional[int] = ..., gpu_memory_total_bytes: _Optional[int] = ...) -> None: ...
+    has_progress: bool
+    step: int
+    steps_per_s: float
+    last_step_age_s: float
+    metrics: _containers.ScalarMap[str, float]
+    behind: bool
+    straggler: bool
+    def __init__(self, global_rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., node: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., pid: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., proc_state: _Optional[str] = ..., exitcode: _Optional[int] = ..., role: _Optional[str] = ..., role_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., role_world_size: _Optional[int] = ..., gpu_index: _Optional[int] = ..., gpu_uuid: _Optional[str] = ..., gpu_utilization_percent: _Optional[float] = ..., gpu_memory_used_bytes: _Optional[int] = ..., gpu_temperature_c: _Optional[int] = ..., gpu_memory_total_bytes: _Optional[int] = ..., has_progress: _Optional[bool] = ..., step: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., last_step_age_s: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., behind: _Optional[bool] = ..., straggler: _Optional[bool] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "name", "state", "reason", "attempt", "round", "max_restarts", "members", "workers", "spec", "result", "has_result", "submitted_at", "finished_at", "min_nodes", "max_nodes", "nodes_joined", "last_call_deadline", "world_size")
+    __slots__ = ("job_id", "name", "state", "reason", "attempt", "round", "max_restarts", "members", "workers", "spec", "result", "has_result", "submitted_at", "finished_at", "min_nodes", "max_nodes", "nodes_joined", "last_call_deadline", "world_size", "stall_reason", "stalled_since")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -355,6 +386,8 @@ class Job(_message.Message):
     NODES_JOINED_FIELD_NUMBER: _ClassVar[int]
     LAST_CALL_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STALL_REASON_FIELD_NUMBER: _ClassVar[int]
+    STALLED_SINCE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     state: JobState
@@ -374,7 +407,9 @@ class Job(_message.Message):
     nodes_joined: int
     last_call_deadline: float
     world_size: int
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ..., round: _Optional[int] = ..., max_restarts: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., result: _Optional[_Union[RunResult, _Mapping]] = ..., has_result: _Optional[bool] = ..., submitted_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., nodes_joined: _Optional[int] = ..., last_call_deadline: _Optional[float] = ..., world_size: _Optional[int] = ...) -> None: ...
+    stall_reason: str
+    stalled_since: float
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ..., round: _Optional[int] = ..., max_restarts: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., result: _Optional[_Union[RunResult, _Mapping]] = ..., has_result: _Optional[bool] = ..., submitted_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., nodes_joined: _Optional[int] = ..., last_call_deadline: _Optional[float] = ..., world_size: _Optional[int] = ..., stall_reason: _Optional[str] = ..., stalled_since: _Optional[float] = ...) -> None: ...
 
 class Node(_message.Message):
     __slots__ = ("name", "addr", "slots", "slots_used", "state", "last_seen", "jobs", "incarnation", "quarantine_reason", "quarantined_until", "gpus", "gpu_health", "gpus_used", "drain_reason", "drain_deadline", "drained_since", "drain_by_agent", "clock_offset", "clock_uncertainty")
@@ -968,8 +1003,39 @@ class StackReply(_message.Message):
     error: str
     def __init__(self, request_id: _Optional[int] = ..., stacks: _Optional[_Iterable[_Union[WorkerStack, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
 
+class RankProgress(_message.Message):
+    __slots__ = ("local_rank", "global_rank", "step", "steps_per_s", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    local_rank: int
+    global_rank: int
+    step: int
+    steps_per_s: float
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, local_rank: _Optional[int] = ..., global_rank: _Optional[int] = ..., step: _Optional[int] = ..., steps_per_s: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ProgressReport(_message.Message):
+    __slots__ = ("job_id", "round", "ranks")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    round: int
+    ranks: _containers.RepeatedCompositeFieldContainer[RankProgress]
+    def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankProgress, _Mapping]]] = ...) -> None: ...
+
 class NodeMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "port_reserved", "workers_started", "worker_exited", "group_stopped", "log_chunk", "worker_failing", "group_unknown", "drain_request", "clock_reply", "stack_reply")
+    __slots__ = ("hello", "heartbeat", "port_reserved", "workers_started", "worker_exited", "group_stopped", "log_chunk", "worker_failing", "group_unknown", "drain_request", "clock_reply", "stack_reply", "progress_report")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PORT_RESERVED_FIELD_NUMBER: _ClassVar[int]
@@ -982,6 +1048,7 @@ class NodeMessage(_message.Message):
     DRAIN_REQUEST_FIELD_NUMBER: _ClassVar[int]
     CLOCK_REPLY_FIELD_NUMBER: _ClassVar[int]
     STACK_REPLY_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_REPORT_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     port_reserved: PortReserved
@@ -994,7 +1061,8 @@ class NodeMessage(_message.Message):
     drain_request: DrainRequest
     clock_reply: ClockReply
     stack_reply: StackReply
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., port_reserved: _Optional[_Union[PortReserved, _Mapping]] = ..., workers_started: _Optional[_Union[WorkersStarted, _Mapping]] = ..., worker_exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., group_stopped: _Optional[_Union[GroupStopped, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., worker_failing: _Optional[_Union[WorkerFailing, _Mapping]] = ..., group_unknown: _Optional[_Union[GroupUnknown, _Mapping]] = ..., drain_request: _Optional[_Union[DrainRequest, _Mapping]] = ..., clock_reply: _Optional[_Union[ClockReply, _Mapping]] = ..., stack_reply: _Optional[_Union[StackReply, _Mapping]] = ...) -> None: ...
+    progress_report: ProgressReport
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., port_reserved: _Optional[_Union[PortReserved, _Mapping]] = ..., workers_started: _Optional[_Union[WorkersStarted, _Mapping]] = ..., worker_exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., group_stopped: _Optional[_Union[GroupStopped, _Mapping]] = ..., log_chunk: _Optional[_Union[LogChunk, _Mapping]] = ..., worker_failing: _Optional[_Union[WorkerFailing, _Mapping]] = ..., group_unknown: _Optional[_Union[GroupUnknown, _Mapping]] = ..., drain_request: _Optional[_Union[DrainRequest, _Mapping]] = ..., clock_reply: _Optional[_Union[ClockReply, _Mapping]] = ..., stack_reply: _Optional[_Union[StackReply, _Mapping]] = ..., progress_report: _Optional[_Union[ProgressReport, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("heartbeat_interval_ms", "lease_ms", "coordinator_id")
