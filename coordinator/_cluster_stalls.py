@@ -24,6 +24,7 @@ from client.node_protocol import ProgressReport, WorkerHealthSample
 from coordinator._cluster_failures import _stamp
 from coordinator._cluster_nodes import _Nodes
 from coordinator._cluster_records import (
+    Ready,
     StallDetected,
     _Job,
     _Member,
@@ -44,6 +45,9 @@ from coordinator._progress_state import (
 
 CHECK_EVERY_S = 0.5
 """How often a round's progress is judged, at most (a stall is said this late at most)."""
+STALL_STACKS_S = 5.0
+"""How long a stall's restart or failure waits for the capture of every rank's stack (which
+needs the workers alive): it acts once the capture is kept (`stall_stacks_taken`), or then."""
 
 
 class _Stalls(_Nodes):
@@ -141,6 +145,9 @@ class _Stalls(_Nodes):
                 continue
             if now < progress.next_check:
                 continue
+            if progress.pending is not None and now >= progress.pending[2]:
+                self._act_on_stall(job, progress, now)
+                continue
             progress.next_check = now + CHECK_EVERY_S
             self._judge_stragglers(job, progress, now)
             if job.spec.stall_timeout > 0:
@@ -196,6 +203,7 @@ class _Stalls(_Nodes):
                 for t in progress.ranks.values():
                     t.behind = False
                 progress.stalled_since, progress.stall_reason = None, ""
+                progress.pending = None
                 self._event(job, now, "stall_cleared", "the ranks behind made a step again")
                 self._changed(job, durable=False)
             return
@@ -217,8 +225,31 @@ class _Stalls(_Nodes):
         nodes = tuple(progress.ranks[r].node for r in behind)
         self._effects.append(StallDetected(job.job_id, job.round, tuple(behind), nodes))
         self._changed(job, durable=False)
-        if action != "report":
-            self._stall_failures(job, progress, behind, why, now)
+        if action != "report" and progress.pending is None:
+            # The ranks' stacks first (StallDetected): a restart or a failure ends the workers.
+            progress.pending = (tuple(behind), why, now + STALL_STACKS_S)
+            progress.next_check = min(progress.next_check, progress.pending[2])
+
+    def stall_stacks_taken(self, job_id: str, round_: int, now: float) -> Ready:
+        """The stacks StallDetected asked for are kept (or could not be taken): a stalled
+        round's restart or failure goes ahead now rather than at its deadline."""
+        progress = self._progress.get(job_id)
+        job = self._jobs.get(job_id)
+        if (
+            job is not None
+            and progress is not None
+            and progress.pending is not None
+            and job.state == JobState.RUNNING
+            and job.round == progress.round == round_
+        ):
+            self._act_on_stall(job, progress, now)
+        return self._finish(now)
+
+    def _act_on_stall(self, job: _Job, progress: JobProgress, now: float) -> None:
+        assert progress.pending is not None
+        behind, why, _ = progress.pending
+        progress.pending = None
+        self._stall_failures(job, progress, list(behind), why, now)
 
     def _stall_failures(
         self, job: _Job, progress: JobProgress, behind: list[int], why: str, now: float

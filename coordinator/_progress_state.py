@@ -64,6 +64,8 @@ class JobProgress:
     stalled_since: float | None = None
     stall_reason: str = ""
     next_check: float = 0.0
+    pending: tuple[tuple[int, ...], str, float] | None = None
+    """A stall's action waiting for its stacks: the ranks behind, why, and when it acts anyway."""
 
 
 def describe_ranks(ranks: dict[int, RankTrack], chosen: list[int]) -> str:

@@ -16,6 +16,12 @@ from tests.e2e.conftest import PY, script
 
 TIMEOUT = 120
 RANK_CELLS = (["0"], ["1"], ["2"], ["3"])
+_SLEEP_AT = next(
+    i
+    for i, line in enumerate(Path(script("stall_train.py")).read_text().splitlines(), 1)
+    if "time.sleep(3600)" in line
+)
+SLEEP_LINE = f"stall_train.py:{_SLEEP_AT}"  # where a stack shows the hung rank
 
 
 def hang_spec(out: Path, **kw: object) -> JobSpec:
@@ -48,6 +54,13 @@ def test_a_rank_that_hangs_in_a_gloo_job_is_named_behind_within_seconds(
     assert stalled.rank == 2 and stalled.node == node_of[2]
     steps = {w.global_rank: w.step for w in status.workers}
     assert steps[2] == 4 and steps[0] == steps[1] == steps[3] == 5
+    # The stall took every rank's stack: rank 2 alone in its sleep, the others in all_reduce.
+    poll_until(lambda: any(e.kind == "stacks" for e in job.events()), 30.0, interval=0.1)
+    [capture] = job.stored_stacks()
+    assert capture.reason.startswith("stalled: rank(s) 2 behind"), capture.reason
+    odd, rest = capture.groups
+    assert odd.ranks == (2,) and SLEEP_LINE in odd.text, odd.text
+    assert rest.ranks == (0, 1, 3) and "all_reduce" in rest.text, rest.text
     job.cancel()
     job.wait(TIMEOUT)
 
@@ -63,6 +76,10 @@ def test_stall_action_restart_restarts_the_job_and_it_finishes(
     assert [f.global_rank for f in hang] == [2]
     assert "stalled at step 4" in hang[0].message
     assert job.status().attempt == 1
+    # Its stacks were taken before the restart ended the workers: in attempt 0, rank 2 asleep.
+    [capture] = job.stored_stacks()
+    assert capture.attempt == 0 and capture.groups[0].ranks == (2,), capture
+    assert SLEEP_LINE in capture.groups[0].text
 
 
 def test_a_rank_that_sleeps_50ms_more_a_step_is_flagged_a_straggler_and_only_it(

@@ -13,6 +13,7 @@ from client.node_protocol import (
     WorkerHealthSample,
 )
 from coordinator._cluster import StallDetected
+from coordinator._cluster_stalls import STALL_STACKS_S
 
 from ._cluster_driver import Driver, of_type
 
@@ -123,17 +124,31 @@ def test_a_job_without_a_stall_timeout_is_never_stalled() -> None:
     assert not of_type(out, StallDetected) and not d.cluster.job_status("j").stalled
 
 
-def rank_2_hangs_at_step_5(d: Driver) -> None:
-    """The others enter step 5's collective; past the stall_timeout, the agents do as told."""
+def rank_2_hangs_at_step_5(d: Driver, stacks_taken: bool) -> None:
+    """The others enter step 5's collective; past the stall_timeout the stall is said, and its
+    action waits for the ranks' stacks: until the service says they are kept, or until
+    STALL_STACKS_S. Then the agents do as told."""
     step_all(d, 4)
     step_all(d, 5, skip=0)
-    d.advance(4.0)
+    out = d.advance(4.0)
+    [stall] = of_type(out, StallDetected)
+    d.settle()
+    # The workers live on while their stacks are read.
+    status = d.cluster.job_status("j")
+    assert status.state == JobState.RUNNING and status.attempt == 0 and status.stalled
+    assert all(w.state.is_running() for w in status.workers)
+    if stacks_taken:
+        d._take(d.cluster.stall_stacks_taken("j", stall.round, d.now))
+    else:
+        d.advance(STALL_STACKS_S - 0.5)
+        assert d.cluster.job_status("j").attempt == 0
+        d.advance(1.0)
     d.settle()
 
 
 def test_stall_action_restart_is_a_hang_failure_of_the_ranks_behind_and_a_restart() -> None:
     d = running(stall_timeout=3.0, stall_action="restart", max_restarts=1)
-    rank_2_hangs_at_step_5(d)
+    rank_2_hangs_at_step_5(d, stacks_taken=True)
     assert d.state("j") == JobState.RUNNING
     status = d.cluster.job_status("j")
     assert status.attempt == 1 and not status.stalled
@@ -145,7 +160,7 @@ def test_stall_action_restart_is_a_hang_failure_of_the_ranks_behind_and_a_restar
 
 def test_stall_action_fail_fails_the_job_without_a_restart() -> None:
     d = running(stall_timeout=3.0, stall_action="fail", max_restarts=3)
-    rank_2_hangs_at_step_5(d)
+    rank_2_hangs_at_step_5(d, stacks_taken=False)
     assert d.state("j") == JobState.FAILED
     result = d.cluster.job_result("j")
     assert result is not None and list(result.failures) == [2]
