@@ -94,10 +94,6 @@ logger = logging.getLogger(__name__)
 
 TICK_S = 0.1
 RECONNECT_GRACE_S = 15.0
-STALL_CAPTURE_WAIT_S = 4.0
-"""How long a stall's capture waits for the nodes' stacks (within the cluster's STALL_STACKS_S)."""
-MAX_STALL_CAPTURES = 8
-"""Stall captures under way at once; a stall beyond them acts at its deadline without stacks."""
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
@@ -124,7 +120,6 @@ class CoordinatorService:
         self._notify_task: asyncio.Task[None] | None = None
         self._flush_task: asyncio.Task[None] | None = None
         self._restore_effects: list[Effect] = []
-        self._stall_captures: set[asyncio.Task[None]] = set()
         self._stopping = False
         self.journal = Journal(store, self.cluster, self._fenced)
         """What is not on disk yet, and what waits for it (messages to agents, readers)."""
@@ -190,7 +185,7 @@ class CoordinatorService:
             s.close()
 
     async def _end_tasks(self) -> None:
-        for task in (self._tick_task, self._flush_task, *self._stall_captures):
+        for task in (self._tick_task, self._flush_task, *self.stacks.stall_captures):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -253,8 +248,8 @@ class CoordinatorService:
         # The state first: a message below must see every change it follows as unwritten.
         self.journal.record(persist)
         for eff in effects:
-            if isinstance(eff, StallDetected):
-                self._stall_stacks(eff)
+            if isinstance(eff, StallDetected) and not self._stopping:
+                self.stacks.after_stall(eff)
         for eff in ready.send:
             if isinstance(eff, CloseSession):
                 s = self._sessions.get(eff.node)
@@ -269,29 +264,6 @@ class CoordinatorService:
             self._notify_task = asyncio.get_running_loop().create_task(self._notify())
         if self.journal.wants_flush():
             self.journal.flush_wanted.set()
-
-    def _stall_stacks(self, stall: StallDetected) -> None:
-        """Every rank's stack of a stalled round, kept with the job; then the stall's action."""
-        if self._stopping or len(self._stall_captures) >= MAX_STALL_CAPTURES:
-            return
-
-        async def capture() -> None:
-            ranks = ", ".join(map(str, stall.ranks[:16])) + (
-                " ..." if len(stall.ranks) > 16 else ""
-            )
-            try:
-                await self.capture_stacks(
-                    stall.job_id, f"stalled: rank(s) {ranks} behind", wait=STALL_CAPTURE_WAIT_S
-                )
-            except Exception as e:  # no worker left, the job gone: the action goes ahead anyway
-                logger.info("job %s: no stacks of its stall: %s", stall.job_id, e)
-            finally:
-                self._stall_captures.discard(task)
-            if not self._stopping:
-                self.apply(self.cluster.stall_stacks_taken(stall.job_id, stall.round, self.now()))
-
-        task = asyncio.get_running_loop().create_task(capture(), name="stall-stacks")
-        self._stall_captures.add(task)
 
     async def _notify(self) -> None:
         self._notify_pending = False

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from client.node_codec import encode_coordinator
 from client.node_protocol import StackReply, StackRequest
 from client.stacks import MAX_STACK_NOTE, RankStack, StackCapture, group_stacks
-from coordinator._cluster import Cluster, Effect
+from coordinator._cluster import Cluster, Effect, StallDetected
 from coordinator._node_sessions import _Session
 
 __all__ = [
@@ -36,6 +36,10 @@ CAPTURE_WAIT_S = 15.0
 CAPTURE_WAIT_MAX_S = 60.0
 WORKER_READ_S = 5.0
 """How long an agent lets one worker's stack read take (py-spy), by default."""
+STALL_CAPTURE_WAIT_S = 4.0
+"""How long a stall's capture waits for the nodes' stacks (within the cluster's STALL_STACKS_S)."""
+MAX_STALL_CAPTURES = 8
+"""Stall captures under way at once; a stall beyond them acts at its deadline without stacks."""
 CAPTURES_AT_ONCE = 4
 """Captures under way at once, all jobs together: each costs every node of its job a py-spy
 per worker."""
@@ -70,6 +74,30 @@ class StackCollector:
         self._pending: dict[int, _Pending] = {}
         self._slots = asyncio.Semaphore(CAPTURES_AT_ONCE)
         self.stray_replies = 0
+        self.stall_captures: set[asyncio.Task[None]] = set()
+        """Captures a stall started, each followed by the stall's action (ended at stop)."""
+
+    def after_stall(self, stall: StallDetected) -> None:
+        """Every rank's stack of a stalled round, kept with the job; then the stall's action
+        (`Cluster.stall_stacks_taken`), whether the capture worked or not."""
+        if len(self.stall_captures) >= MAX_STALL_CAPTURES:
+            return  # the stall acts at its deadline, without stacks
+
+        async def capture() -> None:
+            ranks = ", ".join(map(str, stall.ranks[:16])) + (
+                " ..." if len(stall.ranks) > 16 else ""
+            )
+            try:
+                reason = f"stalled: rank(s) {ranks} behind"
+                await self.capture(stall.job_id, reason, wait=STALL_CAPTURE_WAIT_S)
+            except Exception as e:  # no worker left, the job gone: the action goes ahead anyway
+                logger.info("job %s: no stacks of its stall: %s", stall.job_id, e)
+            finally:
+                self.stall_captures.discard(task)
+            self._apply(self._cluster.stall_stacks_taken(stall.job_id, stall.round, self._clock()))
+
+        task = asyncio.get_running_loop().create_task(capture(), name="stall-stacks")
+        self.stall_captures.add(task)
 
     def on_reply(self, session: _Session, reply: StackReply) -> None:
         """Take a node's answer to one of the requests it was sent; any other is dropped."""

@@ -124,6 +124,22 @@ class ProgressForwarder:
         self._send = send
         self.every = every
 
+    @classmethod
+    def of_held(
+        cls,
+        held: Callable[[], Mapping[tuple[str, int], Any] | None],
+        send: Callable[[NodeMsg], None],
+    ) -> tuple[ProgressForwarder, dict[tuple[str, int], ProgressFiles]]:
+        """A forwarder of the rounds `held()` gives (None while no session is up, when nothing
+        is sent), and the files it keeps by round (each `resend()` when a session opens)."""
+        known: dict[tuple[str, int], ProgressFiles] = {}
+
+        def rounds() -> list[ProgressFiles]:
+            now_held = held()
+            return [] if now_held is None else held_progress_files(now_held, known)
+
+        return cls(rounds, send), known
+
     @staticmethod
     def poll_all(rounds: Iterable[ProgressFiles]) -> list[ProgressReport]:
         return [r for files in rounds if (r := files.poll()) is not None]

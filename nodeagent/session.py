@@ -82,7 +82,7 @@ from nodeagent._gpus import (
 from nodeagent._metrics import AgentMetrics
 from nodeagent._node_secret import NodeSecret, load_node_secret
 from nodeagent._process import Sentinel
-from nodeagent._progress_files import ProgressFiles, ProgressForwarder, held_progress_files
+from nodeagent._progress_files import ProgressForwarder
 from nodeagent._reaper import PidRegistry, reap_previous
 from nodeagent._stacks import StackService, stack_targets
 from nodeagent._standby import StandbyPool, can_serve
@@ -246,7 +246,9 @@ class NodeAgent:
             self._tell,
             self._spawn,
         )
-        self._progress_files: dict[tuple[str, int], ProgressFiles] = {}
+        self._progress, self._progress_files = ProgressForwarder.of_held(
+            lambda: self._held if self._outbox is not None else None, self._tell
+        )
         self.metrics = AgentMetrics(config.name, config.metrics_host, config.metrics_port)
 
     @property
@@ -299,7 +301,7 @@ class NodeAgent:
         self._main = asyncio.get_running_loop().create_task(self._link.run(), name="agent-session")
         if self._gpu_monitor is not None:
             self._spawn(self._sample_gpus(self._gpu_monitor), "gpu-health")
-        self._spawn(ProgressForwarder(self._progress_rounds, self._tell).run(), "progress")
+        self._spawn(self._progress.run(), "progress")
 
     async def _discover_gpus(self) -> None:
         """Find the GPUs to offer (ValueError when an explicit --gpus cannot be met)."""
@@ -428,11 +430,6 @@ class NodeAgent:
         self._outbox, self._log_outbox = outbox, logs
         for files in self._progress_files.values():
             files.resend()
-
-    def _progress_rounds(self) -> list[ProgressFiles]:
-        """The progress files of each held round whose workers run, while a session is up."""
-        found = held_progress_files(self._held, self._progress_files)
-        return found if self._outbox is not None else []
 
     def _closed(self) -> None:
         self._outbox = self._log_outbox = None
