@@ -332,7 +332,7 @@ class Cluster(_Views):
                 pid=failure.pid,
                 exitcode=failure.exitcode,
                 failure=failure,
-                timestamp=failure.timestamp,
+                timestamp=failure.precise_timestamp,
             ),
             now,
         )
