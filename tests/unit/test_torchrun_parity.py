@@ -224,6 +224,9 @@ def test_master_addr_port_and_local_addr_map_to_the_spec() -> None:
     assert (p.local_addr, p.spec.master_addr, p.spec.master_port) == ("127.0.0.2", "127.0.0.2", 0)
     assert "--master-port must be 1-65535" in refused("--master-port", "70000", "x.py")
     assert "master_addr" in refused("--master-addr", "bad host!", "x.py")
+    # A name glibc's resolver takes from /etc/hosts, underscore and all.
+    assert plan("--master-addr", "test_host", "x.py").spec.master_addr == "test_host"
+    assert "master_addr" in refused("--master-addr=-test_host", "x.py")
 
 
 # ---- JobSpec: redirects / tee in torch's forms --------------------------------------------------
@@ -265,7 +268,10 @@ def test_anything_else_is_a_spec_error_naming_the_field(name: str, value: object
 # ---- JobSpec: a fixed master address and port ----------------------------------------------------
 
 
-@pytest.mark.parametrize("addr", ["10.0.0.1", "::1", "node-a", "node-a.example.com", "[fe80::1]"])
+@pytest.mark.parametrize(
+    "addr",
+    ["10.0.0.1", "::1", "node-a", "node-a.example.com", "[fe80::1]", "test_host", "_srv.node_a"],
+)
 def test_good_master_addrs(addr: str) -> None:
     s = JobSpec(entrypoint=["python", "t.py"], master_addr=addr, master_port=29500)
     s.validate()
@@ -278,6 +284,8 @@ def test_good_master_addrs(addr: str) -> None:
         ("master_addr", "a b"),
         ("master_addr", "x" * 254),
         ("master_addr", "-lead.example"),
+        ("master_addr", "a_" + "b" * 62),
+        ("master_addr", "node-a.-b"),
         ("master_addr", "host\n"),
         ("master_addr", 7),
         ("master_port", 65536),
