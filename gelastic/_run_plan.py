@@ -67,7 +67,8 @@ _REFUSED: dict[str, str] = {
     "node-rank": "with --nnodes 1 this host is the only node, so its node rank is 0",
     "event-log-handler": "events are kept by the coordinator (see 'gelastic events'); only "
     "'null' is accepted",
-    "logs-specs": "logs go to --log-dir/<job>/attempt_<n>/<rank>/ and cannot be replaced",
+    "logs-specs": "logs go to --log-dir/<job>/attempt_<n>/<rank>/ and cannot be replaced; "
+    "only 'default' is accepted",
     "numa-binding": "NUMA binding is not available",
     "signals-to-handle": "SIGINT, SIGTERM, SIGHUP (and SIGQUIT) cancel the job; no other "
     "signal can be forwarded to the workers",
@@ -569,6 +570,9 @@ def _refusal(name: str, value: Any) -> bool:
         return text != "0"
     if name == "event-log-handler":
         return text != "null"
+    if name == "logs-specs":
+        # torchrun's name for its own default (the "torchrun.logs_specs" entry point).
+        return text != "default"
     if name == "signals-to-handle":
         names = {s.strip() for s in text.split(",") if s.strip()}
         return not names <= _DEFAULT_SIGNALS

@@ -211,6 +211,14 @@ def test_torchrun_defaults_of_refused_flags_are_accepted() -> None:
     )
 
 
+@pytest.mark.parametrize("flag", ["--logs-specs", "--logs_specs"])
+def test_logs_specs_default_torchruns_own_value_is_accepted(flag: str) -> None:
+    # torchrun resolves "default" through its "torchrun.logs_specs" entry point: the default.
+    assert plan(flag, "default", "x.py").notes == ()
+    assert plan(f"{flag}=default", "x.py").spec.argv[-1].endswith("x.py")
+    assert refused(flag, "defaults", "x.py").startswith("--logs-specs is not supported: ")
+
+
 def test_unknown_flags_are_refused_by_the_parser() -> None:
     with pytest.raises(SystemExit) as e:
         run_parser().parse_args(["--bogus", "x.py"])
