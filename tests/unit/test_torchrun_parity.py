@@ -23,6 +23,7 @@ from gelastic._cli_run import PET_NAMES, RunError, RunPlan, cpu_count, plan_run,
 from nodeagent._launch import build_launch_plan, build_store_host_launch, entrypoint_name
 from tests.unit._cluster_driver import Driver, nodes_of
 from tests.unit.test_launch import assignment
+from tests.unit.test_launch import plan as launch_plan
 
 
 @pytest.fixture(autouse=True)
@@ -217,6 +218,22 @@ def test_logs_specs_default_torchruns_own_value_is_accepted(flag: str) -> None:
     assert plan(flag, "default", "x.py").notes == ()
     assert plan(f"{flag}=default", "x.py").spec.argv[-1].endswith("x.py")
     assert refused(flag, "defaults", "x.py").startswith("--logs-specs is not supported: ")
+
+
+@pytest.mark.parametrize("flag", ["--use-env", "--use_env"])
+def test_use_env_of_torch_distributed_launch_is_accepted_and_changes_nothing(flag: str) -> None:
+    assert plan(flag, "x.py", "--lr", "1").spec.args == ("--lr", "1")
+
+
+def test_no_use_env_gives_the_script_local_rank_as_torch_distributed_launch() -> None:
+    spec = plan("--no-use-env", "--nproc-per-node", "2", "x.py", "--lr", "1").spec
+    assert list(spec.args) == ["--local-rank=${local_rank}", "--lr", "1"]
+    # Each worker gets its own local rank, where torch's launcher puts it: first.
+    for launch in launch_plan(spec):
+        tail = list(launch.argv[launch.argv.index(f"--local-rank={launch.local_rank}") :])
+        assert tail == [f"--local-rank={launch.local_rank}", "--lr", "1"]
+    assert "--use-env or --no-use-env" in refused("--no-use-env", "--use_env", "x.py")
+    assert "--no-python" in refused("--no_use_env", "--no-python", "run.sh")
 
 
 def test_unknown_flags_are_refused_by_the_parser() -> None:
