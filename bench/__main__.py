@@ -39,10 +39,18 @@ SCENARIOS = (
     "torch_failure",
     "torch_stop",
     "multinode",
+    "inprocess_launch",
 )
 LONG_SCENARIOS = ("soak",)
 """Run only when named."""
-TORCH_SCENARIOS = ("torch_start", "torch_recovery", "torch_failure", "torch_stop", "multinode")
+TORCH_SCENARIOS = (
+    "torch_start",
+    "torch_recovery",
+    "torch_failure",
+    "torch_stop",
+    "multinode",
+    "inprocess_launch",
+)
 """Workers that import torch and run gloo collectives: run only when named (heavier)."""
 REPLICA_SCENARIOS = ("failover",)
 """Three coordinator replicas on etcd: run only when named (they need etcd)."""
