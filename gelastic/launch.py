@@ -77,7 +77,8 @@ class LaunchConfig:
     rdzv_backend: str = "etcd"
     """Accepted; the embedded coordinator is the rendezvous, whatever the backend."""
     rdzv_configs: dict[str, Any] = field(default_factory=dict)
-    """"timeout": seconds to wait for the node (join timeout); "last_call_timeout" likewise."""
+    """"join_timeout" (c10d's), else "timeout": seconds to wait for the node to join;
+    "last_call_timeout" likewise."""
     rdzv_timeout: int = -1
     """Legacy: when not -1, becomes `rdzv_configs["timeout"]`, as in torch."""
     max_restarts: int = 3
@@ -187,7 +188,10 @@ def launch_spec(
         "max_restarts": _field(config, "max_restarts", 3),
         "role": _field(config, "role", "default_role"),
         "name": run_id,
-        "join_timeout": _seconds(config, "timeout", DEFAULT_RDZV_TIMEOUT_S),
+        # c10d's key, else the one torch's other backends (and rdzv_timeout) use.
+        "join_timeout": _seconds(
+            config, "join_timeout", _seconds(config, "timeout", DEFAULT_RDZV_TIMEOUT_S)
+        ),
         "last_call_timeout": _seconds(config, "last_call_timeout", 30.0),
         "stop_grace": float(30 if shutdown is None else shutdown),
         "master_addr": master_addr or local_addr,

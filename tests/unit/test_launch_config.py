@@ -44,6 +44,8 @@ def test_the_fields_map_onto_the_job() -> None:
     assert spec.function == "tests.workloads.launched:rank_and_value"
     assert spec.stop_grace == 30.0
     assert launch_spec(config(rdzv_timeout=5), launched.rank_and_value, ()).join_timeout == 5.0
+    c10d = config(rdzv_configs={"join_timeout": 7, "timeout": 5})
+    assert launch_spec(c10d, launched.rank_and_value, ()).join_timeout == 7.0
     assert launch_spec(config(shutdown_timeout=2), launched.rank_and_value, ()).stop_grace == 2.0
     assert launch_spec(config(), launched.rank_and_value, ()).name.startswith("launch-")
 
