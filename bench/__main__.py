@@ -21,6 +21,15 @@ from bench import soak
 from bench._common import TORCHRUN, Measurement, log, render_table, write_json
 from bench._plots import write_plots, write_soak_plot
 
+TORCH_SCENARIOS = (
+    "torch_start",
+    "torch_recovery",
+    "torch_failure",
+    "torch_stop",
+    "multinode",
+    "inprocess_launch",
+)
+"""Workers that import torch and run gloo collectives: run only when named (heavier)."""
 SCENARIOS = (
     "cold_start",
     "recovery_worker_crash",
@@ -37,16 +46,10 @@ SCENARIOS = (
     "stacks",
     "failover",
     "soak",
-    "torch_start",
-    "torch_recovery",
-    "torch_failure",
-    "torch_stop",
-    "multinode",
+    *TORCH_SCENARIOS,
 )
 LONG_SCENARIOS = ("soak",)
 """Run only when named."""
-TORCH_SCENARIOS = ("torch_start", "torch_recovery", "torch_failure", "torch_stop", "multinode")
-"""Workers that import torch and run gloo collectives: run only when named (heavier)."""
 REPLICA_SCENARIOS = ("failover",)
 """Three coordinator replicas on etcd: run only when named (they need etcd)."""
 DEFAULT_SCENARIOS = tuple(

@@ -1,7 +1,7 @@
 """Which failure of a failed round is its root cause, when the failures' times are uncertain.
 
-Every failure's `timestamp` is on the coordinator's clock (a node's own time, corrected by that
-node's measured clock offset) and `time_uncertainty` says how far off it may be: the offset's
+Every failure's `precise_timestamp` is on the coordinator's clock (a node's own time, corrected
+by that node's measured clock offset) and `time_uncertainty` says how far off it may be: the offset's
 uncertainty plus the resolution of the time's source. The root cause is the earliest failure;
 but where another failure is closer to it than their two uncertainties together, which came
 first is not known, and then a failure that is not a collective's communication error (a peer
@@ -74,7 +74,7 @@ class Failure(Protocol):
     @property
     def stderr_tail(self) -> str: ...
     @property
-    def timestamp(self) -> float: ...
+    def precise_timestamp(self) -> float: ...
     @property
     def time_uncertainty(self) -> float: ...
 
@@ -103,7 +103,7 @@ def is_collective_error(f: Failure) -> bool:
 def failure_time(f: Failure) -> float:
     """The failure's time for ordering (NaN, which would make every comparison false and the
     order depend on the input's, sorts last)."""
-    t = f.timestamp
+    t = f.precise_timestamp
     return t if t == t else math.inf
 
 

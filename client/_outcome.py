@@ -55,9 +55,14 @@ class ProcessFailure:
     pid: int
     exitcode: int
     message: str
+    """torchelastic's message, exactly: the error file's message ("ValueError: boom"), torch's
+    ``Signal 9 (SIGKILL) received by PID 1234``, or, without an error file, torch's "To enable
+    traceback see: ..." hint (gelastic's own account of that exit is `detail`); or why the agent
+    itself ended the worker (watchdog, health, a return value over the limit)."""
     timestamp: float
-    """Seconds since the epoch; sub-second when gelastic's own writer or agent set it. On the
-    coordinator's clock once the coordinator recorded it (see `clock_offset`)."""
+    """Whole seconds since the epoch, an `int` as torch's. A float given here is cut to whole
+    seconds and kept exact in `precise_timestamp` (so `replace(f, timestamp=t)` with a float
+    sets both); an int leaves a `precise_timestamp` given with it alone."""
     node: str = ""
     signal: str = ""
     error_file: str = "<N/A>"
@@ -79,12 +84,38 @@ class ProcessFailure:
     torch's own error file; 0.01 for a file's modification time) plus the uncertainty of the
     node's clock offset. Failures closer than their uncertainties together are in no known
     order (see `first_failure`)."""
+    precise_timestamp: float = 0.0
+    """Seconds since the epoch, sub-second when gelastic's own writer or agent set it: what
+    orders failures. On the coordinator's clock once the coordinator recorded it (see
+    `clock_offset`). 0.0 (unset) takes `timestamp`."""
+    executable: str = ""
+    """Which executable the worker ran, as the agent resolved it (its PATH and cwd decide what
+    a bare "python" is); "" when the agent did not say."""
+    detail: str = ""
+    """gelastic's own account of the exit where torch's `message` is only its generic hint
+    ("Process exited with exit code 3 (pid 7); no error file was written"); "" otherwise."""
+
+    def __post_init__(self) -> None:
+        t = self.timestamp
+        if isinstance(t, int) and not isinstance(t, bool):
+            if not self.precise_timestamp:
+                object.__setattr__(self, "precise_timestamp", float(t))
+            return
+        precise = float(t)
+        object.__setattr__(self, "precise_timestamp", precise)
+        object.__setattr__(self, "timestamp", int(precise) if math.isfinite(precise) else 0)
+
+    @property
+    def report_text(self) -> str:
+        """What a report shows as this failure's text: `detail` where torch's message is only
+        its hint, else `message`."""
+        return self.detail or self.message
 
     def signal_name(self) -> str:
         return self.signal or "<N/A>"
 
     def timestamp_iso(self) -> str:
-        return datetime.fromtimestamp(self.timestamp).isoformat(sep="_", timespec="seconds")
+        return datetime.fromtimestamp(self.precise_timestamp).isoformat(sep="_", timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -203,9 +234,10 @@ def _rows(
         signal_name(-failure.exitcode) if failure.exitcode < 0 else ""
     )
     signame_part = f" ({signame})" if signame and signame != NOT_AVAILABLE else ""
-    # The agent's note on the message says which executable ran where: a row of its own, as
-    # the node has, never part of the message or traceback shown.
-    message, executable = _split_executable_note(failure.message)
+    # Which executable ran: a row of its own, as the node has, never part of the message or
+    # traceback shown (an older agent appended it to the message).
+    message, executable = _split_executable_note(failure.report_text)
+    executable = failure.executable or executable
     rows += [
         ("node", _one_line(failure.node) or NOT_AVAILABLE),
         ("attempt", f"{failure.attempt} (round: {failure.round})"),
@@ -228,7 +260,7 @@ def _rows(
 
 def _time_row(failure: ProcessFailure) -> str:
     """The failure's time, how sure it is, and the node clock's offset it was corrected by."""
-    text = _time(failure.timestamp)
+    text = _time(failure.precise_timestamp)
     u = time_uncertainty(failure)
     if u >= 0.0005:
         text += f" +/- {u:.3f} s"
@@ -244,8 +276,8 @@ _RAN_NOTE = re.compile(
 
 
 def executable_note(executable: str, node: str) -> str:
-    """What the agent appends to a worker's own failure message: which executable ran it on
-    which node (e.g. a bare "python" that the agent's PATH resolved to the system's)."""
+    """What an older agent appended to a worker's own failure message: which executable ran it
+    on which node. Agents now send the executable in `ProcessFailure.executable`."""
     return f"(ran {executable} on node {node})"
 
 
@@ -271,7 +303,7 @@ def _order(failure: ProcessFailure, root: ProcessFailure) -> str:
     )
     if t > root_t:
         later = f"{t - root_t:.3f} s after" if math.isfinite(t - root_t) else "after"
-        if _split_executable_note(failure.message)[0] == _split_executable_note(root.message)[0]:
+        if _same_error(failure, root):
             # The same error on its own (every rank ran the same bad line), not a consequence.
             return f"also failed, {later} the root cause{unsure}, with the same error"
         return f"failed {later} the root cause{unsure}, perhaps because of it"
@@ -287,6 +319,10 @@ def _order(failure: ProcessFailure, root: ProcessFailure) -> str:
 
 
 _sort_time = failure_time
+
+
+def _same_error(a: ProcessFailure, b: ProcessFailure) -> bool:
+    return _split_executable_note(a.report_text)[0] == _split_executable_note(b.report_text)[0]
 
 
 def _time(timestamp: float) -> str:

@@ -110,7 +110,7 @@ def scheduler_error_data(
         if root.exitcode:
             data["message"]["errorCode"] = root.exitcode
         return data
-    return _recorded(root.message, root.traceback or root.stderr_tail, timestamp)
+    return _recorded(root.report_text, root.traceback or root.stderr_tail, timestamp)
 
 
 def _recorded(message: str, callstack: str, timestamp: float) -> dict[str, Any]:

@@ -47,8 +47,11 @@ STALL_ACTIONS = ("report", "restart", "fail")
 """Longest `standby_linger`: idle interpreters hold memory on the nodes."""
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}(\.[A-Za-z_][A-Za-z0-9_]{0,127}){0,15}")
 _STD_MAPPING = re.compile(r"(\d+:[0123],)*(\d+:[0123])")
+# RFC 1123 labels, plus the underscore that glibc's resolver takes from /etc/hosts and DNS
+# ("test_host"); a label never starts or ends with a hyphen, so a name is never an option.
 _HOST_NAME = re.compile(
-    r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
+    r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+    r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?"
 )
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,159}")
 
@@ -79,7 +82,8 @@ def parse_restart_policy(value: str) -> frozenset[int] | None:
 
 
 def is_host(value: str) -> bool:
-    """A host name (RFC 1123 labels, at most 253 characters) or an IPv4/IPv6 address."""
+    """A host name (RFC 1123 labels, underscores allowed as glibc's resolver allows them; at
+    most 253 characters) or an IPv4/IPv6 address."""
     if not isinstance(value, str) or len(value) > 253:
         return False
     if _HOST_NAME.fullmatch(value):

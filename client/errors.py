@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ERROR_FILE_ENV",
+    "NO_ERROR_FILE_MESSAGE",
     "ChildFailedError",
     "ErrorFileRecord",
     "ErrorHandler",
@@ -61,6 +62,10 @@ ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 """The variable the agent sets to the path each worker writes its error file to."""
 
 NOT_AVAILABLE = "<N/A>"
+NO_ERROR_FILE_MESSAGE = (
+    "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+)
+"""torchelastic's message for a worker that exited non-zero without writing an error file."""
 _MAX_WIDTH = 60
 
 
@@ -367,9 +372,7 @@ class ProcessFailure:
                     "category": "system_terminated_error",
                     "retryability": "False",
                 }
-                self.message = (
-                    "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
-                )
+                self.message = NO_ERROR_FILE_MESSAGE
 
     def signal_name(self) -> str:
         return _signal_name(self.exitcode)

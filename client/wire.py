@@ -252,7 +252,7 @@ def failure_to_pb(f: ProcessFailure) -> pb.ProcessFailure:
         error_file=f.error_file,
         message=f.message,
         traceback=f.traceback,
-        timestamp=f.timestamp,
+        timestamp=f.precise_timestamp,
         attempt=f.attempt,
         round=f.round,
         root_cause=f.root_cause,
@@ -262,6 +262,8 @@ def failure_to_pb(f: ProcessFailure) -> pb.ProcessFailure:
         role=f.role,
         clock_offset=f.clock_offset,
         time_uncertainty=f.time_uncertainty,
+        executable=f.executable,
+        detail=f.detail,
     )
 
 
@@ -286,6 +288,8 @@ def failure_from_pb(m: pb.ProcessFailure) -> ProcessFailure:
         role_rank=m.role_rank,
         clock_offset=m.clock_offset,
         time_uncertainty=m.time_uncertainty,
+        executable=m.executable,
+        detail=m.detail,
     )
 
 

@@ -343,7 +343,7 @@ class Cluster(_Stacks):
                 pid=failure.pid,
                 exitcode=failure.exitcode,
                 failure=failure,
-                timestamp=failure.timestamp,
+                timestamp=failure.precise_timestamp,
             ),
             now,
         )

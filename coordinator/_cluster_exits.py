@@ -143,7 +143,7 @@ class _Exits(_Outcome):
             job,
             now,
             "worker_failed",
-            f"rank {w.global_rank} failed on {member.node} ({how}): {_last_line(failure.message)}",
+            f"rank {w.global_rank} failed on {member.node} ({how}): {_last_line(failure.report_text)}",
             node=member.node,
             rank=w.global_rank,
         )

@@ -46,7 +46,9 @@ def _sanitized(report: WorkerExitReport, now: float) -> WorkerExitReport:
             node=_clip(f.node, 256),
             signal=_clip(f.signal, 64),
             role=_clip(f.role, 256),
-            timestamp=f.timestamp if math.isfinite(f.timestamp) and f.timestamp > 0 else ts,
+            executable=_clip(f.executable, 4096),
+            detail=_clip(f.detail),
+            timestamp=t if math.isfinite(t := f.precise_timestamp) and t > 0 else float(ts),
         )
     value = report.return_value
     if value is not None and len(value) > MAX_RETURN_VALUE_BYTES:
@@ -132,7 +134,7 @@ def _on_coordinator_clock(
     offset = clock.offset
     return replace(
         f,
-        timestamp=f.timestamp - offset,
+        timestamp=f.precise_timestamp - offset,
         clock_offset=offset,
         time_uncertainty=resolution + clock.uncertainty_at(now),
     )

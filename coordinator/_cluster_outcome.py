@@ -209,7 +209,7 @@ class _Outcome(_Core):
         """The round's failures as an attempt keeps them (root cause first), and how many were cut."""
         failures = sorted(
             _label_failures(job.current.failures).values(),
-            key=lambda f: (not f.root_cause, f.timestamp, f.global_rank),
+            key=lambda f: (not f.root_cause, f.precise_timestamp, f.global_rank),
         )
         cut = max(0, len(failures) - MAX_FAILURES_PER_ATTEMPT)
         return tuple(failures[:MAX_FAILURES_PER_ATTEMPT]), cut
@@ -299,9 +299,9 @@ class _Outcome(_Core):
         root = first_failure(job.current.failures)
         if root is None or root.category not in (FailureCategory.USER, FailureCategory.PLATFORM):
             return None
-        same = _bare_message(root.message)
+        same = _bare_message(root.report_text)
         for f in job.current.failures.values():
-            if f.node != root.node and _bare_message(f.message) == same:
+            if f.node != root.node and _bare_message(f.report_text) == same:
                 return None
         return root.node, root
 
@@ -319,7 +319,7 @@ class _Outcome(_Core):
                 node,
                 f"flaky: {len(node.failed_rounds)} rounds failed first on this node within "
                 f"{cfg.flaky_window:g} s while their other nodes were healthy (the last: rank "
-                f"{failure.global_rank} of job {job_id}: {_last_line(failure.message)})",
+                f"{failure.global_rank} of job {job_id}: {_last_line(failure.report_text)})",
                 now,
             )
 

@@ -55,14 +55,16 @@ def failure_json(f: ProcessFailure) -> dict[str, Any]:
         "pid": f.pid,
         "exitcode": f.exitcode,
         "signal": f.signal,
-        "message": _cut(f.message),
+        # A report: gelastic's account where torch's message is only its generic hint.
+        "message": _cut(f.report_text),
         "traceback": _cut(f.traceback, TRACEBACK_MAX),
         "stderr_tail": _cut(f.stderr_tail, TRACEBACK_MAX),
         "attempt": f.attempt,
         "round": f.round,
         "root_cause": f.root_cause,
         "category": f.category.value,
-        "timestamp": f.timestamp,
+        "timestamp": f.precise_timestamp,
+        "executable": _cut(f.executable),
     }
 
 
@@ -106,7 +108,7 @@ class DashboardModel:
         if result is not None:
             root = result.root_cause
             if root is not None:
-                first = (root.message or root.traceback or "").strip().splitlines()
+                first = (root.report_text or root.traceback or "").strip().splitlines()
                 text = first[-1] if first else f"exit code {root.exitcode}"
                 return _one_line(f"rank {root.global_rank} on {root.node or '?'}: {text}")
             if result.is_failed():
@@ -224,7 +226,7 @@ class DashboardModel:
                     )
                     root_from = f"attempt {summary.attempt}"
                     break
-        failures = sorted(found, key=lambda f: (f is not root, f.timestamp, f.global_rank))
+        failures = sorted(found, key=lambda f: (f is not root, f.precise_timestamp, f.global_rank))
         return {
             "now": now,
             "job": self.job_row(job_id, now),

@@ -83,7 +83,12 @@ def list_entry(cluster: Cluster, job_id: str) -> pb.Job:
 
 def _short_failure(f: ProcessFailure) -> ProcessFailure:
     return dataclasses.replace(
-        f, message=_cut(f.message), traceback="", stderr_tail="", error_file=_cut(f.error_file)
+        f,
+        message=_cut(f.message),
+        detail=_cut(f.detail),
+        traceback="",
+        stderr_tail="",
+        error_file=_cut(f.error_file),
     )
 
 

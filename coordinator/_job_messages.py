@@ -22,6 +22,8 @@ def _shorten(f: pb.ProcessFailure) -> None:
     f.stderr_tail = ""
     if len(f.message) > SHORT_TEXT:
         f.message = f.message[:SHORT_TEXT] + " [...]"
+    if len(f.detail) > SHORT_TEXT:
+        f.detail = f.detail[:SHORT_TEXT] + " [...]"
 
 
 def _bounded_job(msg: pb.Job) -> pb.Job:

@@ -68,7 +68,8 @@ _REFUSED: dict[str, str] = {
     "node-rank": "with --nnodes 1 this host is the only node, so its node rank is 0",
     "event-log-handler": "events are kept by the coordinator (see 'gelastic events'); only "
     "'null' is accepted",
-    "logs-specs": "logs go to --log-dir/<job>/attempt_<n>/<rank>/ and cannot be replaced",
+    "logs-specs": "logs go to --log-dir/<job>/attempt_<n>/<rank>/ and cannot be replaced; "
+    "only 'default' is accepted",
     "numa-binding": "NUMA binding is not available",
     "signals-to-handle": "SIGINT, SIGTERM, SIGHUP (and SIGQUIT) cancel the job; no other "
     "signal can be forwarded to the workers",
@@ -295,6 +296,13 @@ def run_parser() -> argparse.ArgumentParser:
         "--no-python, as torchrun does)",
     )
     _flag(compat, "standalone", "every run is standalone")
+    _flag(compat, "use-env", "torch.distributed.launch's flag: LOCAL_RANK is in the environment")
+    _flag(
+        p,
+        "no-use-env",
+        "as 'python -m torch.distributed.launch' without --use-env: the script is also given "
+        "--local-rank=N (its local rank) before its own arguments",
+    )
     p.add_argument(
         *_names("shutdown-timeout"),
         dest="shutdown_timeout",
@@ -571,12 +579,28 @@ def _refusal(name: str, value: Any) -> bool:
         return text != "0"
     if name == "event-log-handler":
         return text != "null"
+    if name == "logs-specs":
+        # torchrun's name for its own default (the "torchrun.logs_specs" entry point).
+        return text != "default"
     if name == "signals-to-handle":
         names = {s.strip() for s in text.split(",") if s.strip()}
         return not names <= _DEFAULT_SIGNALS
     if name in ("duplicate-stdout-filters", "duplicate-stderr-filters"):
         return text != ""
     return True
+
+
+def _legacy_local_rank(args: argparse.Namespace, script_args: list[str]) -> list[str]:
+    """torch.distributed.launch without --use-env: `--local-rank=N` comes first (the agent puts
+    each worker's local rank for `${local_rank}`, as torch's launcher does)."""
+    if not args.no_use_env:
+        return script_args
+    if args.use_env:
+        raise RunError("use either --use-env or --no-use-env, not both")
+    if args.no_python:
+        # torch.distributed.launch's own rule: a program cannot be handed a python flag.
+        raise RunError("with --no-python the script cannot take --local-rank: drop --no-use-env")
+    return ["--local-rank=${local_rank}", *script_args]
 
 
 def _ranks_filter(value: str, nproc: int) -> set[int]:
@@ -674,7 +698,7 @@ def plan_run(args: argparse.Namespace, *, python: str = sys.executable) -> RunPl
     if args.module and args.no_python and not args.run_path:
         raise RunError("use either --module (-m) or --no-python, not both")
     script: str = args.training_script
-    script_args = list(args.training_script_args)
+    script_args = _legacy_local_rank(args, list(args.training_script_args))
     # torchrun: python entrypoints run under $PYTHON_EXEC when it is set.
     python = os.environ.get("PYTHON_EXEC") or python
     if args.run_path:

@@ -17,6 +17,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
+from client.errors import NO_ERROR_FILE_MESSAGE
 from client.model import FailureCategory, ProcessFailure, signal_message, signal_name
 
 __all__ = [
@@ -263,6 +264,7 @@ def build_failure(
     traceback = ""
     timestamp = observed_at
     resolution = 0.0
+    detail = ""
     path_field = "<N/A>"
     if ef is not None and ef.found:
         path_field = ef.path
@@ -281,17 +283,19 @@ def build_failure(
                     # The exit came after the record: the failure was between the two.
                     timestamp, resolution = observed_at, observed_at - timestamp
     elif sig:
+        # torch's message; a malformed file's problem is gelastic's detail.
         text = signal_message(sig, pid)
         if ef is not None and ef.problem:
-            text = f"{text}; {ef.problem}"
-    elif ef is not None and ef.problem:
-        text = f"Process exited with exit code {exitcode} (pid {pid}); {ef.problem}"
+            detail = f"{text}; {ef.problem}"
     else:
-        text = f"Process exited with exit code {exitcode} (pid {pid}); no error file was written"
+        # torch says only where to read about @record; what gelastic knows goes in `detail`.
+        text = NO_ERROR_FILE_MESSAGE
+        problem = ef.problem if ef is not None and ef.problem else "no error file was written"
+        detail = f"Process exited with exit code {exitcode} (pid {pid}); {problem}"
     if message is not None:
         if text and ef is not None and ef.usable and not traceback:
             traceback = text
-        text = message
+        text, detail = message, ""
     return ProcessFailure(
         global_rank=global_rank,
         local_rank=local_rank,
@@ -310,4 +314,5 @@ def build_failure(
         role=role,
         role_rank=role_rank,
         time_uncertainty=resolution,
+        detail=detail,
     )

@@ -103,7 +103,9 @@ def skewed(msg: NodeMsg) -> NodeMsg:
     if isinstance(msg, WorkerExited):
         return replace(msg, exit=_skewed_exit(msg.exit, s))
     if isinstance(msg, WorkerFailing):
-        return replace(msg, failure=replace(msg.failure, timestamp=msg.failure.timestamp + s))
+        return replace(
+            msg, failure=replace(msg.failure, timestamp=msg.failure.precise_timestamp + s)
+        )
     if isinstance(msg, ClockReply):
         return replace(msg, received_at=msg.received_at + s, sent_at=msg.sent_at + s)
     if isinstance(msg, Hello):
@@ -117,7 +119,7 @@ def skewed(msg: NodeMsg) -> NodeMsg:
 def _skewed_exit(e: WorkerExit, s: float) -> WorkerExit:
     failure = e.failure
     if failure is not None:
-        failure = replace(failure, timestamp=failure.timestamp + s)
+        failure = replace(failure, timestamp=failure.precise_timestamp + s)
     return replace(e, timestamp=e.timestamp + s, failure=failure)
 
 

@@ -172,8 +172,7 @@ class Results:
         if message is None:
             # The worker's own failure: say which executable ran (the agent's PATH and cwd
             # decide what a bare "python" is), e.g. a python without the job's packages.
-            ran = describe_executable(launch, self.node_name)
-            failure = dataclasses.replace(failure, message=f"{failure.message} {ran}")
+            failure = dataclasses.replace(failure, executable=describe_executable(launch))
         return failure
 
     def not_started(self, launch: WorkerLaunch, why: NotStarted) -> WorkerExit:

@@ -36,7 +36,7 @@ from pathlib import Path
 from string import Template
 
 from client.assignment import RoundAssignment, WorkerRanks
-from client.model import JobSpec, executable_note, parse_std_mapping
+from client.model import JobSpec, parse_std_mapping
 from client.progress import PROGRESS_FILE_ENV
 
 __all__ = [
@@ -252,12 +252,11 @@ def resolve_executable(program: str, env: Mapping[str, str], cwd: str) -> str | 
     return shutil.which(program, path=env.get("PATH", os.defpath))
 
 
-def describe_executable(launch: WorkerLaunch, node_name: str) -> str:
-    """Which executable a worker ran, on which node, for its failure message (bounded)."""
+def describe_executable(launch: WorkerLaunch) -> str:
+    """Which executable a worker ran, for its failure's `executable` (bounded)."""
     program = launch.argv[0]
     found = resolve_executable(program, launch.env, launch.cwd)
-    shown = bounded(found) if found is not None else f"{bounded(program)!r}, not found"
-    return executable_note(shown, node_name)
+    return bounded(found) if found is not None else f"{bounded(program)!r}, not found"
 
 
 def _is_python(program: str, python: str) -> bool:

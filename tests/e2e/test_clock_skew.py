@@ -73,8 +73,8 @@ def test_the_root_cause_is_the_true_first_failure_on_a_host_whose_clock_is_ahead
     true_first, collateral = by_node["node-1"], by_node["node-0"]
     # By each node's own clock the collateral failure was first: what the old order chose.
     assert (
-        collateral.timestamp + collateral.clock_offset
-        < true_first.timestamp + true_first.clock_offset
+        collateral.precise_timestamp + collateral.clock_offset
+        < true_first.precise_timestamp + true_first.clock_offset
     )
 
     root = result.root_cause
@@ -83,9 +83,9 @@ def test_the_root_cause_is_the_true_first_failure_on_a_host_whose_clock_is_ahead
     assert root.message.startswith("ValueError: the true first failure"), root.message
     assert true_first.root_cause and not collateral.root_cause
     # Its time on the coordinator's clock (this host's): where the worker saw it.
-    assert abs(true_first.timestamp - first["time"]) < 0.05
+    assert abs(true_first.precise_timestamp - first["time"]) < 0.05
     assert abs(true_first.clock_offset - SKEW_S) < 0.05
-    assert abs(collateral.timestamp - later["time"]) < 0.05
+    assert abs(collateral.precise_timestamp - later["time"]) < 0.05
     report = result.format_failures()
     assert "(corrected for the node's clock, +0.50" in report
     assert "root cause, perhaps because of it" in report

@@ -112,7 +112,7 @@ def test_an_exit_while_the_coordinator_is_down_is_applied(
     assert first.failures[0].exitcode == 1
     # The exit happened, and was stamped, between the kill and the restart.
     assert down_at < crash["time"] < up_at
-    assert down_at < first.failures[0].timestamp < up_at
+    assert down_at < first.failures[0].precise_timestamp < up_at
     assert (out / "attempt1_rank3.json").exists()
     assert sorted(e["rank"] for e in gate.events("finish", attempt=1)) == [0, 1, 2, 3]
 

@@ -190,3 +190,29 @@ def test_a_fixed_master_port_is_the_workers_and_a_taken_one_fails_naming_it(
         )
     assert proc.returncode == 1, proc.stderr
     assert f"127.0.0.1:{port}" in proc.stderr, proc.stderr
+
+
+LEGACY_SCRIPT = """\
+import argparse, os, sys
+# What a script written for `python -m torch.distributed.launch` (no --use-env) parses.
+parser = argparse.ArgumentParser()
+parser.add_argument("--local-rank", "--local_rank", type=int, required=True)
+parser.add_argument("--lr", type=float)
+args = parser.parse_args()
+assert args.local_rank == int(os.environ["LOCAL_RANK"]), (args.local_rank, sys.argv)
+print("argv", sys.argv[1:])
+"""
+
+
+def test_a_legacy_launch_script_gets_its_local_rank_as_an_argument(tmp_path: Path) -> None:
+    # torch.distributed.launch without --use-env: `--local-rank=N` first, then the script's own.
+    script = tmp_path / "legacy.py"
+    script.write_text(LEGACY_SCRIPT)
+    proc = gelastic_run(tmp_path, "--nproc-per-node=2", "--no-use-env", str(script), "--lr", "1")
+    assert proc.returncode == 0, proc.stderr
+    lines = set(proc.stdout.splitlines())
+    for rank in (0, 1):
+        assert f"[{rank}]:argv ['--local-rank={rank}', '--lr', '1']" in lines, proc.stdout
+    # Without it (torchrun's way, and --use-env) the script gets no such argument.
+    proc = gelastic_run(tmp_path, "--use_env", str(script), "--lr", "1")
+    assert proc.returncode == 1 and "--local-rank" in proc.stderr, proc.stderr

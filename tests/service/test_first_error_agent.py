@@ -58,9 +58,9 @@ async def test_the_failure_is_reported_while_the_worker_runs_and_the_exit_comple
     await asyncio.wait_for(failing.changed.wait(), DEADLINE)
     (f,) = failing.items
     assert not gone(pids[0]) and exits.items == []
-    ran = f" (ran {PY} on node node0)"
-    assert (f.message, f.pid, f.global_rank, f.local_rank) == (
-        "ValueError: first" + ran,
+    assert (f.message, f.executable, f.pid, f.global_rank, f.local_rank) == (
+        "ValueError: first",
+        PY,
         pids[0],
         0,
         0,
@@ -69,7 +69,7 @@ async def test_the_failure_is_reported_while_the_worker_runs_and_the_exit_comple
     go.write_text("")
     (ex,) = await exits.wait(1)
     assert ex.failure is not None and ex.exitcode == 3 and not ex.stopped_by_agent
-    assert ex.failure.message == f"ValueError: first (ran {PY} on node node0)"
+    assert (ex.failure.message, ex.failure.executable) == ("ValueError: first", PY)
     assert ex.failure.exitcode == 3
     assert len(failing.items) == 1  # the second write is not a second report
 
@@ -92,7 +92,7 @@ async def test_a_stop_leaves_a_worker_that_recorded_its_failure_to_end_on_its_ow
     (ex,) = await exits.wait(1)
     assert not ex.stopped_by_agent and ex.failure is not None
     assert ex.exitcode == 3 and ex.failure.signal == ""
-    assert ex.failure.message == f"ValueError: first (ran {PY} on node node0)"
+    assert (ex.failure.message, ex.failure.executable) == ("ValueError: first", PY)
 
 
 async def test_a_worker_that_recorded_its_failure_and_never_ends_is_killed_at_the_grace(
@@ -111,7 +111,7 @@ async def test_a_worker_that_recorded_its_failure_and_never_ends_is_killed_at_th
     # Past the bound it is killed; it is still the failure it recorded, not a stop.
     assert not ex.stopped_by_agent and ex.failure is not None
     assert ex.exitcode == -9 and ex.failure.signal == "SIGKILL"
-    assert ex.failure.message == f"ValueError: first (ran {PY} on node node0)"
+    assert (ex.failure.message, ex.failure.executable) == ("ValueError: first", PY)
 
 
 async def test_without_a_failing_callback_nothing_is_watched(h: Harness) -> None:
@@ -123,9 +123,9 @@ async def test_without_a_failing_callback_nothing_is_watched(h: Harness) -> None
     await wait_for(err.exists, DEADLINE, what="the error file")
     go.write_text("")
     (ex,) = await exits.wait(1)
-    assert (
-        ex.failure is not None
-        and ex.failure.message == f"ValueError: first (ran {PY} on node node0)"
+    assert ex.failure is not None and (ex.failure.message, ex.failure.executable) == (
+        "ValueError: first",
+        PY,
     )
     assert json.loads(err.read_text())["message"]["message"] == "ValueError: first"
     assert g._error_watch is None

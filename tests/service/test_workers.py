@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from client.assignment import RoundAssignment, WorkerRanks
+from client.errors import NO_ERROR_FILE_MESSAGE
 from client.model import MAX_RETURN_VALUE_BYTES, FailureCategory, JobSpec, WorkerState
 from client.results import decode
 from nodeagent._reaper import reap_previous, record_workers
@@ -223,10 +224,10 @@ async def test_exit_code_without_error_file(h: Harness) -> None:
     (ex,) = await exits.wait(1)
     f = ex.failure
     assert f is not None and ex.exitcode == 3 and not ex.stopped_by_agent
-    assert (
-        f.message == f"Process exited with exit code 3 (pid {pids[0]}); no error file was written"
-        f" (ran {PY} on node node0)"
-    )
+    # torch's message exactly; gelastic's account of the exit in `detail`, the executable apart.
+    assert f.message == NO_ERROR_FILE_MESSAGE
+    assert f.detail == f"Process exited with exit code 3 (pid {pids[0]}); no error file was written"
+    assert f.executable == PY
     assert f.stderr_tail == "bad input"
     assert f.error_file == "<N/A>" and f.signal == ""
     assert (f.global_rank, f.local_rank, f.node, f.attempt, f.round) == (0, 0, "node0", 0, 0)
@@ -243,10 +244,10 @@ async def test_death_by_sigkill(h: Harness) -> None:
     (ex,) = await exits.wait(1)
     f = ex.failure
     assert f is not None and ex.exitcode == -9
-    assert f.message == f"Signal 9 (SIGKILL) received by PID {pids[0]} (ran {PY} on node node0)"
-    assert f.signal == "SIGKILL"
+    assert f.message == f"Signal 9 (SIGKILL) received by PID {pids[0]}"
+    assert f.signal == "SIGKILL" and f.executable == PY
     assert f.stderr_tail == "about to die"
-    assert abs(f.timestamp - ex.timestamp) < 1e-6
+    assert abs(f.precise_timestamp - ex.timestamp) < 1e-6
 
 
 async def test_uncaught_exception_without_decorator(h: Harness) -> None:
@@ -265,7 +266,7 @@ async def test_uncaught_exception_without_decorator(h: Harness) -> None:
     (ex,) = await exits.wait(1)
     f = ex.failure
     assert f is not None and ex.exitcode == 1
-    assert f.message == f"ValueError: bad value 42 (ran {PY} on node node0)"
+    assert (f.message, f.executable) == ("ValueError: bad value 42", PY)
     assert f.traceback.startswith("Traceback (most recent call last):")
     assert f'File "{script}", line 3, in train' in f.traceback
     assert "_bootstrap" not in f.traceback and "runpy" not in f.traceback
@@ -274,7 +275,7 @@ async def test_uncaught_exception_without_decorator(h: Harness) -> None:
     extra = json.loads(error_file.read_text())["message"]["extraInfo"]
     # torch's reader int()s "timestamp"; the sub-second time rides in "timestamp_ns".
     assert re.fullmatch(r"\d+", extra["timestamp"])
-    assert f.timestamp == int(extra["timestamp_ns"]) / 1e9
+    assert f.precise_timestamp == int(extra["timestamp_ns"]) / 1e9
     assert int(f.timestamp) == int(extra["timestamp"])
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure as TorchFailure
 
@@ -305,7 +306,7 @@ async def test_torch_record_writes_the_error_file(h: Harness) -> None:
     (ex,) = await exits.wait(1, timeout=TORCH_DEADLINE)
     f = ex.failure
     assert f is not None and ex.exitcode == 1
-    assert f.message == f"RuntimeError: raised under torch's @record (ran {PY} on node node0)"
+    assert (f.message, f.executable) == ("RuntimeError: raised under torch's @record", PY)
     assert "raise RuntimeError" in f.traceback
     # torch's own file was kept (ours would add "timestamp_ns").
     error_file = h.log_root / "job1" / "attempt_0" / "0" / "error.json"
@@ -315,7 +316,7 @@ async def test_torch_record_writes_the_error_file(h: Harness) -> None:
     }
     # The file holds whole seconds; the agent refines them with the moment it saw the exit.
     file_ts = int(json.loads(error_file.read_text())["message"]["extraInfo"]["timestamp"])
-    assert file_ts <= f.timestamp < file_ts + 2
+    assert file_ts <= f.precise_timestamp < file_ts + 2
     assert f.timestamp <= ex.timestamp
 
 
@@ -416,9 +417,9 @@ async def test_function_failures(
     (ex,) = await exits.wait(1)
     assert ex.exitcode == exitcode and ex.return_value is None
     assert ex.failure is not None
-    # The worker's own failure says which executable ran it, and where (not the agent's verdict).
-    ran = re.escape(f" (ran {PY} on node node0)") if exitcode else ""
-    assert re.fullmatch(message + ran, ex.failure.message), ex.failure.message
+    # The worker's own failure says which executable ran it (not the agent's verdict).
+    assert ex.failure.executable == (PY if exitcode else "")
+    assert re.fullmatch(message, ex.failure.report_text), ex.failure.report_text
 
 
 @pytest.mark.parametrize(
@@ -442,10 +443,11 @@ async def test_malformed_error_file_from_worker(h: Harness, content: str, proble
     f = ex.failure
     path = h.log_root / "job1" / "attempt_0" / "0" / "error.json"
     assert f is not None and f.error_file == str(path)
-    assert f.message.startswith(
+    assert f.message == NO_ERROR_FILE_MESSAGE
+    assert f.detail.startswith(
         f"Process exited with exit code 1 (pid {pids[0]}); error file {path}"
     )
-    assert problem in f.message
+    assert problem in f.detail
 
 
 # -- spawn failures ----------------------------------------------------------------------------
@@ -494,7 +496,7 @@ async def test_the_failure_names_the_executable_that_ran(h: Harness) -> None:
     await h.start(g)
     (ex,) = await exits.wait(1)
     assert ex.exitcode == 5 and ex.failure is not None
-    assert ex.failure.message.endswith(f"(ran {bin_dir / 'python'} on node node0)")
+    assert ex.failure.executable == str(bin_dir / "python")
 
 
 async def test_not_executable_and_bad_cwd(h: Harness) -> None:

@@ -197,7 +197,7 @@ def test_a_refusal_is_a_platform_failure_of_each_rank_naming_node_round_and_reas
         assert not e.exit.stopped_by_agent and e.exit.return_value is None
         f = e.exit.failure
         assert f is not None and f.category == FailureCategory.PLATFORM
-        assert (f.message, f.node, f.timestamp, f.pid) == (message, "n1", 123.5, 0)
+        assert (f.message, f.node, f.precise_timestamp, f.pid) == (message, "n1", 123.5, 0)
         assert (f.local_rank, f.global_rank) == (e.exit.local_rank, e.exit.global_rank)
 
 

@@ -82,11 +82,11 @@ def test_every_wall_time_the_agent_reports_is_skewed(disarmed: None) -> None:
     exited = _faults.skewed(WorkerExited("j", 1, exit_))
     assert isinstance(exited, WorkerExited)
     assert exited.exit.timestamp == 101.5
-    assert exited.exit.failure is not None and exited.exit.failure.timestamp == 100.5
+    assert exited.exit.failure is not None and exited.exit.failure.precise_timestamp == 100.5
     # Only the time moves: how precise it is stays the agent's.
     assert exited.exit.failure.time_uncertainty == 0.01
     failing = _faults.skewed(WorkerFailing("j", 1, _failure(100.0)))
-    assert isinstance(failing, WorkerFailing) and failing.failure.timestamp == 100.5
+    assert isinstance(failing, WorkerFailing) and failing.failure.precise_timestamp == 100.5
     reply = _faults.skewed(ClockReply(50.0, 60.0, 61.0))
     assert reply == ClockReply(50.0, 60.5, 61.5)  # the coordinator's own time is not the host's
     hello = _faults.skewed(
@@ -95,6 +95,6 @@ def test_every_wall_time_the_agent_reports_is_skewed(disarmed: None) -> None:
     assert isinstance(hello, Hello)
     (held,) = hello.running[0].exits
     assert held.timestamp == 101.5 and held.failure is not None
-    assert held.failure.timestamp == 100.5
+    assert held.failure.precise_timestamp == 100.5
     beat = Heartbeat(3)
     assert _faults.skewed(beat) is beat

@@ -1134,7 +1134,7 @@ def test_reconnect_reporting_a_failure_meanwhile_stops_the_round() -> None:
     d.settle()
     result = d.cluster.job_result("j")
     assert result is not None and list(result.failures) == [3]
-    assert result.failures[3].timestamp == d.now - 3
+    assert result.failures[3].precise_timestamp == d.now - 3
 
 
 def test_reconnect_with_a_stale_round_is_told_to_stop_it() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from client.errors import NO_ERROR_FILE_MESSAGE
 from client.model import FailureCategory
 from nodeagent._errorfile import (
     MAX_ERROR_FILE_BYTES,
@@ -201,7 +202,7 @@ def test_failure_from_signal() -> None:
     assert f.message == "Signal 9 (SIGKILL) received by PID 1234"
     assert f.signal == "SIGKILL"
     assert f.error_file == "<N/A>"
-    assert f.timestamp == 2000.5
+    assert f.precise_timestamp == 2000.5
     assert f.stderr_tail == "last words"
     assert (f.global_rank, f.local_rank, f.node, f.attempt, f.round, f.role, f.role_rank) == (
         5,
@@ -218,35 +219,41 @@ def test_failure_from_signal() -> None:
 def test_failure_from_exit_code_without_file() -> None:
     missing = ErrorFileResult("/x/error.json")
     f = build_failure(exitcode=3, pid=77, error_file=missing, **BASE)  # type: ignore[arg-type]
-    assert f.message == "Process exited with exit code 3 (pid 77); no error file was written"
+    # torch's message exactly; what gelastic knows of the exit is the detail reports show.
+    assert (
+        f.message
+        == NO_ERROR_FILE_MESSAGE
+        == ("To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html")
+    )
+    assert f.detail == "Process exited with exit code 3 (pid 77); no error file was written"
+    assert f.report_text == f.detail
     assert f.signal == "" and f.error_file == "<N/A>" and f.exitcode == 3
 
 
 def test_failure_from_error_file_uses_its_time() -> None:
     ef = ErrorFileResult("/x/error.json", True, "ValueError: v", "Traceback...", 1500.25)
     f = build_failure(exitcode=1, pid=77, error_file=ef, **BASE)  # type: ignore[arg-type]
-    assert (f.message, f.traceback, f.timestamp, f.error_file) == (
+    assert (f.message, f.traceback, f.precise_timestamp, f.error_file) == (
         "ValueError: v",
         "Traceback...",
         1500.25,
         "/x/error.json",
     )
+    assert f.timestamp == 1500 and type(f.timestamp) is int and f.detail == ""
     no_time = ErrorFileResult("/x/error.json", True, "m", "", None)
     g = build_failure(exitcode=1, pid=77, error_file=no_time, **BASE)  # type: ignore[arg-type]
-    assert g.timestamp == 2000.5
+    assert g.precise_timestamp == 2000.5 and g.timestamp == 2000
 
 
 def test_failure_with_a_malformed_file() -> None:
     bad = ErrorFileResult("/x/error.json", True, problem="error file /x/error.json is empty")
     f = build_failure(exitcode=1, pid=77, error_file=bad, **BASE)  # type: ignore[arg-type]
-    assert (
-        f.message == "Process exited with exit code 1 (pid 77); error file /x/error.json is empty"
-    )
+    assert f.message == NO_ERROR_FILE_MESSAGE
+    assert f.detail == "Process exited with exit code 1 (pid 77); error file /x/error.json is empty"
     assert f.error_file == "/x/error.json"
     s = build_failure(exitcode=-15, pid=77, error_file=bad, **BASE)  # type: ignore[arg-type]
-    assert s.message == (
-        "Signal 15 (SIGTERM) received by PID 77; error file /x/error.json is empty"
-    )
+    assert s.message == "Signal 15 (SIGTERM) received by PID 77"
+    assert s.detail == "Signal 15 (SIGTERM) received by PID 77; error file /x/error.json is empty"
 
 
 def test_agent_message_overrides_and_keeps_file_message() -> None:
@@ -283,5 +290,5 @@ def test_a_failure_says_how_precise_its_time_is(
     ef: ErrorFileResult | None, timestamp: float, resolution: float
 ) -> None:
     f = build_failure(exitcode=1, pid=7, error_file=ef, **BASE)  # type: ignore[arg-type]
-    assert f.timestamp == timestamp
+    assert f.precise_timestamp == timestamp
     assert f.time_uncertainty == pytest.approx(resolution)

@@ -1,5 +1,6 @@
-"""A worker's own failure names the executable that ran and its node, and the failure table
-shows it in a row of its own, beside the traceback or the message."""
+"""A worker's own failure names the executable that ran in a field of its own (its message is
+torch's, exactly), and the failure table shows it in a row of its own, beside the traceback or
+the message. A message from an older agent, with the note appended, reads the same."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from client.model import (
 from nodeagent._launch import bounded, resolve_executable
 
 
-def _result(message: str, traceback: str) -> RunResult:
+def _result(message: str, traceback: str, executable: str = "") -> RunResult:
     f = ProcessFailure(
         global_rank=0,
         local_rank=0,
@@ -26,6 +27,7 @@ def _result(message: str, traceback: str) -> RunResult:
         node="node-a",
         traceback=traceback,
         root_cause=True,
+        executable=executable,
     )
     return RunResult(state=WorkerState.FAILED, failures={0: f}, job_id="j")
 
@@ -44,6 +46,13 @@ def test_the_table_shows_the_executable_next_to_the_traceback() -> None:
         "  executable: /usr/bin/python3\n  traceback : Process exited with exit code 3 (pid 7)\n"
     ) in plain
     assert "(ran " not in plain
+
+
+def test_the_executable_field_gives_the_row_and_the_message_stays_torchs() -> None:
+    tb = "Traceback (most recent call last):\nValueError: boom"
+    result = _result("ValueError: boom", tb, executable="/usr/bin/python3")
+    assert result.failures[0].message == "ValueError: boom"
+    assert "  executable: /usr/bin/python3\n  traceback : Traceback" in result.format_failures()
 
 
 def test_resolve_executable_follows_the_workers_path_and_cwd(tmp_path: Path) -> None:

@@ -206,7 +206,7 @@ def test_the_root_cause_is_the_true_first_failure_on_a_node_whose_clock_is_ahead
     assert root is not None and root.global_rank == 0 and root.message == TRUE_FIRST
     assert result.failures[0].root_cause and not result.failures[1].root_cause
     # On the coordinator's clock, the offset kept, and how sure it is.
-    assert root.timestamp == pytest.approx(first_at, abs=0.002)
+    assert root.precise_timestamp == pytest.approx(first_at, abs=0.002)
     assert root.clock_offset == pytest.approx(0.5, abs=0.002)
     assert 0 < root.time_uncertainty <= 0.002
     assert result.failures[1].clock_offset == pytest.approx(0.0, abs=0.002)

@@ -23,6 +23,7 @@ from gelastic._cli_run import PET_NAMES, RunError, RunPlan, cpu_count, plan_run,
 from nodeagent._launch import build_launch_plan, build_store_host_launch, entrypoint_name
 from tests.unit._cluster_driver import Driver, nodes_of
 from tests.unit.test_launch import assignment
+from tests.unit.test_launch import plan as launch_plan
 
 
 @pytest.fixture(autouse=True)
@@ -211,6 +212,30 @@ def test_torchrun_defaults_of_refused_flags_are_accepted() -> None:
     )
 
 
+@pytest.mark.parametrize("flag", ["--logs-specs", "--logs_specs"])
+def test_logs_specs_default_torchruns_own_value_is_accepted(flag: str) -> None:
+    # torchrun resolves "default" through its "torchrun.logs_specs" entry point: the default.
+    assert plan(flag, "default", "x.py").notes == ()
+    assert plan(f"{flag}=default", "x.py").spec.argv[-1].endswith("x.py")
+    assert refused(flag, "defaults", "x.py").startswith("--logs-specs is not supported: ")
+
+
+@pytest.mark.parametrize("flag", ["--use-env", "--use_env"])
+def test_use_env_of_torch_distributed_launch_is_accepted_and_changes_nothing(flag: str) -> None:
+    assert plan(flag, "x.py", "--lr", "1").spec.args == ("--lr", "1")
+
+
+def test_no_use_env_gives_the_script_local_rank_as_torch_distributed_launch() -> None:
+    spec = plan("--no-use-env", "--nproc-per-node", "2", "x.py", "--lr", "1").spec
+    assert list(spec.args) == ["--local-rank=${local_rank}", "--lr", "1"]
+    # Each worker gets its own local rank, where torch's launcher puts it: first.
+    for launch in launch_plan(spec):
+        tail = list(launch.argv[launch.argv.index(f"--local-rank={launch.local_rank}") :])
+        assert tail == [f"--local-rank={launch.local_rank}", "--lr", "1"]
+    assert "--use-env or --no-use-env" in refused("--no-use-env", "--use_env", "x.py")
+    assert "--no-python" in refused("--no_use_env", "--no-python", "run.sh")
+
+
 def test_unknown_flags_are_refused_by_the_parser() -> None:
     with pytest.raises(SystemExit) as e:
         run_parser().parse_args(["--bogus", "x.py"])
@@ -224,6 +249,9 @@ def test_master_addr_port_and_local_addr_map_to_the_spec() -> None:
     assert (p.local_addr, p.spec.master_addr, p.spec.master_port) == ("127.0.0.2", "127.0.0.2", 0)
     assert "--master-port must be 1-65535" in refused("--master-port", "70000", "x.py")
     assert "master_addr" in refused("--master-addr", "bad host!", "x.py")
+    # A name glibc's resolver takes from /etc/hosts, underscore and all.
+    assert plan("--master-addr", "test_host", "x.py").spec.master_addr == "test_host"
+    assert "master_addr" in refused("--master-addr=-test_host", "x.py")
 
 
 # ---- JobSpec: redirects / tee in torch's forms --------------------------------------------------
@@ -265,7 +293,10 @@ def test_anything_else_is_a_spec_error_naming_the_field(name: str, value: object
 # ---- JobSpec: a fixed master address and port ----------------------------------------------------
 
 
-@pytest.mark.parametrize("addr", ["10.0.0.1", "::1", "node-a", "node-a.example.com", "[fe80::1]"])
+@pytest.mark.parametrize(
+    "addr",
+    ["10.0.0.1", "::1", "node-a", "node-a.example.com", "[fe80::1]", "test_host", "_srv.node_a"],
+)
 def test_good_master_addrs(addr: str) -> None:
     s = JobSpec(entrypoint=["python", "t.py"], master_addr=addr, master_port=29500)
     s.validate()
@@ -278,6 +309,8 @@ def test_good_master_addrs(addr: str) -> None:
         ("master_addr", "a b"),
         ("master_addr", "x" * 254),
         ("master_addr", "-lead.example"),
+        ("master_addr", "a_" + "b" * 62),
+        ("master_addr", "node-a.-b"),
         ("master_addr", "host\n"),
         ("master_addr", 7),
         ("master_port", 65536),

@@ -186,7 +186,7 @@ class Role(_message.Message):
     def __init__(self, name: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ...) -> None: ...
 
 class ProcessFailure(_message.Message):
-    __slots__ = ("node", "global_rank", "local_rank", "pid", "exitcode", "signal", "error_file", "message", "traceback", "timestamp", "attempt", "round", "root_cause", "category", "stderr_tail", "role_rank", "role", "clock_offset", "time_uncertainty")
+    __slots__ = ("node", "global_rank", "local_rank", "pid", "exitcode", "signal", "error_file", "message", "traceback", "timestamp", "attempt", "round", "root_cause", "category", "stderr_tail", "role_rank", "role", "clock_offset", "time_uncertainty", "executable", "detail")
     NODE_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,8 @@ class ProcessFailure(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CLOCK_OFFSET_FIELD_NUMBER: _ClassVar[int]
     TIME_UNCERTAINTY_FIELD_NUMBER: _ClassVar[int]
+    EXECUTABLE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
     node: str
     global_rank: int
     local_rank: int
@@ -225,7 +227,9 @@ class ProcessFailure(_message.Message):
     role: str
     clock_offset: float
     time_uncertainty: float
-    def __init__(self, node: _Optional[str] = ..., global_rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., exitcode: _Optional[int] = ..., signal: _Optional[str] = ..., error_file: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., timestamp: _Optional[float] = ..., attempt: _Optional[int] = ..., round: _Optional[int] = ..., root_cause: _Optional[bool] = ..., category: _Optional[_Union[FailureCategory, str]] = ..., stderr_tail: _Optional[str] = ..., role_rank: _Optional[int] = ..., role: _Optional[str] = ..., clock_offset: _Optional[float] = ..., time_uncertainty: _Optional[float] = ...) -> None: ...
+    executable: str
+    detail: str
+    def __init__(self, node: _Optional[str] = ..., global_rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., exitcode: _Optional[int] = ..., signal: _Optional[str] = ..., error_file: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., timestamp: _Optional[float] = ..., attempt: _Optional[int] = ..., round: _Optional[int] = ..., root_cause: _Optional[bool] = ..., category: _Optional[_Union[FailureCategory, str]] = ..., stderr_tail: _Optional[str] = ..., role_rank: _Optional[int] = ..., role: _Optional[str] = ..., clock_offset: _Optional[float] = ..., time_uncertainty: _Optional[float] = ..., executable: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class AttemptSummary(_message.Message):
     __slots__ = ("attempt", "round", "nodes", "end_reason", "failures", "started_at", "ended_at")
