@@ -89,6 +89,8 @@ class CoordinatorMetrics:
         )
         self.leading: Callable[[], bool] | None = None
         """With replicas: whether this one leads (`gelastic_coordinator_leader`, 1 or 0)."""
+        self.sink_drops: Callable[[], dict[str, int]] | None = None
+        """With event sinks: the events each lost (`gelastic_event_sink_dropped_events`)."""
         self.registry.register(_StateGauges(self))
         ProcessCollector(registry=self.registry)
         self._refresh_nodes()
@@ -222,11 +224,22 @@ class _StateGauges(Collector):
         )
         for state, n in self._metrics.node_counts().items():
             nodes.add_metric([state], n)
+        out: list[Metric] = [jobs, nodes]
         leading = self._metrics.leading
-        if leading is None:
-            return [jobs, nodes]
-        leader = GaugeMetricFamily(
-            "gelastic_coordinator_leader", "1 while this replica leads, 0 while it stands by"
-        )
-        leader.add_metric([], 1 if leading() else 0)
-        return [jobs, nodes, leader]
+        if leading is not None:
+            leader = GaugeMetricFamily(
+                "gelastic_coordinator_leader", "1 while this replica leads, 0 while it stands by"
+            )
+            leader.add_metric([], 1 if leading() else 0)
+            out.append(leader)
+        drops = self._metrics.sink_drops
+        if drops is not None:
+            dropped = GaugeMetricFamily(
+                "gelastic_event_sink_dropped_events",
+                "Job events an event sink lost (its queue full, or it raised)",
+                labels=["sink"],
+            )
+            for sink, n in drops().items():
+                dropped.add_metric([sink], n)
+            out.append(dropped)
+        return out
