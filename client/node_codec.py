@@ -62,6 +62,7 @@ __all__ = [
     "MAX_DRAIN_S",
     "MAX_GPUS",
     "MAX_GPU_TEXT",
+    "MAX_HEALTH_PROBLEM",
     "MAX_REASON_TEXT",
     "NODE_SECRET_PATTERN",
     "MessageError",
@@ -85,6 +86,8 @@ NODE_SECRET_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 """What a hello's node secret may be (fullmatch); empty is none."""
 MAX_DRAIN_REASON = 1000
 """Longest reason a drain keeps."""
+MAX_HEALTH_PROBLEM = 1000
+"""Longest health problem a heartbeat keeps."""
 MAX_DRAIN_S = 7 * 86400.0
 """Longest drain deadline a message may carry (seconds)."""
 
@@ -262,6 +265,7 @@ def encode_node(msg: NodeMsg) -> pb.NodeMessage:
                 seq=msg.seq,
                 groups=[_group_health_to_pb(g) for g in msg.groups],
                 gpus=[gpu_health_to_pb(g) for g in msg.gpus],
+                health_problem=msg.health_problem[:MAX_HEALTH_PROBLEM],
             )
         )
     if isinstance(msg, WorkerExited):
@@ -358,6 +362,7 @@ def decode_node(m: pb.NodeMessage) -> NodeMsg:
             seq=h.seq,
             groups=tuple(_group_health_from_pb(g) for g in h.groups),
             gpus=tuple(gpu_health_from_pb(g) for g in h.gpus[:MAX_GPUS]),
+            health_problem=" ".join(h.health_problem[:MAX_HEALTH_PROBLEM].split()),
         )
     if kind == "worker_exited":
         e = m.worker_exited

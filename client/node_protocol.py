@@ -146,6 +146,9 @@ class Heartbeat:
     seq: int = 0
     groups: tuple[GroupHealth, ...] = ()
     gpus: tuple[GpuHealth, ...] = ()
+    health_problem: str = ""
+    """Why the node's health-check plug-ins find it unhealthy ("" = healthy); at most
+    MAX_HEALTH_PROBLEM characters."""
 
 
 @dataclass(frozen=True)

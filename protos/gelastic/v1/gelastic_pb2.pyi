@@ -777,14 +777,16 @@ class GroupHealth(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerHealth, _Mapping]]] = ..., state: _Optional[_Union[GroupState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("seq", "groups", "gpus")
+    __slots__ = ("seq", "groups", "gpus", "health_problem")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_PROBLEM_FIELD_NUMBER: _ClassVar[int]
     seq: int
     groups: _containers.RepeatedCompositeFieldContainer[GroupHealth]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuHealth]
-    def __init__(self, seq: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupHealth, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ...) -> None: ...
+    health_problem: str
+    def __init__(self, seq: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupHealth, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ..., health_problem: _Optional[str] = ...) -> None: ...
 
 class PortReserved(_message.Message):
     __slots__ = ("job_id", "round", "port", "error")
