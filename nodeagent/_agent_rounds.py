@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from client.assignment import RoundAssignment
-from client.model import MAX_STANDBY_LINGER_S, ProcessFailure
+from client.model import MAX_STANDBY_LINGER_S, FailureCategory, ProcessFailure
 from client.node_protocol import (
     GroupStopped,
     GroupUnknown,
@@ -31,8 +31,9 @@ from client.node_protocol import (
     WorkerExited,
     WorkerFailing,
 )
-from nodeagent._agent_core import HeldRound, preempt_notice
+from nodeagent._agent_core import HeldRound, Refusal, preempt_notice
 from nodeagent._agent_logs import log_task_failure
+from nodeagent._plugins import AgentPlugins, exit_info, round_info
 from nodeagent._reaper import PidRegistry
 from nodeagent._standby import StandbyPool
 from nodeagent._workers import WorkerExit, WorkerGroup
@@ -68,6 +69,7 @@ class RoundControl:
         spawn: Callable[[Coroutine[Any, Any, None], str], None],
         started: Callable[[Held], None],
         closing: Callable[[], bool],
+        plugins: AgentPlugins | None = None,
     ) -> None:
         self.node = node
         self._dirs = dirs
@@ -79,6 +81,8 @@ class RoundControl:
         self._started = started
         """Called once a round's workers are up, before that is reported (standbys warm up)."""
         self._closing = closing
+        self._plugins = plugins
+        """Site hooks: `before_round` may veto a round, `after_worker_exit` hears each exit."""
         self.held: dict[tuple[str, int], Held] = {}
 
     def run(self, a: RoundAssignment) -> None:
@@ -88,6 +92,8 @@ class RoundControl:
 
     async def _start_group(self, held: Held) -> None:
         try:
+            if await self._vetoed(held):
+                return
             await self._start_workers(held)
         except Exception as exc:
             # Whatever failed, the round's workers must not run unsupervised nor unreported.
@@ -101,13 +107,34 @@ class RoundControl:
                 self._send(GroupUnknown(a.job_id, a.round, reason))
             held.started.set()
 
+    async def _vetoed(self, held: Held) -> bool:
+        """Whether a plug-in's `before_round` vetoes the round: then each of its ranks here
+        exits at once with an INFRA failure naming the reason (no worker starts)."""
+        plugins, a = self._plugins, held.assignment
+        if plugins is None or not plugins.has("before_round"):
+            return False
+        why = await plugins.before_round(round_info(a, self.node))
+        if not why or self.held.get((a.job_id, a.round)) is not held:
+            return bool(why)
+        refusal = Refusal(f"before_round {why}", FailureCategory.INFRA)
+        logger.error("%s", refusal.message(self.node, a.round))
+        for exited in refusal.exits(a, self.node, time.time()):
+            held.exits.append(exited.exit)
+            self._send(exited)
+        held.started.set()
+        return True
+
     async def _start_workers(self, held: Held) -> None:
         a = held.assignment
         key = (a.job_id, a.round)
+        plugins = self._plugins
 
         def on_exit(ex: WorkerExit) -> None:
             held.exits.append(ex)
             self._send(WorkerExited(a.job_id, a.round, ex))
+            if plugins is not None and plugins.has("after_worker_exit"):
+                info = exit_info(a, self.node, ex)
+                self._spawn(plugins.after_worker_exit(info), f"after-exit-{a.job_id}-{a.round}")
 
         def on_failing(failure: ProcessFailure) -> None:
             held.failing[failure.local_rank] = failure
