@@ -59,6 +59,7 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
         restart_policy=args.restart_policy,
         scale_up=args.scale_up,
         watchdog=args.watchdog,
+        torch_metrics=args.torch_metrics,
         cwd=args.cwd,
         preload=tuple(args.preload),
         standby_linger=args.standby_linger,

@@ -36,6 +36,7 @@ from client.node_protocol import (
     RunningGroup,
     StartLogs,
     Stop,
+    TorchMetric,
     Welcome,
     WorkerExit,
     WorkerExited,
@@ -64,6 +65,7 @@ __all__ = [
     "MAX_GPU_TEXT",
     "MAX_HEALTH_PROBLEM",
     "MAX_REASON_TEXT",
+    "MAX_TORCH_METRICS",
     "NODE_SECRET_PATTERN",
     "MessageError",
     "decode_coordinator",
@@ -88,8 +90,17 @@ MAX_DRAIN_REASON = 1000
 """Longest reason a drain keeps."""
 MAX_HEALTH_PROBLEM = 1000
 """Longest health problem a heartbeat keeps."""
+MAX_TORCH_METRICS = 256
+"""Most torch metric series one heartbeat carries (the rest wait for the next)."""
+TORCH_METRIC_NAME = re.compile(r"[A-Za-z0-9_.:/@-]{1,128}")
+"""A torch metric's job id, group and name (fullmatch)."""
 MAX_DRAIN_S = 7 * 86400.0
 """Longest drain deadline a message may carry (seconds)."""
+
+
+def _torch_metric_ok(t: pb.TorchMetricSample) -> bool:
+    names = (t.job_id, t.group, t.name)
+    return all(TORCH_METRIC_NAME.fullmatch(n) for n in names) and abs(t.value) <= 1e18
 
 
 class MessageError(ValueError):
@@ -266,6 +277,10 @@ def encode_node(msg: NodeMsg) -> pb.NodeMessage:
                 groups=[_group_health_to_pb(g) for g in msg.groups],
                 gpus=[gpu_health_to_pb(g) for g in msg.gpus],
                 health_problem=msg.health_problem[:MAX_HEALTH_PROBLEM],
+                torch_metrics=[
+                    pb.TorchMetricSample(job_id=t.job_id, group=t.group, name=t.name, value=t.value)
+                    for t in msg.torch_metrics
+                ],
             )
         )
     if isinstance(msg, WorkerExited):
@@ -363,6 +378,11 @@ def decode_node(m: pb.NodeMessage) -> NodeMsg:
             groups=tuple(_group_health_from_pb(g) for g in h.groups),
             gpus=tuple(gpu_health_from_pb(g) for g in h.gpus[:MAX_GPUS]),
             health_problem=" ".join(h.health_problem[:MAX_HEALTH_PROBLEM].split()),
+            torch_metrics=tuple(
+                TorchMetric(t.job_id, t.group, t.name, t.value)
+                for t in h.torch_metrics[:MAX_TORCH_METRICS]
+                if _torch_metric_ok(t)
+            ),
         )
     if kind == "worker_exited":
         e = m.worker_exited

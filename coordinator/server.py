@@ -386,6 +386,7 @@ class Coordinator:
             if self.replicated:
                 self.metrics.leading = lambda: self.leading
             self.service.effect_observers.append(self.metrics.observe)
+            self.service.heartbeat_observers.append(self.metrics.observe_heartbeat)
             self._metrics_endpoint = MetricsEndpoint(
                 self.metrics.registry, self.config.metrics_host, self.config.metrics_port
             )
@@ -426,8 +427,10 @@ class Coordinator:
         if self.metrics is not None:
             with contextlib.suppress(ValueError):
                 old.effect_observers.remove(self.metrics.observe)
+                old.heartbeat_observers.remove(self.metrics.observe_heartbeat)
             self.metrics.adopt(service.cluster)
             service.effect_observers.append(self.metrics.observe)
+            service.heartbeat_observers.append(self.metrics.observe_heartbeat)
         if self.event_sinks is not None:
             with contextlib.suppress(ValueError):
                 old.effect_observers.remove(self.event_sinks.observe)

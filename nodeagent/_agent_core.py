@@ -45,6 +45,7 @@ from client.node_protocol import (
     NodeMsg,
     RunningGroup,
     Stop,
+    TorchMetric,
     WorkerExit,
     WorkerExited,
     WorkerFailing,
@@ -345,9 +346,13 @@ def group_health(
 
 
 def heartbeat_of(
-    seq: int, groups: Iterable[GroupHealth], gpus: Iterable[GpuHealth], health_problem: str = ""
+    seq: int,
+    groups: Iterable[GroupHealth],
+    gpus: Iterable[GpuHealth],
+    health_problem: str = "",
+    torch_metrics: tuple[TorchMetric, ...] = (),
 ) -> Heartbeat:
-    return Heartbeat(seq, tuple(groups), tuple(gpus), health_problem)
+    return Heartbeat(seq, tuple(groups), tuple(gpus), health_problem, torch_metrics)
 
 
 def rank_running(held: HeldRounds, job_id: str, rank: int) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -22,17 +23,21 @@ from typing import Any
 
 from client.assignment import RoundAssignment
 from client.model import MAX_STANDBY_LINGER_S, FailureCategory, ProcessFailure
+from client.node_codec import MAX_TORCH_METRICS
 from client.node_protocol import (
     GroupStopped,
     GroupUnknown,
     NodeMsg,
     Release,
     Stop,
+    TorchMetric,
     WorkerExited,
     WorkerFailing,
 )
 from nodeagent._agent_core import HeldRound, Refusal, preempt_notice
 from nodeagent._agent_logs import log_task_failure
+from nodeagent._launch import METRICS_CHANNEL_ENV
+from nodeagent._metric_channel import MetricChannel
 from nodeagent._plugins import AgentPlugins, exit_info, round_info
 from nodeagent._reaper import PidRegistry
 from nodeagent._standby import StandbyPool
@@ -84,6 +89,8 @@ class RoundControl:
         self._plugins = plugins
         """Site hooks: `before_round` may veto a round, `after_worker_exit` hears each exit."""
         self.held: dict[tuple[str, int], Held] = {}
+        self.metrics: MetricChannel | None = None
+        """Where the workers of a job with torch_metrics send them (None: not open)."""
 
     def run(self, a: RoundAssignment) -> None:
         held = Held(a)
@@ -166,6 +173,9 @@ class RoundControl:
             spawner=self._standbys.spawner(a.job_id),
             warm_store=lambda _launch: self._standbys.take_store(a.job_id),
             before_spawn=lambda: self._prepare_zygote(a.job_id, group, len(a.workers)),
+            agent_env={**os.environ, METRICS_CHANNEL_ENV: self.metrics.path}
+            if self.metrics
+            else None,
         )
         held.group = group
         launch = group.standby_launch()
@@ -196,6 +206,28 @@ class RoundControl:
         launch = group.standby_launch()
         if launch is not None and not self._closing():
             await self._standbys.prepare(job_id, launch, workers)
+
+    def open_metrics(self, path: Path) -> None:
+        """Serve the torch metrics channel at `path` (a FIFO, 0600) on the running loop."""
+        channel = MetricChannel(str(path), self._takes_metrics)
+        asyncio.get_running_loop().add_reader(channel.open(), channel.read)
+        self.metrics = channel
+
+    def _takes_metrics(self, job_id: str) -> bool:
+        return any(k[0] == job_id and h.assignment.spec.torch_metrics for k, h in self.held.items())
+
+    def take_metrics(self) -> tuple[TorchMetric, ...]:
+        """The torch metrics changed since the last heartbeat (at most MAX_TORCH_METRICS)."""
+        if self.metrics is None:
+            return ()
+        return tuple(TorchMetric(*m) for m in self.metrics.take(MAX_TORCH_METRICS))
+
+    def close_metrics(self) -> None:
+        if self.metrics is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: no reader to remove
+                asyncio.get_running_loop().remove_reader(self.metrics.fd)
+            self.metrics.close()
+            self.metrics = None
 
     def stop(self, m: Stop) -> None:
         held = self.held.get((m.job_id, m.round))

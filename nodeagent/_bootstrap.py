@@ -709,6 +709,8 @@ def main() -> None:
         argv = _zygote(argv)
     opts = _parse(argv)
     _fix_sys_path(opts)
+    if os.environ.get("GELASTIC_TORCH_METRICS"):  # a job with torch_metrics
+        _sibling("_metric_channel").install()
     before = _file_key(opts.error_file) if opts.error_file else None
     try:
         _run(opts)

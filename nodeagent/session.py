@@ -302,6 +302,7 @@ class NodeAgent:
         killed = await asyncio.to_thread(reap_previous, self._pid_file())
         if killed:
             logger.warning("killed %d workers left by a previous agent: %s", len(killed), killed)
+        self._rounds.open_metrics(self.state_dir / f"torch-metrics-{self.config.name}.fifo")
         # Before any worker: what a worker starts must die with this agent, however it dies.
         self._sentinel.start()
         self._main = asyncio.get_running_loop().create_task(self._link.run(), name="agent-session")
@@ -373,6 +374,7 @@ class NodeAgent:
                         logger.exception("agent task %s failed", t.get_name())
         self._main = None
         self._node_secret.close()
+        self._rounds.close_metrics()
         await self._sentinel.stop()
         await asyncio.to_thread(self.metrics.stop)
 
@@ -463,7 +465,9 @@ class NodeAgent:
             for (j, r), h in self._held.items()
             if h.group is not None
         ]
-        beat = heartbeat_of(seq, groups, self._gpu_health, self.plugins.health_problem)
+        beat = heartbeat_of(
+            seq, groups, self._gpu_health, self.plugins.health_problem, self._rounds.take_metrics()
+        )
         self._link.put(outbox, encode_node(beat))
         self.metrics.observe(groups)
 
