@@ -2,11 +2,10 @@
 busy until that file exists. Writes $OUT_DIR/rank<R>.json; in a forked worker (a job with
 `preload`), also whether its zygote had CUDA loaded."""
 
-import json
 import os
-import time
 
 import torch
+from _gpu_report import hold, report
 
 parent = os.getppid()
 with open(f"/proc/{parent}/maps") as f:
@@ -26,12 +25,5 @@ out = {
     "device_count": torch.cuda.device_count(),
     "restart_count": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
 }
-path = os.path.join(os.environ["OUT_DIR"], f"rank{os.environ['RANK']}.json")
-with open(path + ".tmp", "w") as f:
-    json.dump(out, f)
-os.replace(path + ".tmp", path)
-hold = os.environ.get("HOLD_FILE")
-deadline = time.monotonic() + 300
-while hold and not os.path.exists(hold) and time.monotonic() < deadline:
-    (x * 2).sum().item()
-    time.sleep(0.1)
+report(out, int(os.environ["RANK"]))
+hold(lambda: (x * 2).sum().item())
