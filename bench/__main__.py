@@ -32,6 +32,7 @@ SCENARIOS = (
     "footprint",
     "coordinator_restart",
     "submit_throughput",
+    "event_sinks",
     "failover",
     "soak",
     "torch_start",
