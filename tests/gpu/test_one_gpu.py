@@ -25,6 +25,7 @@ if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
 from client import JobSpec, JobState, NodeInfo  # noqa: E402
 from gelastic.local import LocalCluster, poll_until  # noqa: E402
 from nodeagent._gpus import FAULT_FILE_ENV  # noqa: E402
+from tests.gpu._nvml import nvml_gpus  # noqa: E402
 
 WORKER = str(Path(__file__).resolve().parent / "scripts" / "one_gpu_worker.py")
 WAIT_S = 120.0
@@ -33,17 +34,7 @@ NODE = "gpu-one"
 
 def _nvml() -> tuple[str, list[int]]:
     """(uuid of NVML's GPU 0, pids of the compute processes on it)."""
-    pynvml.nvmlInit()
-    try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        u = pynvml.nvmlDeviceGetUUID(h)
-        try:
-            pids = [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
-        except pynvml.NVMLError:
-            pids = []
-        return (u.decode() if isinstance(u, bytes) else u), pids
-    finally:
-        pynvml.nvmlShutdown()
+    return nvml_gpus(pynvml)[0]
 
 
 @pytest.fixture(scope="module")
