@@ -1,6 +1,6 @@
 """Coordinator event sinks: a plug-in named module:object receives every event of a real job in
-order, a JSON-lines file gets them too (0600, rotated by size), and a sink that hangs loses
-events, counted, without holding the coordinator up."""
+order, a JSON-lines file gets them too (0600, rotated by size), neither sees the job's secrets,
+and a sink that hangs loses events, counted, without holding the coordinator up."""
 
 from __future__ import annotations
 
@@ -51,6 +51,8 @@ async def test_a_sink_receives_a_real_jobs_events_in_order(tmp_path: Path) -> No
         async with agent:
             spec = JobSpec(
                 entrypoint=[sys.executable, "-c", FAIL_FIRST],
+                args=["--password=hunter2"],
+                env={"API_TOKEN": "s3cret-value"},
                 min_nodes=1,
                 max_nodes=1,
                 last_call_timeout=0,
@@ -76,6 +78,8 @@ async def test_a_sink_receives_a_real_jobs_events_in_order(tmp_path: Path) -> No
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [d["kind"] for d in lines if d["job_id"] == job] == kinds
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    everything = log.read_text() + repr(_site_plugins.RECEIVED)
+    assert "hunter2" not in everything and "s3cret-value" not in everything
 
 
 def test_the_jsonl_file_is_0600_and_rotates_at_its_size(tmp_path: Path) -> None:
