@@ -208,9 +208,15 @@ class RoundControl:
             await self._standbys.prepare(job_id, launch, workers)
 
     def open_metrics(self, path: Path) -> None:
-        """Serve the torch metrics channel at `path` (a FIFO, 0600) on the running loop."""
+        """Serve the torch metrics channel at `path` (a FIFO, 0600) on the running loop; when it
+        cannot be made, a job with torch_metrics runs here without it (a warning says why)."""
         channel = MetricChannel(str(path), self._takes_metrics)
-        asyncio.get_running_loop().add_reader(channel.open(), channel.read)
+        try:
+            fd = channel.open()
+        except OSError as exc:  # the agent runs on; such jobs report no torch metrics here
+            logger.warning("no torch metrics channel at %s: %s", path, exc)
+            return
+        asyncio.get_running_loop().add_reader(fd, channel.read)
         self.metrics = channel
 
     def _takes_metrics(self, job_id: str) -> bool:

@@ -137,3 +137,25 @@ def test_a_job_without_the_channel_installs_nothing() -> None:
     before = list(sys.meta_path)
     assert mc.install({"RANK": "0"}) is None
     assert sys.meta_path == before
+
+
+async def test_an_agent_that_cannot_make_its_channel_runs_without_it(tmp_path: Path) -> None:
+    from nodeagent._agent_rounds import RoundControl
+
+    rounds = RoundControl(
+        "n",
+        dirs=lambda: (tmp_path, tmp_path),
+        registry=None,  # type: ignore[arg-type]
+        standbys=None,  # type: ignore[arg-type]
+        send=lambda _m: None,
+        spawn=lambda _c, _n: None,
+        started=lambda _h: None,
+        closing=lambda: False,
+    )
+    (tmp_path / "m.fifo").write_text("not a FIFO")
+    rounds.open_metrics(tmp_path / "m.fifo")
+    assert rounds.metrics is None and rounds.take_metrics() == ()
+    rounds.open_metrics(tmp_path / "ok.fifo")
+    assert rounds.metrics is not None
+    rounds.close_metrics()
+    assert not (tmp_path / "ok.fifo").exists()
