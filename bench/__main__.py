@@ -44,6 +44,7 @@ SCENARIOS = (
     "coordinator_restart",
     "submit_throughput",
     "stacks",
+    "event_sinks",
     "failover",
     "soak",
     *TORCH_SCENARIOS,

@@ -48,11 +48,12 @@ class _Run:
     cpu_cores: float
 
 
-def _one_run(jobs: int, threads: int, members: int = 0) -> _Run:
+def one_run(jobs: int, threads: int, members: int = 0, extra: tuple[str, ...] = ()) -> _Run:
+    """One fresh coordinator (`extra`: more of its flags) and `jobs` submits from `threads`."""
     etcd = EtcdCluster(members).start() if members else None
     store = ("--store", etcd.url("gelastic")) if etcd is not None else ()
     coord = CoordinatorProcess(
-        lease=5.0, heartbeat_interval=1.0, log_level="WARNING", extra_args=store
+        lease=5.0, heartbeat_interval=1.0, log_level="WARNING", extra_args=(*store, *extra)
     )
     clients: list[Client] = []
     try:
@@ -128,7 +129,7 @@ def run(runs: int, quick: bool) -> list[Measurement]:
         p99_ms: list[float] = []
         cores: list[float] = []
         for i in range(runs):
-            r = _one_run(jobs, threads, members)
+            r = one_run(jobs, threads, members)
             m.add(r.rate)
             lat_ms.append(statistics.median(r.latencies) * 1000)
             p99_ms.append(_p99(r.latencies) * 1000)

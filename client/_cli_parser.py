@@ -310,6 +310,12 @@ def _parser() -> argparse.ArgumentParser:
         "--watchdog", action="store_true", help="serve torch's FileTimer at TORCHELASTIC_TIMER_FILE"
     )
     s.add_argument(
+        "--torch-metrics",
+        action="store_true",
+        help="what the workers put through torch.distributed.elastic.metrics reaches the "
+        "coordinator's Prometheus metrics",
+    )
+    s.add_argument(
         "--preload",
         action="append",
         default=[],

@@ -61,6 +61,7 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
         stall_action=args.stall_action,
         scale_up=args.scale_up,
         watchdog=args.watchdog,
+        torch_metrics=args.torch_metrics,
         cwd=args.cwd,
         preload=tuple(args.preload),
         standby_linger=args.standby_linger,

@@ -222,6 +222,10 @@ class JobSpec:
     """"restart": re-form when a node joins below max_nodes; "never": keep running."""
     watchdog: bool = False
     """Serve torch's FileTimer protocol at TORCHELASTIC_TIMER_FILE."""
+    torch_metrics: bool = False
+    """What the workers report through torch.distributed.elastic.metrics (`put_metric`, `prof`,
+    `publish_metric`) reaches the coordinator's Prometheus metrics, as
+    `gelastic_torch_metric{job,group,name}` (bounded: see docs/extending.md)."""
     cwd: str = ""
     """Working directory of the workers ("" = the agent's)."""
     stderr_tail_lines: int = 50

@@ -41,6 +41,7 @@ from client.node_protocol import (
     StackRequest,
     StartLogs,
     Stop,
+    TorchMetric,
     Welcome,
     WorkerExit,
     WorkerExited,
@@ -70,9 +71,11 @@ __all__ = [
     "MAX_DRAIN_S",
     "MAX_GPUS",
     "MAX_GPU_TEXT",
+    "MAX_HEALTH_PROBLEM",
     "MAX_REASON_TEXT",
     "MAX_STACK_WAIT_S",
     "MAX_STACK_WORKERS",
+    "MAX_TORCH_METRICS",
     "NODE_SECRET_PATTERN",
     "MessageError",
     "decode_coordinator",
@@ -95,6 +98,12 @@ NODE_SECRET_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 """What a hello's node secret may be (fullmatch); empty is none."""
 MAX_DRAIN_REASON = 1000
 """Longest reason a drain keeps."""
+MAX_HEALTH_PROBLEM = 1000
+"""Longest health problem a heartbeat keeps."""
+MAX_TORCH_METRICS = 256
+"""Most torch metric series one heartbeat carries (the rest wait for the next)."""
+TORCH_METRIC_NAME = re.compile(r"[A-Za-z0-9_.:/@-]{1,128}")
+"""A torch metric's job id, group and name (fullmatch)."""
 MAX_DRAIN_S = 7 * 86400.0
 """Longest drain deadline a message may carry (seconds)."""
 MAX_STACK_WORKERS = 1024
@@ -103,6 +112,11 @@ MAX_STACK_WAIT_S = 60.0
 """Longest a stack request lets the reading of one worker's stack take."""
 MAX_PROGRESS_RANKS = 4096
 """Ranks one progress report names at most (a node's workers of one round)."""
+
+
+def _torch_metric_ok(t: pb.TorchMetricSample) -> bool:
+    names = (t.job_id, t.group, t.name)
+    return all(TORCH_METRIC_NAME.fullmatch(n) for n in names) and abs(t.value) <= 1e18
 
 
 class MessageError(ValueError):
@@ -278,6 +292,11 @@ def encode_node(msg: NodeMsg) -> pb.NodeMessage:
                 seq=msg.seq,
                 groups=[_group_health_to_pb(g) for g in msg.groups],
                 gpus=[gpu_health_to_pb(g) for g in msg.gpus],
+                health_problem=msg.health_problem[:MAX_HEALTH_PROBLEM],
+                torch_metrics=[
+                    pb.TorchMetricSample(job_id=t.job_id, group=t.group, name=t.name, value=t.value)
+                    for t in msg.torch_metrics
+                ],
             )
         )
     if isinstance(msg, WorkerExited):
@@ -393,6 +412,12 @@ def decode_node(m: pb.NodeMessage) -> NodeMsg:
             seq=h.seq,
             groups=tuple(_group_health_from_pb(g) for g in h.groups),
             gpus=tuple(gpu_health_from_pb(g) for g in h.gpus[:MAX_GPUS]),
+            health_problem=" ".join(h.health_problem[:MAX_HEALTH_PROBLEM].split()),
+            torch_metrics=tuple(
+                TorchMetric(t.job_id, t.group, t.name, t.value)
+                for t in h.torch_metrics[:MAX_TORCH_METRICS]
+                if _torch_metric_ok(t)
+            ),
         )
     if kind == "worker_exited":
         e = m.worker_exited

@@ -48,6 +48,7 @@ __all__ = [
     "StackRequest",
     "StartLogs",
     "Stop",
+    "TorchMetric",
     "Welcome",
     "WorkerExit",
     "WorkerExited",
@@ -148,10 +149,25 @@ class Hello:
 
 
 @dataclass(frozen=True)
+class TorchMetric:
+    """The latest value a job's workers put through torch.distributed.elastic.metrics."""
+
+    job_id: str
+    group: str
+    name: str
+    value: float
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     seq: int = 0
     groups: tuple[GroupHealth, ...] = ()
     gpus: tuple[GpuHealth, ...] = ()
+    health_problem: str = ""
+    """Why the node's health-check plug-ins find it unhealthy ("" = healthy); at most
+    MAX_HEALTH_PROBLEM characters."""
+    torch_metrics: tuple[TorchMetric, ...] = ()
+    """Series changed since the last heartbeat, of jobs with torch_metrics."""
 
 
 @dataclass(frozen=True)

@@ -205,6 +205,9 @@ class _Nodes(_Drains):
             if problem and not node.quarantine_reason:
                 self._quarantine(node, problem, now)
                 return self._finish(now)
+        if beat.health_problem and not node.quarantine_reason:
+            self._quarantine(node, f"its health check failed: {beat.health_problem}", now)
+            return self._finish(now)
         for g in beat.groups:
             job = self._jobs.get(g.job_id)
             if job is None or job.round != g.round:

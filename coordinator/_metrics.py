@@ -30,6 +30,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from client.model import FailureCategory, JobEvent, JobState
+from client.node_protocol import Heartbeat
 from coordinator._cluster import CloseSession, Cluster, Effect, EventRecorded, Forgotten, JobChanged
 
 __all__ = ["CoordinatorMetrics"]
@@ -40,6 +41,8 @@ NODE_REFRESH_S = 0.5
 _WAITING = frozenset({JobState.QUEUED, JobState.RENDEZVOUS})
 _NODE_STATES = ("live", "quarantined", "lost")
 RENDEZVOUS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+MAX_TORCH_SERIES = 100
+"""Distinct (group, name) series of torch metrics kept per job; more are dropped, counted."""
 RECOVERY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
 
@@ -89,6 +92,13 @@ class CoordinatorMetrics:
         )
         self.leading: Callable[[], bool] | None = None
         """With replicas: whether this one leads (`gelastic_coordinator_leader`, 1 or 0)."""
+        self._torch: dict[str, dict[tuple[str, str], float]] = {}
+        """Job -> (group, name) -> the latest value its workers put (torch_metrics jobs only).
+        Replaced, never changed in place: the scrape thread reads it whole."""
+        self.torch_dropped = 0
+        """Torch metric samples refused: of a job without torch_metrics, or past its series cap."""
+        self.sink_drops: Callable[[], dict[str, int]] | None = None
+        """With event sinks: the events each lost (`gelastic_event_sink_dropped_events`)."""
         self.registry.register(_StateGauges(self))
         ProcessCollector(registry=self.registry)
         self._refresh_nodes()
@@ -137,6 +147,8 @@ class CoordinatorMetrics:
             elif isinstance(eff, CloseSession):
                 lost_session = True
             elif isinstance(eff, Forgotten) and eff.job_id:
+                if eff.job_id in self._torch:
+                    self._torch = {j: s for j, s in self._torch.items() if j != eff.job_id}
                 gone = self._job_states.pop(eff.job_id, None)
                 if gone is not None:
                     self._job_counts[gone.value] -= 1
@@ -146,6 +158,26 @@ class CoordinatorMetrics:
             self._on_workers_started(job_id, now)
         if lost_session or time.monotonic() - self._nodes_refreshed >= NODE_REFRESH_S:
             self._refresh_nodes()
+
+    def observe_heartbeat(self, beat: Heartbeat) -> None:
+        """Keep the torch metrics a heartbeat carries, of jobs that asked for them."""
+        if not beat.torch_metrics:
+            return
+        torch = dict(self._torch)
+        for t in beat.torch_metrics:
+            c = self._cluster
+            if not c.has_job(t.job_id) or not c.job_spec(t.job_id).torch_metrics:
+                self.torch_dropped += 1
+                continue
+            series = torch[t.job_id] = dict(torch.get(t.job_id, {}))
+            if (t.group, t.name) not in series and len(series) >= MAX_TORCH_SERIES:
+                self.torch_dropped += 1
+                continue
+            series[(t.group, t.name)] = t.value
+        self._torch = torch
+
+    def torch_series(self) -> dict[str, dict[tuple[str, str], float]]:
+        return self._torch
 
     def _on_event(self, event: JobEvent, now: float) -> None:
         if event.kind == "restart":
@@ -222,11 +254,37 @@ class _StateGauges(Collector):
         )
         for state, n in self._metrics.node_counts().items():
             nodes.add_metric([state], n)
+        out: list[Metric] = [jobs, nodes]
         leading = self._metrics.leading
-        if leading is None:
-            return [jobs, nodes]
-        leader = GaugeMetricFamily(
-            "gelastic_coordinator_leader", "1 while this replica leads, 0 while it stands by"
+        if leading is not None:
+            leader = GaugeMetricFamily(
+                "gelastic_coordinator_leader", "1 while this replica leads, 0 while it stands by"
+            )
+            leader.add_metric([], 1 if leading() else 0)
+            out.append(leader)
+        torch = GaugeMetricFamily(
+            "gelastic_torch_metric",
+            "The latest value a job's workers put through torch.distributed.elastic.metrics "
+            "(jobs with torch_metrics)",
+            labels=["job", "group", "name"],
         )
-        leader.add_metric([], 1 if leading() else 0)
-        return [jobs, nodes, leader]
+        for job, series in self._metrics.torch_series().items():
+            for (group, name), value in series.items():
+                torch.add_metric([job, group, name], value)
+        dropped_torch = GaugeMetricFamily(
+            "gelastic_torch_metric_dropped",
+            "Torch metric samples refused: of a job without torch_metrics, or past its cap",
+        )
+        dropped_torch.add_metric([], self._metrics.torch_dropped)
+        out += [torch, dropped_torch]
+        drops = self._metrics.sink_drops
+        if drops is not None:
+            dropped = GaugeMetricFamily(
+                "gelastic_event_sink_dropped_events",
+                "Job events an event sink lost (its queue full, or it raised)",
+                labels=["sink"],
+            )
+            for sink, n in drops().items():
+                dropped.add_metric([sink], n)
+            out.append(dropped)
+        return out

@@ -134,6 +134,7 @@ class CoordinatorService:
         self._tick_task: asyncio.Task[None] | None = None
         self.coordinator_id = uuid.uuid4().hex
         self.effect_observers: list[Callable[[list[Effect]], None]] = []  # e.g. metrics
+        self.heartbeat_observers: list[Callable[[Heartbeat], None]] = []  # e.g. torch metrics
         self.require_cert_node_names = False
         """With mTLS: refuse a session whose node name is not in the agent's certificate."""
         self.dashboard: tuple[str, str, int] | None = None
@@ -445,6 +446,8 @@ class CoordinatorService:
         self.apply(self.cluster.step(session.name, session.incarnation, decoded, self.now()))
         if isinstance(decoded, Heartbeat):
             self._probe_clock(session)
+            for observe in self.heartbeat_observers:
+                observe(decoded)
 
     def _probe_clock(self, session: _Session) -> None:
         """Probe the node's clock when the cluster says it is time. Straight to the session:

@@ -161,6 +161,21 @@ def _parser() -> argparse.ArgumentParser:
         help="address to serve the metrics on (default %(default)s)",
     )
     s.add_argument(
+        "--event-sink",
+        action="append",
+        default=[],
+        metavar="MODULE:OBJECT",
+        help="also send every job event to this plug-in (an object with emit(event), or a "
+        "callable), or to jsonl:/path; repeatable (docs/extending.md)",
+    )
+    s.add_argument(
+        "--event-log",
+        default="",
+        metavar="FILE",
+        help="append every job event to this JSON-lines file (created 0600, rotated at 64 MiB, "
+        "3 kept)",
+    )
+    s.add_argument(
         "--dashboard-port",
         type=int,
         default=d.dashboard_port,
@@ -265,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         require_cert_node_names=args.require_cert_node_names,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        event_sinks=tuple(args.event_sink),
+        event_log=args.event_log,
         dashboard_port=args.dashboard_port,
         dashboard_without_token=args.dashboard_without_token,
         max_connections=args.max_connections,
@@ -278,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         asyncio.run(_serve(config, args.port_file))
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         print(f"coordinator: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -20,6 +20,7 @@ import grpc
 from client.metrics_http import LISTEN_BACKLOG as METRICS_BACKLOG
 from client.metrics_http import MAX_CONNECTIONS as METRICS_MAX_CONNECTIONS
 from client.metrics_http import MetricsEndpoint
+from client.plugins import MAX_PLUGINS
 from client.security import check_tls_files, is_loopback, read_token
 from coordinator._auth import ServerTLS, TokenInterceptor
 from coordinator._cluster import ClusterConfig
@@ -32,6 +33,7 @@ from coordinator._connections import (
 )
 from coordinator._dashboard_guard import DEFAULT_MAX_CONNECTIONS as DASHBOARD_MAX_CONNECTIONS
 from coordinator._dashboard_guard import LISTEN_BACKLOG as DASHBOARD_BACKLOG
+from coordinator._event_sinks import open_event_sinks
 from coordinator._leader import (
     DEFAULT_TTL_S,
     MAX_TTL_S,
@@ -130,6 +132,11 @@ class CoordinatorConfig:
     """Port to serve Prometheus metrics on over HTTP (0 = no metrics)."""
     metrics_host: str = "127.0.0.1"
     """Address to serve the metrics on."""
+    event_sinks: tuple[str, ...] = ()
+    """Where every job event also goes: `module:object` plug-ins, or `jsonl:/path` (see
+    coordinator._event_sinks and docs/extending.md); plus the `gelastic.event_sinks` entry points."""
+    event_log: str = ""
+    """A JSON-lines file (0600, rotated by size) every job event is appended to ("" = none)."""
     dashboard_port: int = 0
     """Port to serve the web dashboard on (0 = no dashboard). It listens on `host`, with the
     same client token and TLS as the gRPC port (docs/deployment.md, "Web dashboard")."""
@@ -190,6 +197,8 @@ class CoordinatorConfig:
             raise ValueError(f"port: must be 0-65535, got {self.port}")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port: must be 0-65535 (0 = off), got {self.metrics_port}")
+        if len(self.event_sinks) > MAX_PLUGINS:
+            raise ValueError(f"event_sinks: at most {MAX_PLUGINS}, got {len(self.event_sinks)}")
         if not 0 <= self.dashboard_port < 65536:
             raise ValueError(
                 f"dashboard_port: must be 0-65535 (0 = off), got {self.dashboard_port}"
@@ -377,9 +386,16 @@ class Coordinator:
             if self.replicated:
                 self.metrics.leading = lambda: self.leading
             self.service.effect_observers.append(self.metrics.observe)
+            self.service.heartbeat_observers.append(self.metrics.observe_heartbeat)
             self._metrics_endpoint = MetricsEndpoint(
                 self.metrics.registry, self.config.metrics_host, self.config.metrics_port
             )
+        self.event_sinks = open_event_sinks(self.config.event_sinks, self.config.event_log)
+        """Where every job event also goes (None: nowhere else); see coordinator._event_sinks."""
+        if self.event_sinks is not None:
+            self.service.effect_observers.append(self.event_sinks.observe)
+            if self.metrics is not None:
+                self.metrics.sink_drops = self.event_sinks.dropped
         self._server: grpc.aio.Server | None = None
         self._probes: Probes | None = None
         self.port = 0
@@ -411,8 +427,14 @@ class Coordinator:
         if self.metrics is not None:
             with contextlib.suppress(ValueError):
                 old.effect_observers.remove(self.metrics.observe)
+                old.heartbeat_observers.remove(self.metrics.observe_heartbeat)
             self.metrics.adopt(service.cluster)
             service.effect_observers.append(self.metrics.observe)
+            service.heartbeat_observers.append(self.metrics.observe_heartbeat)
+        if self.event_sinks is not None:
+            with contextlib.suppress(ValueError):
+                old.effect_observers.remove(self.event_sinks.observe)
+            service.effect_observers.append(self.event_sinks.observe)
         if self.dashboard is not None:
             service.dashboard = old.dashboard
             self.dashboard.adopt(service)
@@ -446,6 +468,8 @@ class Coordinator:
         if self._server is not None:
             return
         check_bindable(self.config.host, self.config.port)
+        if self.event_sinks is not None:
+            self.event_sinks.start()
         if self.config.metrics_port:
             check_bindable(
                 self.config.metrics_host, self.config.metrics_port, "serve metrics (--metrics-port)"
@@ -646,6 +670,8 @@ class Coordinator:
         await server.stop(grace)
         if self._metrics_endpoint is not None:
             await asyncio.to_thread(self._metrics_endpoint.stop)
+        if self.event_sinks is not None:
+            await asyncio.to_thread(self.event_sinks.stop)
         self.store.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)

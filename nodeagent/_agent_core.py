@@ -45,6 +45,7 @@ from client.node_protocol import (
     NodeMsg,
     RunningGroup,
     Stop,
+    TorchMetric,
     WorkerExit,
     WorkerExited,
     WorkerFailing,
@@ -157,6 +158,8 @@ class Refusal:
     """
 
     why: str
+    category: FailureCategory = FailureCategory.PLATFORM
+    """PLATFORM: the agent cannot run it; INFRA: the host is not fit to (a plug-in's veto)."""
 
     def message(self, node: str, round_: int) -> str:
         return f"node {node} refused the assignment of round {round_}: {self.why}"
@@ -174,7 +177,7 @@ class Refusal:
                 message=message,
                 timestamp=now,
                 node=node,
-                category=FailureCategory.PLATFORM,
+                category=self.category,
             )
             exit_ = WorkerExit(
                 local_rank=w.local_rank,
@@ -342,8 +345,14 @@ def group_health(
     return GroupHealth(job_id, round_, workers, state, reason)
 
 
-def heartbeat_of(seq: int, groups: Iterable[GroupHealth], gpus: Iterable[GpuHealth]) -> Heartbeat:
-    return Heartbeat(seq, tuple(groups), tuple(gpus))
+def heartbeat_of(
+    seq: int,
+    groups: Iterable[GroupHealth],
+    gpus: Iterable[GpuHealth],
+    health_problem: str = "",
+    torch_metrics: tuple[TorchMetric, ...] = (),
+) -> Heartbeat:
+    return Heartbeat(seq, tuple(groups), tuple(gpus), health_problem, torch_metrics)
 
 
 def rank_running(held: HeldRounds, job_id: str, rank: int) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -21,18 +22,23 @@ from pathlib import Path
 from typing import Any
 
 from client.assignment import RoundAssignment
-from client.model import MAX_STANDBY_LINGER_S, ProcessFailure
+from client.model import MAX_STANDBY_LINGER_S, FailureCategory, ProcessFailure
+from client.node_codec import MAX_TORCH_METRICS
 from client.node_protocol import (
     GroupStopped,
     GroupUnknown,
     NodeMsg,
     Release,
     Stop,
+    TorchMetric,
     WorkerExited,
     WorkerFailing,
 )
-from nodeagent._agent_core import HeldRound, preempt_notice
+from nodeagent._agent_core import HeldRound, Refusal, preempt_notice
 from nodeagent._agent_logs import log_task_failure
+from nodeagent._launch import METRICS_CHANNEL_ENV
+from nodeagent._metric_channel import MetricChannel
+from nodeagent._plugins import AgentPlugins, exit_info, round_info
 from nodeagent._reaper import PidRegistry
 from nodeagent._standby import StandbyPool
 from nodeagent._workers import WorkerExit, WorkerGroup
@@ -68,6 +74,7 @@ class RoundControl:
         spawn: Callable[[Coroutine[Any, Any, None], str], None],
         started: Callable[[Held], None],
         closing: Callable[[], bool],
+        plugins: AgentPlugins | None = None,
     ) -> None:
         self.node = node
         self._dirs = dirs
@@ -79,7 +86,11 @@ class RoundControl:
         self._started = started
         """Called once a round's workers are up, before that is reported (standbys warm up)."""
         self._closing = closing
+        self._plugins = plugins
+        """Site hooks: `before_round` may veto a round, `after_worker_exit` hears each exit."""
         self.held: dict[tuple[str, int], Held] = {}
+        self.metrics: MetricChannel | None = None
+        """Where the workers of a job with torch_metrics send them (None: not open)."""
 
     def run(self, a: RoundAssignment) -> None:
         held = Held(a)
@@ -88,6 +99,8 @@ class RoundControl:
 
     async def _start_group(self, held: Held) -> None:
         try:
+            if await self._vetoed(held):
+                return
             await self._start_workers(held)
         except Exception as exc:
             # Whatever failed, the round's workers must not run unsupervised nor unreported.
@@ -101,13 +114,34 @@ class RoundControl:
                 self._send(GroupUnknown(a.job_id, a.round, reason))
             held.started.set()
 
+    async def _vetoed(self, held: Held) -> bool:
+        """Whether a plug-in's `before_round` vetoes the round: then each of its ranks here
+        exits at once with an INFRA failure naming the reason (no worker starts)."""
+        plugins, a = self._plugins, held.assignment
+        if plugins is None or not plugins.has("before_round"):
+            return False
+        why = await plugins.before_round(round_info(a, self.node))
+        if not why or self.held.get((a.job_id, a.round)) is not held:
+            return bool(why)
+        refusal = Refusal(f"before_round {why}", FailureCategory.INFRA)
+        logger.error("%s", refusal.message(self.node, a.round))
+        for exited in refusal.exits(a, self.node, time.time()):
+            held.exits.append(exited.exit)
+            self._send(exited)
+        held.started.set()
+        return True
+
     async def _start_workers(self, held: Held) -> None:
         a = held.assignment
         key = (a.job_id, a.round)
+        plugins = self._plugins
 
         def on_exit(ex: WorkerExit) -> None:
             held.exits.append(ex)
             self._send(WorkerExited(a.job_id, a.round, ex))
+            if plugins is not None and plugins.has("after_worker_exit"):
+                info = exit_info(a, self.node, ex)
+                self._spawn(plugins.after_worker_exit(info), f"after-exit-{a.job_id}-{a.round}")
 
         def on_failing(failure: ProcessFailure) -> None:
             held.failing[failure.local_rank] = failure
@@ -139,6 +173,9 @@ class RoundControl:
             spawner=self._standbys.spawner(a.job_id),
             warm_store=lambda _launch: self._standbys.take_store(a.job_id),
             before_spawn=lambda: self._prepare_zygote(a.job_id, group, len(a.workers)),
+            agent_env={**os.environ, METRICS_CHANNEL_ENV: self.metrics.path}
+            if self.metrics
+            else None,
         )
         held.group = group
         launch = group.standby_launch()
@@ -169,6 +206,34 @@ class RoundControl:
         launch = group.standby_launch()
         if launch is not None and not self._closing():
             await self._standbys.prepare(job_id, launch, workers)
+
+    def open_metrics(self, path: Path) -> None:
+        """Serve the torch metrics channel at `path` (a FIFO, 0600) on the running loop; when it
+        cannot be made, a job with torch_metrics runs here without it (a warning says why)."""
+        channel = MetricChannel(str(path), self._takes_metrics)
+        try:
+            fd = channel.open()
+        except OSError as exc:  # the agent runs on; such jobs report no torch metrics here
+            logger.warning("no torch metrics channel at %s: %s", path, exc)
+            return
+        asyncio.get_running_loop().add_reader(fd, channel.read)
+        self.metrics = channel
+
+    def _takes_metrics(self, job_id: str) -> bool:
+        return any(k[0] == job_id and h.assignment.spec.torch_metrics for k, h in self.held.items())
+
+    def take_metrics(self) -> tuple[TorchMetric, ...]:
+        """The torch metrics changed since the last heartbeat (at most MAX_TORCH_METRICS)."""
+        if self.metrics is None:
+            return ()
+        return tuple(TorchMetric(*m) for m in self.metrics.take(MAX_TORCH_METRICS))
+
+    def close_metrics(self) -> None:
+        if self.metrics is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: no reader to remove
+                asyncio.get_running_loop().remove_reader(self.metrics.fd)
+            self.metrics.close()
+            self.metrics = None
 
     def stop(self, m: Stop) -> None:
         held = self.held.get((m.job_id, m.round))

@@ -392,18 +392,14 @@ def _die_with_agent() -> None:
     parent = os.environ.get("GELASTIC_AGENT_PID", "")
     if not parent.isdigit():
         return
-    module = _load_pdeathsig()
-    if module is not None:
-        module.arm(int(parent))
+    _sibling("_pdeathsig").arm(int(parent))
 
 
-def _load_pdeathsig() -> Any:
-    path = os.path.join(_HERE, "_pdeathsig.py")
-    spec = importlib.util.spec_from_file_location("_gelastic_pdeathsig", path)
-    if spec is None or spec.loader is None:
-        return None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def _sibling(name: str) -> Any:
+    """nodeagent's stdlib-only module `name`, loaded by path (gelastic may not be importable)."""
+    spec = importlib.util.spec_from_file_location(f"_gelastic{name}", f"{_HERE}/{name}.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 
 
@@ -578,7 +574,7 @@ def _zygote(argv: list[str]) -> list[str]:
     failed = [line[:_MAX_FAILURE_CHARS] for line in _import_preload(preload)]
     for line in failed:
         sys.stderr.write(line)
-    pdeathsig = _load_pdeathsig()
+    pdeathsig = _sibling("_pdeathsig")
     freeze = getattr(gc, "freeze", None)
     if freeze is not None:
         freeze()
@@ -713,6 +709,8 @@ def main() -> None:
         argv = _zygote(argv)
     opts = _parse(argv)
     _fix_sys_path(opts)
+    if os.environ.get("GELASTIC_TORCH_METRICS"):  # a job with torch_metrics
+        _sibling("_metric_channel").install()
     before = _file_key(opts.error_file) if opts.error_file else None
     try:
         _run(opts)

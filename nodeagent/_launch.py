@@ -465,6 +465,8 @@ def _job_env(spec: JobSpec, agent_env: Mapping[str, str]) -> dict[str, str]:
 
 ENABLE_FILE_TIMER_ENV = "TORCHELASTIC_ENABLE_FILE_TIMER"
 TIMER_FILE_ENV = "TORCHELASTIC_TIMER_FILE"
+METRICS_CHANNEL_ENV = "GELASTIC_TORCH_METRICS"
+"""Where a job with torch_metrics writes them (nodeagent._metric_channel, which loads alone)."""
 
 
 def watchdog_request(spec: JobSpec, agent_env: Mapping[str, str]) -> tuple[bool, str | None]:
@@ -539,6 +541,11 @@ def _worker_env(
         env[PROGRESS_FILE_ENV] = str(progress_file)
     if timer_file is not None:
         env["TORCHELASTIC_TIMER_FILE"] = timer_file
+    # The agent's metrics channel, for a job that asked for it; never a path a job names.
+    env.pop(METRICS_CHANNEL_ENV, None)
+    channel = agent_env.get(METRICS_CHANNEL_ENV, "")
+    if spec.torch_metrics and channel:
+        env[METRICS_CHANNEL_ENV] = channel
     if assignment.gpus:
         # The round's own GPUs, by uuid (immune to CUDA_DEVICE_ORDER), so device LOCAL_RANK is
         # the GPU placed for it; they win over the user's env. A node without GPUs leaves

@@ -116,6 +116,26 @@ def _parser() -> argparse.ArgumentParser:
         "stop_grace before this deadline and SIGKILL at it, and the agent exits once they are "
         "gone (default: each job's stop_grace)",
     )
+    p.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE:OBJECT",
+        help="load a site plug-in with hooks before_round, after_worker_exit and health_check; "
+        "repeatable (docs/extending.md)",
+    )
+    p.add_argument(
+        "--plugin-timeout",
+        type=float,
+        default=d.plugin_timeout,
+        help="seconds a plug-in hook may take before it is ignored (default %(default)s)",
+    )
+    p.add_argument(
+        "--health-check-interval",
+        type=float,
+        default=d.health_check_interval,
+        help="seconds between two health checks of the plug-ins (default %(default)s)",
+    )
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     return p
 
@@ -192,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         insecure=args.insecure,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        plugins=tuple(args.plugin),
+        plugin_timeout=args.plugin_timeout,
+        health_check_interval=args.health_check_interval,
     )
     try:
         config.validate()

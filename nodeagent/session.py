@@ -51,6 +51,7 @@ from client.node_protocol import (
     StartLogs,
     Stop,
 )
+from client.plugins import MAX_PLUGINS
 from client.security import Security
 from nodeagent import _faults
 from nodeagent._agent_core import (
@@ -81,6 +82,7 @@ from nodeagent._gpus import (
 )
 from nodeagent._metrics import AgentMetrics
 from nodeagent._node_secret import NodeSecret, load_node_secret
+from nodeagent._plugins import load_agent_plugins
 from nodeagent._process import Sentinel
 from nodeagent._progress_files import ProgressForwarder
 from nodeagent._reaper import PidRegistry, reap_previous
@@ -145,6 +147,12 @@ class AgentConfig:
     """Port to serve Prometheus metrics on over HTTP (0 = no metrics)."""
     metrics_host: str = "127.0.0.1"
     """Address to serve the metrics on."""
+    plugins: tuple[str, ...] = ()
+    """Site plug-ins, `module:object` each (nodeagent._plugins; docs/extending.md)."""
+    plugin_timeout: float = 10.0
+    """Seconds a plug-in's hook may take before it is ignored."""
+    health_check_interval: float = 30.0
+    """Seconds between two calls of the plug-ins' `health_check`."""
 
     def validate(self) -> None:
         if not 0 <= self.slots <= 4096:
@@ -157,6 +165,14 @@ class AgentConfig:
             raise ValueError(f"reconnect_max: must be 0.05-3600 s, got {self.reconnect_max}")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port: must be 0-65535 (0 = off), got {self.metrics_port}")
+        if len(self.plugins) > MAX_PLUGINS:
+            raise ValueError(f"plugins: at most {MAX_PLUGINS}, got {len(self.plugins)}")
+        if not 0 < self.plugin_timeout <= 3600:
+            raise ValueError(f"plugin_timeout: must be in (0, 3600] s, got {self.plugin_timeout}")
+        if not 0.05 <= self.health_check_interval <= 86400:
+            raise ValueError(
+                f"health_check_interval: must be 0.05-86400 s, got {self.health_check_interval}"
+            )
 
 
 class NodeAgent:
@@ -217,6 +233,7 @@ class NodeAgent:
         self._draining = False
         self._drain_answer: asyncio.Future[None] | None = None
         self._sentinel = Sentinel(token=self.incarnation)
+        self.plugins = load_agent_plugins(config.plugins, timeout=config.plugin_timeout)
         self._standbys = StandbyPool()
         self._registry = PidRegistry(self._pid_file(), mark_prefix=self._sentinel.mark_prefix)
         self._rounds = RoundControl(
@@ -229,6 +246,7 @@ class NodeAgent:
             # Looked up at each start: what warms the standbys can be swapped on the agent.
             started=lambda held: self._fill_standbys(held),
             closing=lambda: self._closing,
+            plugins=self.plugins,
         )
         self._held = self._rounds.held
         self._logs = LogService(
@@ -296,12 +314,15 @@ class NodeAgent:
         killed = await asyncio.to_thread(reap_previous, self._pid_file())
         if killed:
             logger.warning("killed %d workers left by a previous agent: %s", len(killed), killed)
+        self._rounds.open_metrics(self.state_dir / f"torch-metrics-{self.config.name}.fifo")
         # Before any worker: what a worker starts must die with this agent, however it dies.
         self._sentinel.start()
         self._main = asyncio.get_running_loop().create_task(self._link.run(), name="agent-session")
         if self._gpu_monitor is not None:
             self._spawn(self._sample_gpus(self._gpu_monitor), "gpu-health")
         self._spawn(self._progress.run(), "progress")
+        if self.plugins.has("health_check"):
+            self._spawn(self.plugins.watch_health(self.config.health_check_interval), "health")
 
     async def _discover_gpus(self) -> None:
         """Find the GPUs to offer (ValueError when an explicit --gpus cannot be met)."""
@@ -366,6 +387,7 @@ class NodeAgent:
                         logger.exception("agent task %s failed", t.get_name())
         self._main = None
         self._node_secret.close()
+        self._rounds.close_metrics()
         await self._sentinel.stop()
         await asyncio.to_thread(self.metrics.stop)
 
@@ -458,7 +480,10 @@ class NodeAgent:
             for (j, r), h in self._held.items()
             if h.group is not None
         ]
-        self._link.put(outbox, encode_node(heartbeat_of(seq, groups, self._gpu_health)))
+        beat = heartbeat_of(
+            seq, groups, self._gpu_health, self.plugins.health_problem, self._rounds.take_metrics()
+        )
+        self._link.put(outbox, encode_node(beat))
         self.metrics.observe(groups)
 
     # ---- commands --------------------------------------------------------------------------

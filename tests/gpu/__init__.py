@@ -1,5 +1,6 @@
-"""End-to-end tests on real NVIDIA GPUs (NCCL). Collected only where a GPU is present, or when
-GELASTIC_GPU_TESTS=1 (`make test-gpu`); see tests/conftest.py."""
+"""End-to-end tests on real NVIDIA GPUs (one GPU; NCCL on two). Collected only where a GPU is
+present, or when GELASTIC_GPU_TESTS=1 (`make test-gpu`, `tests/gpu/run_on_gpu_host.sh`); see
+tests/conftest.py and tests/gpu/README.md."""
 
 from __future__ import annotations
 

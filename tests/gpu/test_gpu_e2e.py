@@ -29,6 +29,7 @@ if not torch.distributed.is_nccl_available():
 from client import JobSpec, JobState, NodeInfo  # noqa: E402
 from gelastic.local import LocalCluster, poll_until  # noqa: E402
 from nodeagent._gpus import FAULT_FILE_ENV  # noqa: E402
+from tests.gpu._nvml import nvml_gpus  # noqa: E402
 
 WORKER = str(Path(__file__).resolve().parent / "scripts" / "nccl_worker.py")
 PAIRS = min(2, torch.cuda.device_count() // 2)
@@ -36,15 +37,7 @@ WAIT_S = 180.0
 
 
 def _nvml_uuids() -> list[str]:
-    pynvml.nvmlInit()
-    try:
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            u = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
-            out.append(u.decode() if isinstance(u, bytes) else u)
-        return out
-    finally:
-        pynvml.nvmlShutdown()
+    return [uuid for uuid, _ in nvml_gpus(pynvml)]
 
 
 @pytest.fixture(scope="module")

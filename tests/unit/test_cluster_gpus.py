@@ -321,3 +321,18 @@ def test_a_finished_job_keeps_its_ranks_gpus_but_not_a_later_jobs_samples() -> N
         0.0,
         0,
     )
+
+
+def test_a_failed_health_check_quarantines_the_node_and_moves_its_job() -> None:
+    d = gpu_driver(nodes=2, per_node=2)
+    d.submit("a", nproc_per_node=2, min_nodes=1, max_nodes=1, last_call_timeout=0.0)
+    d.settle()
+    (ran_on,) = assigns(d, "a")
+    n = d.nodes[ran_on]
+    d._take(d.cluster.step(ran_on, n.incarnation, Heartbeat(health_problem="disk full"), d.now))
+    d.settle()
+    states = {x.name: (x.state, x.quarantine_reason) for x in d.cluster.nodes()}
+    assert states[ran_on] == ("quarantined", "its health check failed: disk full")
+    other = next(name for name in states if name != ran_on)
+    assert states[other][0] == "live"
+    assert any(a.node == other for a in of_type(d.history, AssignRound))

@@ -397,3 +397,14 @@ def test_function_store_host_uses_the_agents_python() -> None:
     a = dataclasses.replace(assignment(JobSpec(entrypoint="pkg.mod:fn")), group_rank=0)
     host = build_store_host_launch(a, log_dir=Path("/l"), node_name="n", agent_env={}, python=PY)
     assert host is not None and host.argv == (PY, STORE_HOST_PATH)
+
+
+def test_only_a_job_with_torch_metrics_gets_the_agents_metrics_channel() -> None:
+    agent = {"GELASTIC_TORCH_METRICS": "/agent/m.fifo"}
+    mine = {"GELASTIC_TORCH_METRICS": "/tmp/elsewhere"}
+    (on,) = plan(JobSpec(entrypoint=["/bin/x"], torch_metrics=True, env=mine), agent_env=agent)
+    (off,) = plan(JobSpec(entrypoint=["/bin/x"], env=mine), agent_env=agent)
+    (none,) = plan(JobSpec(entrypoint=["/bin/x"], torch_metrics=True), agent_env={})
+    assert on.env["GELASTIC_TORCH_METRICS"] == "/agent/m.fifo"  # never a path the job names
+    assert "GELASTIC_TORCH_METRICS" not in off.env
+    assert "GELASTIC_TORCH_METRICS" not in none.env

@@ -15,6 +15,7 @@ from client.assignment import RoundAssignment, WorkerRanks
 from client.model import FailureCategory, GpuDevice, GpuHealth, JobSpec, ProcessFailure, WorkerState
 from client.node_codec import (
     MAX_GPUS,
+    MAX_HEALTH_PROBLEM,
     MAX_REASON_TEXT,
     MessageError,
     decode_coordinator,
@@ -411,3 +412,12 @@ def test_an_assignment_whose_spec_cannot_be_read_says_why_and_keeps_its_ranks(
     assert decoded.spec_error == "roles[0].kind: unknown"
     assert decoded.assignment.spec == JobSpec()
     assert [(w.local_rank, w.global_rank) for w in decoded.assignment.workers] == [(0, 3)]
+
+
+def test_a_heartbeats_health_problem_is_one_bounded_line() -> None:
+    beat = pb.Heartbeat(health_problem="disk\n\x1b[2Jfull " + "x" * (MAX_HEALTH_PROBLEM + 50))
+    decoded = decode_node(pb.NodeMessage(heartbeat=beat))
+    assert isinstance(decoded, Heartbeat)
+    assert decoded.health_problem.startswith("disk \x1b[2Jfull xx")
+    assert len(decoded.health_problem) <= MAX_HEALTH_PROBLEM
+    assert encode_node(Heartbeat(health_problem="ok")).heartbeat.health_problem == "ok"

@@ -78,7 +78,7 @@ FAILURE_CATEGORY_INPUT: FailureCategory
 FAILURE_CATEGORY_HANG: FailureCategory
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "role", "entrypoint", "function", "main_path", "args", "function_args", "nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "env", "redirects", "tee", "join_timeout_ms", "last_call_timeout_ms", "exit_barrier_timeout_ms", "stop_grace_ms", "restart_backoff_ms", "scale_up", "watchdog", "cwd", "stderr_tail_lines", "unhealthy_timeout_ms", "result_key", "preload", "standby_linger_ms", "master_addr", "master_port", "roles", "wait_for_nodes", "restart_policy", "stall_timeout_ms", "stall_action", "straggler_factor", "straggler_window_ms")
+    __slots__ = ("name", "role", "entrypoint", "function", "main_path", "args", "function_args", "nproc_per_node", "min_nodes", "max_nodes", "max_restarts", "env", "redirects", "tee", "join_timeout_ms", "last_call_timeout_ms", "exit_barrier_timeout_ms", "stop_grace_ms", "restart_backoff_ms", "scale_up", "watchdog", "cwd", "stderr_tail_lines", "unhealthy_timeout_ms", "result_key", "preload", "standby_linger_ms", "master_addr", "master_port", "roles", "wait_for_nodes", "restart_policy", "stall_timeout_ms", "stall_action", "straggler_factor", "straggler_window_ms", "torch_metrics")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class JobSpec(_message.Message):
     STALL_ACTION_FIELD_NUMBER: _ClassVar[int]
     STRAGGLER_FACTOR_FIELD_NUMBER: _ClassVar[int]
     STRAGGLER_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    TORCH_METRICS_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: str
     entrypoint: _containers.RepeatedScalarFieldContainer[str]
@@ -158,7 +159,8 @@ class JobSpec(_message.Message):
     stall_action: str
     straggler_factor: float
     straggler_window_ms: int
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., function: _Optional[str] = ..., main_path: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., function_args: _Optional[bytes] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., redirects: _Optional[str] = ..., tee: _Optional[str] = ..., join_timeout_ms: _Optional[int] = ..., last_call_timeout_ms: _Optional[int] = ..., exit_barrier_timeout_ms: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., restart_backoff_ms: _Optional[int] = ..., scale_up: _Optional[str] = ..., watchdog: _Optional[bool] = ..., cwd: _Optional[str] = ..., stderr_tail_lines: _Optional[int] = ..., unhealthy_timeout_ms: _Optional[int] = ..., result_key: _Optional[bytes] = ..., preload: _Optional[_Iterable[str]] = ..., standby_linger_ms: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., roles: _Optional[_Iterable[_Union[Role, _Mapping]]] = ..., wait_for_nodes: _Optional[bool] = ..., restart_policy: _Optional[str] = ..., stall_timeout_ms: _Optional[int] = ..., stall_action: _Optional[str] = ..., straggler_factor: _Optional[float] = ..., straggler_window_ms: _Optional[int] = ...) -> None: ...
+    torch_metrics: bool
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., entrypoint: _Optional[_Iterable[str]] = ..., function: _Optional[str] = ..., main_path: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., function_args: _Optional[bytes] = ..., nproc_per_node: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., env: _Optional[_Mapping[str, str]] = ..., redirects: _Optional[str] = ..., tee: _Optional[str] = ..., join_timeout_ms: _Optional[int] = ..., last_call_timeout_ms: _Optional[int] = ..., exit_barrier_timeout_ms: _Optional[int] = ..., stop_grace_ms: _Optional[int] = ..., restart_backoff_ms: _Optional[int] = ..., scale_up: _Optional[str] = ..., watchdog: _Optional[bool] = ..., cwd: _Optional[str] = ..., stderr_tail_lines: _Optional[int] = ..., unhealthy_timeout_ms: _Optional[int] = ..., result_key: _Optional[bytes] = ..., preload: _Optional[_Iterable[str]] = ..., standby_linger_ms: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., roles: _Optional[_Iterable[_Union[Role, _Mapping]]] = ..., wait_for_nodes: _Optional[bool] = ..., restart_policy: _Optional[str] = ..., stall_timeout_ms: _Optional[int] = ..., stall_action: _Optional[str] = ..., straggler_factor: _Optional[float] = ..., straggler_window_ms: _Optional[int] = ..., torch_metrics: _Optional[bool] = ...) -> None: ...
 
 class Role(_message.Message):
     __slots__ = ("name", "entrypoint", "args", "env", "nproc_per_node", "min_nodes", "max_nodes")
@@ -876,14 +878,30 @@ class GroupHealth(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., round: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerHealth, _Mapping]]] = ..., state: _Optional[_Union[GroupState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("seq", "groups", "gpus")
+    __slots__ = ("seq", "groups", "gpus", "health_problem", "torch_metrics")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    TORCH_METRICS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     groups: _containers.RepeatedCompositeFieldContainer[GroupHealth]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuHealth]
-    def __init__(self, seq: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupHealth, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ...) -> None: ...
+    health_problem: str
+    torch_metrics: _containers.RepeatedCompositeFieldContainer[TorchMetricSample]
+    def __init__(self, seq: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupHealth, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuHealth, _Mapping]]] = ..., health_problem: _Optional[str] = ..., torch_metrics: _Optional[_Iterable[_Union[TorchMetricSample, _Mapping]]] = ...) -> None: ...
+
+class TorchMetricSample(_message.Message):
+    __slots__ = ("job_id", "group", "name", "value")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    group: str
+    name: str
+    value: float
+    def __init__(self, job_id: _Optional[str] = ..., group: _Optional[str] = ..., name: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
 
 class PortReserved(_message.Message):
     __slots__ = ("job_id", "round", "port", "error")
