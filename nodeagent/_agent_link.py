@@ -47,6 +47,7 @@ from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 __all__ = [
     "CONTROL_OUTBOX_LIMIT",
     "WAKE",
+    "LinkView",
     "Outbox",
     "SessionLink",
     "one_line",
@@ -454,3 +455,38 @@ def _probe_tls(target: str, security: Security) -> str:
     # It ends the agent: a coordinator caught mid-restart must not pass for a wrong setting.
     time.sleep(PROBE_CONFIRM_S)
     return verdict if describe_tls_failure(target, security) == verdict else ""
+
+
+class LinkView:
+    """What an agent shows of its session link (`_link`): the replicas, the epoch, a refusal."""
+
+    _link: SessionLink
+
+    @property
+    def coordinators(self) -> tuple[str, ...]:
+        """Every listed replica, in the given order; set it to follow other replicas."""
+        return self._link.coordinators
+
+    @coordinators.setter
+    def coordinators(self, listed: tuple[str, ...]) -> None:
+        # The link reads the list at each dial: the next reconnect goes to the new replicas.
+        self._link.coordinators = listed
+
+    @property
+    def target(self) -> str:
+        """The replica the current (or next) session dials."""
+        return self._link.target
+
+    @property
+    def _unreachable(self) -> str:
+        return self._link.unreachable
+
+    @property
+    def epoch(self) -> int:
+        """The newest leader epoch any coordinator message carried, for the life of the agent;
+        a message with an older one is refused."""
+        return self._link.epoch
+
+    @property
+    def refusal(self) -> str:
+        return self._link.refusal

@@ -66,7 +66,7 @@ from nodeagent._agent_core import (
     replay,
     stop_grace,
 )
-from nodeagent._agent_link import WAKE, Outbox, SessionLink
+from nodeagent._agent_link import WAKE, LinkView, Outbox, SessionLink
 from nodeagent._agent_link import one_line as one_line
 from nodeagent._agent_logs import LOG_CHUNK_BYTES, LogService, log_task_failure
 from nodeagent._agent_rounds import Held, RoundControl
@@ -175,7 +175,7 @@ class AgentConfig:
             )
 
 
-class NodeAgent:
+class NodeAgent(LinkView):
     """`async with NodeAgent(config):` keeps a session with the coordinator until the block ends."""
 
     def __init__(self, config: AgentConfig, *, nvml: Any | None = None) -> None:
@@ -268,35 +268,6 @@ class NodeAgent:
             lambda: self._held if self._outbox is not None else None, self._tell
         )
         self.metrics = AgentMetrics(config.name, config.metrics_host, config.metrics_port)
-
-    @property
-    def coordinators(self) -> tuple[str, ...]:
-        """Every listed replica, in the given order; set it to follow other replicas."""
-        return self._link.coordinators
-
-    @coordinators.setter
-    def coordinators(self, listed: tuple[str, ...]) -> None:
-        # The link reads the list at each dial: the next reconnect goes to the new replicas.
-        self._link.coordinators = listed
-
-    @property
-    def target(self) -> str:
-        """The replica the current (or next) session dials."""
-        return self._link.target
-
-    @property
-    def _unreachable(self) -> str:
-        return self._link.unreachable
-
-    @property
-    def epoch(self) -> int:
-        """The newest leader epoch any coordinator message carried, for the life of the agent;
-        a message with an older one is refused."""
-        return self._link.epoch
-
-    @property
-    def refusal(self) -> str:
-        return self._link.refusal
 
     # ---- lifecycle -------------------------------------------------------------------------
 
