@@ -29,12 +29,16 @@ def target(tmp_path: Path, python: bool = True) -> StackTarget:
 
 def test_a_py_spy_that_hangs_is_killed_at_the_timeout(tmp_path: Path) -> None:
     py_spy = fake(tmp_path, "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)")
+    # Processes of this test run that were there before (a shared etcd, say) are not the read's.
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     began = time.monotonic()
     got = read_stack(target(tmp_path), False, 0.5, py_spy)
     assert time.monotonic() - began < 10
     assert got.status == "error" and got.note == "py-spy did not finish within 0.5 s"
     assert not [
-        p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE
     ]
 
 
