@@ -233,6 +233,8 @@ class FleetStats:
     """Sessions that ended after their Welcome (the coordinator dropped a registered node)."""
     refused: int = 0
     """Session attempts the coordinator ended before its Welcome (tried again, with backoff)."""
+    refused_why: dict[str, int] = field(default_factory=dict)
+    """Those attempts by how they ended: the status code, and the first words of its details."""
     assigned: int = 0
     """Nodes that received an Assign for the job asked about."""
     assign_first: float | None = None
@@ -324,6 +326,8 @@ class SimFleet:
             out.assigned += a["assigned"]
             out.heartbeats += a["heartbeats"]
             out.refused += a["refused"]
+            for why, count in a["refused_why"].items():
+                out.refused_why[why] = out.refused_why.get(why, 0) + count
             out.errors += a["errors"]
             out.welcomes += a["welcomes"]
             if a["welcome_last"] is not None:
@@ -499,6 +503,8 @@ class _SimNode:
         tells the others in `UNREACHABLE_HEADER`)."""
         self.in_hello: set[tuple[str, int, int]] = set()
         """(job, round, local rank) of the exits the current session's Hello carried."""
+        self.ended_why = "OK"
+        """How the last session attempt ended (a status code and its details' first words)."""
 
     async def run(self) -> None:
         """Keep a session open, reconnecting with backoff and full jitter like the real agent."""
@@ -524,6 +530,8 @@ class _SimNode:
                 # calls away (too many pending calls), a standby points at the leader, or none
                 # listens; the agent tries again.
                 self.fleet.refused += 1
+                why = self.ended_why
+                self.fleet.refused_why[why] = self.fleet.refused_why.get(why, 0) + 1
             else:
                 hunting = 0
             self.target = next_coordinator(listed, target, {target}) or target
@@ -597,6 +605,7 @@ class _SimNode:
         call = stub.Session(metadata=metadata)
         writer = asyncio.get_running_loop().create_task(self._write(call))
         welcomed = False
+        self.ended_why = "OK"
         try:
             async for msg in call:
                 if msg.epoch < self.epoch:
@@ -606,6 +615,7 @@ class _SimNode:
                 self._on(msg)
                 welcomed = welcomed or self.welcomed
         except grpc.aio.AioRpcError as exc:
+            self.ended_why = f"{exc.code().name}: {(exc.details() or '')[:40]}"
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 self.unavailable = True
                 self.hint = leader_hint(exc.trailing_metadata(), self.fleet.addresses)
@@ -739,6 +749,7 @@ class _FleetProcess:
         self.errors: list[str] = []
         self.heartbeats = 0
         self.refused = 0
+        self.refused_why: dict[str, int] = {}
         self.metadata = Security.from_env().metadata
         """The agent token of $GELASTIC_TOKEN_FILE, if the coordinator wants one."""
 
@@ -815,6 +826,7 @@ class _FleetProcess:
             "assign_last": max(times) if times else None,
             "heartbeats": self.heartbeats,
             "refused": self.refused,
+            "refused_why": self.refused_why,
             "stale": self.stale,
             "errors": self.errors,
         }

@@ -37,6 +37,7 @@ MB = 1024 * 1024
 class _Run:
     registration: float
     refused: int
+    refused_why: dict[str, int]
     assigned: float | None
     started: float | None
     peak_rss: int
@@ -83,6 +84,7 @@ def _one_run(n: int) -> _Run:
         return _Run(
             registration=registration,
             refused=reg.refused,
+            refused_why=reg.refused_why,
             assigned=None if times.all_assigned is None else times.all_assigned - t0,
             started=None if times.all_started is None else times.all_started - t0,
             peak_rss=peak,
@@ -126,7 +128,9 @@ def run(runs: int, quick: bool) -> list[Measurement]:
                 + ", started "
                 + ("timed out" if r.started is None else f"{r.started:.3f} s")
                 + f" ({r.detail}); coordinator peak RSS {r.peak_rss / MB:.0f} MB; "
-                f"registration {r.registration:.2f} s ({r.refused} attempts refused)"
+                f"registration {r.registration:.2f} s ({r.refused} attempts refused"
+                + (f": {r.refused_why}" if r.refused_why else "")
+                + ")"
             )
         notes = [f"{count} runs, not {runs}: a run at this size takes minutes"]
         assigned.note = "; ".join((notes if count < runs else []) + dropped)
