@@ -414,7 +414,8 @@ class RoundTimes:
     all_assigned: float | None = None
     """The last node's receive time of its Assign (None: not every node got one in time)."""
     all_started: float | None = None
-    """The coordinator's timestamp of the last `workers_started` event (every node acked)."""
+    """The coordinator's timestamp of the round's `round_started` event: it has processed the
+    last node's WorkersStarted."""
     assigned: int = 0
     started: int = 0
 
@@ -422,11 +423,12 @@ class RoundTimes:
 def wait_round_started(
     fleet: SimFleet, client: Client, job_id: str, timeout: float, interval: float = 0.1
 ) -> RoundTimes:
-    """Follow a job until every node got its Assign and the coordinator recorded every node's
-    WorkersStarted, or `timeout` passes; whatever was not reached stays None."""
+    """Follow a job until every node got its Assign and the coordinator recorded that every
+    node's workers started (its `round_started` event), or `timeout` passes; whatever was not
+    reached stays None."""
     out = RoundTimes()
     started_nodes: set[str] = set()
-    last_started = 0.0
+    round_started: float | None = None
     after = 0
     deadline = time.monotonic() + timeout
     while True:
@@ -448,10 +450,14 @@ def wait_round_started(
                 after = max(after, e.seq)
                 if e.kind == "workers_started" and e.node not in started_nodes:
                     started_nodes.add(e.node)
-                    last_started = max(last_started, e.timestamp)
+                elif e.kind == "round_started" and round_started is None:
+                    round_started = e.timestamp
             out.started = len(started_nodes)
-            if len(started_nodes) >= fleet.count:
-                out.all_started = last_started
+            if round_started is not None:
+                # Counted from the round's own event: a round of more nodes than a job keeps
+                # events has some of its `workers_started` cut before they can be read.
+                out.started = fleet.count
+                out.all_started = round_started
         if (out.all_assigned is not None and out.all_started is not None) or (
             time.monotonic() > deadline
         ):

@@ -8,8 +8,8 @@ N nodes x 1 worker (`last_call_timeout=0`) is submitted:
 - `N=n submit -> all assigned`: `submit()` -> the last simulated node's receive time of its
   Assign (`time.time()` in the node's process, max over the nodes). It includes the master
   port reservation on group rank 0 (answered at once).
-- `N=n submit -> all started`: `submit()` -> the coordinator's timestamp of the last node's
-  `workers_started` event (it has processed every node's WorkersStarted).
+- `N=n submit -> all started`: `submit()` -> the coordinator's timestamp of the round's
+  `round_started` event (it has processed every node's WorkersStarted).
 - `N=n coordinator peak RSS (MB)`: VmHWM of the coordinator process at the end of the run.
 - `N=n registration`: the simulated nodes start -> all N welcomed (they connect all at once;
   the note counts attempts the coordinator refused, which the nodes retry with backoff).

@@ -280,6 +280,7 @@ class Cluster(_Views):
         self, job: _Job, member: _Member, msg: WorkersStarted, now: float
     ) -> None:
         name = member.node
+        was_all_started = self._all_started(job)
         started = []
         for local_rank, pid in msg.pids:
             w = member.workers.get(local_rank)
@@ -302,6 +303,18 @@ class Cluster(_Views):
         )
         if self._all_started(job):
             job.current.start_deadline = None
+            if not was_all_started:
+                # One event for the whole round: a round of more nodes than a job keeps events
+                # pushes its own first `workers_started` out of the log, this one never.
+                self._event(
+                    job,
+                    now,
+                    "round_started",
+                    f"round {job.round}: every worker started "
+                    f"({_count(self._worker_count(job), 'worker')} on "
+                    f"{_count(len(job.current.members), 'node')}; the last on node {name})",
+                    node=name,
+                )
         if job.state == JobState.RUNNING and self._all_started(job):
             self._set_reason(
                 job,
