@@ -7,7 +7,8 @@ clock (`now` is a parameter), so every decision is tested directly with a fake c
 
 - node sessions: `step(node, incarnation, msg, now)` takes every message of an agent's session
   (`client.node_protocol`: heartbeats, reserved ports, started workers, exits, failure notices,
-  stopped and unknown groups, log chunks, answers to clock probes, an agent's drain request);
+  stopped and unknown groups, log chunks, answers to clock probes, an agent's drain request),
+  and `heartbeats(beats, now)` takes a batch of heartbeats of many sessions as `step` would;
   the session's opening and end are `node_connected` and `node_disconnected`, and
   `assign_undeliverable` says an assignment could not be sent;
 - clients: `submit`, `confirm_written`, `withdraw`, `cancel`, `forget_node`, `clear_quarantine`,

@@ -108,6 +108,8 @@ class NodeService(Protocol):
 
     def on_node_message(self, session: _Session, msg: pb.NodeMessage) -> None: ...
 
+    def on_heartbeat(self, session: _Session, msg: pb.NodeMessage) -> None: ...
+
 
 class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
     """The node agents' streams, each on whichever service `current` returns at its start."""
@@ -209,7 +211,10 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
                 if session.closed:
                     return
                 try:
-                    svc.on_node_message(session, msg)
+                    if msg.WhichOneof("kind") == "heartbeat":
+                        svc.on_heartbeat(session, msg)  # taken in a batch
+                    else:
+                        svc.on_node_message(session, msg)
                 except RequestError as exc:
                     logger.warning("node %s sent a bad message: %s", session.name, exc.message)
                 except JobNotFound as exc:

@@ -88,6 +88,10 @@ __all__ = ["CoordinatorService"]
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.1
+HEARTBEAT_BATCH_S = 0.05
+"""A heartbeat read from a node's stream waits at most this long to be taken with the others
+read meanwhile, in one batch: far below any lease, and one state-machine input instead of
+thousands a second."""
 RECONNECT_GRACE_S = 15.0
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
@@ -139,6 +143,10 @@ class CoordinatorService:
         no longer leads (the session then closes, and nothing more is sent)."""
         self.on_fenced: Callable[[str], None] | None = None
         """Called when the store refused a write because another coordinator leads."""
+        self._beats: dict[str, tuple[_Session, pb.NodeMessage]] = {}
+        """The heartbeats read and not taken yet: the latest of each node (bounded by the
+        nodes), which says all an earlier one did."""
+        self._beats_timer: asyncio.TimerHandle | None = None
 
     @property
     def reconnect_grace(self) -> float:
@@ -179,6 +187,10 @@ class CoordinatorService:
             s.close()
 
     async def _end_tasks(self) -> None:
+        if self._beats_timer is not None:
+            self._beats_timer.cancel()
+            self._beats_timer = None
+        self._beats.clear()
         for task in (self._tick_task, self._flush_task):
             if task is not None:
                 task.cancel()
@@ -216,6 +228,7 @@ class CoordinatorService:
         while True:
             await asyncio.sleep(TICK_S)
             try:
+                self.take_heartbeats()  # a lease is judged on every beat already read
                 self.apply(self.cluster.tick(self._clock()))
             except Exception:
                 logger.exception("tick failed")
@@ -420,7 +433,43 @@ class CoordinatorService:
                 self.cluster.node_disconnected(session.name, session.incarnation, self.now())
             )
 
+    def on_heartbeat(self, session: _Session, msg: pb.NodeMessage) -> None:
+        """A heartbeat read from `session`: taken with the others of the next batch."""
+        self._beats[session.name] = (session, msg)
+        if self._beats_timer is None:
+            loop = asyncio.get_running_loop()
+            self._beats_timer = loop.call_later(HEARTBEAT_BATCH_S, self.take_heartbeats)
+
+    def take_heartbeats(self) -> None:
+        """Take every heartbeat read and not taken yet, as one input to the state machine."""
+        if self._beats_timer is not None:
+            self._beats_timer.cancel()
+            self._beats_timer = None
+        if not self._beats:
+            return
+        beats, self._beats = self._beats, {}
+        batch = []
+        for session, msg in beats.values():
+            if session.closed:
+                continue
+            try:
+                beat = decode_node(msg)
+            except MessageError as exc:
+                logger.warning("node %s sent a bad message: %s", session.name, exc)
+                continue
+            if isinstance(beat, Heartbeat):
+                batch.append((session.name, session.incarnation, beat))
+        try:
+            self.apply(self.cluster.heartbeats(batch, self.now()))
+        except Exception:
+            logger.exception("taking %d heartbeats failed", len(batch))
+        for session, _ in beats.values():
+            if not session.closed:
+                self._probe_clock(session)
+
     def on_node_message(self, session: _Session, msg: pb.NodeMessage) -> None:
+        if session.name in self._beats:
+            self.take_heartbeats()  # in the order the node sent them
         try:
             decoded = decode_node(msg)
         except MessageError as exc:
