@@ -163,37 +163,18 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
         loop = asyncio.get_running_loop()
         reader = loop.create_task(self._read(svc, session, request_iterator))
         ended = loop.create_task(session.ended.wait())
-        # What the loop waits on besides `ended`; cancelled on the way out however it ends.
-        pending: asyncio.Task[Any] | None = None
+        # One writer per session, not a task and a wait per message: `ended` ends the call
+        # however the writer is stuck (on an empty outbox, or a write an agent never reads).
+        writer = loop.create_task(self._write(svc, session, context))
         try:
-            while not session.closed:
-                if session.outbox.empty():
-                    pending = get = loop.create_task(session.outbox.get())
-                    await asyncio.wait((get, ended), return_when=asyncio.FIRST_COMPLETED)
-                    if not get.done():
-                        break
-                    msg = get.result()
-                else:
-                    msg = session.outbox.get_nowait()
-                if session.closed:
-                    break
-                if not svc.may_send():
-                    session.close()  # no longer the leader: nothing more goes out
-                    break
-                msg.epoch = svc.epoch
-                # Written with context.write, not yielded: a write to an agent that does not
-                # read never completes, and a close must still end the call.
-                pending = write = loop.create_task(context.write(msg))
-                await asyncio.wait((write, ended), return_when=asyncio.FIRST_COMPLETED)
-                if not write.done():
-                    break
-                write.result()
-                faults.after_send(msg)
+            await asyncio.wait((writer, ended), return_when=asyncio.FIRST_COMPLETED)
+            if writer.done():
+                writer.result()
         finally:
-            if pending is not None and not pending.done():
+            if not writer.done():
                 # A write may still fail once the call goes: nobody waits for its outcome.
-                pending.add_done_callback(_ignore_outcome)
-                pending.cancel()
+                writer.add_done_callback(_ignore_outcome)
+                writer.cancel()
             ended.cancel()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -202,6 +183,23 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
         # Returning ends the call with OK, as any close by the coordinator does. The status
         # waits behind what is already written: it reaches an agent that reads again, and the
         # call goes with the connection if it never does.
+
+    async def _write(
+        self, svc: NodeService, session: _Session, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Write the session's outbox to its stream until the session closes."""
+        while not session.closed:
+            msg = await session.outbox.get()
+            if session.closed:
+                return
+            if not svc.may_send():
+                session.close()  # no longer the leader: nothing more goes out
+                return
+            msg.epoch = svc.epoch
+            # Written with context.write, not yielded: a write to an agent that does not read
+            # never completes, and a close must still end the call.
+            await context.write(msg)
+            faults.after_send(msg)
 
     async def _read(
         self, svc: NodeService, session: _Session, it: AsyncIterator[pb.NodeMessage]
