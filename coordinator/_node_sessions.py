@@ -58,6 +58,12 @@ MAX_NODE_MESSAGE_BYTES = 16 * 1024 * 1024
 limit (coordinator/server.py, nodeagent/_agent_link.py). A bigger one fails the whole stream."""
 OUTBOX_LIMIT = 10_000
 HELLO_TIMEOUT_S = 10.0
+"""How long an admitted session has to send its hello."""
+OPENING_MAX = 128
+"""Sessions whose hello is read and taken at once; the others wait for their turn, unread and
+untimed (the admission queue: its length is bounded by the calls grpc admits, see
+coordinator._connections). With 2,500 agents opening at once, every hello timed from its call's
+start ran out on hundreds of agents that had sent it, while the coordinator took the others."""
 
 
 @dataclass
@@ -116,6 +122,7 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
 
     def __init__(self, current: Callable[[], NodeService]) -> None:
         self._current = current
+        self._opening = asyncio.Semaphore(OPENING_MAX)
 
     @property
     def _svc(self) -> NodeService:
@@ -125,40 +132,11 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
         self, request_iterator: AsyncIterator[pb.NodeMessage], context: grpc.aio.ServicerContext
     ) -> None:
         svc = self._svc
-        try:
-            first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_S)
-        except (StopAsyncIteration, TimeoutError):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with hello")
-            return
-        if first.WhichOneof("kind") != "hello":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with hello")
-            return
-        if svc.require_cert_node_names:
-            refusal = cert_node_name_refusal(first.hello.name, context.auth_context())
-            if refusal:
-                svc.refusals.refused(context.peer() or "?", "a node session", refusal)
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
-                return
-        try:
-            hello = decode_node(first)
-            assert isinstance(hello, Hello)
-            session = svc.open_session(hello)
-        except MessageError as exc:
-            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            return
-        except NodeNameInUse as exc:
-            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
-            await context.abort(
-                grpc.StatusCode.ALREADY_EXISTS, str(exc), trailing_metadata=_name_held(svc, exc)
-            )
-            return
-        except RequestError as exc:
-            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
-            await _abort_for(context, exc)
-            return
-        except Exception as exc:
-            await _abort_for(context, exc)
+        # The admission queue: sessions opening wait their turn here, their hello unread and
+        # its timer not started, however long the coordinator takes to get to them.
+        async with self._opening:
+            session = await self._open(svc, request_iterator, context)
+        if session is None:
             return
         loop = asyncio.get_running_loop()
         reader = loop.create_task(self._read(svc, session, request_iterator))
@@ -183,6 +161,50 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
         # Returning ends the call with OK, as any close by the coordinator does. The status
         # waits behind what is already written: it reaches an agent that reads again, and the
         # call goes with the connection if it never does.
+
+    async def _open(
+        self,
+        svc: NodeService,
+        request_iterator: AsyncIterator[pb.NodeMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> _Session | None:
+        """Read the hello and open the session; None when it was refused (the call aborted)."""
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_S)
+        except (StopAsyncIteration, TimeoutError):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with hello")
+            return None
+        if first.WhichOneof("kind") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with hello")
+            return None
+        if svc.require_cert_node_names:
+            refusal = cert_node_name_refusal(first.hello.name, context.auth_context())
+            if refusal:
+                svc.refusals.refused(context.peer() or "?", "a node session", refusal)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
+                return None
+        try:
+            hello = decode_node(first)
+            assert isinstance(hello, Hello)
+            session = svc.open_session(hello)
+        except MessageError as exc:
+            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return None
+        except NodeNameInUse as exc:
+            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
+            await context.abort(
+                grpc.StatusCode.ALREADY_EXISTS, str(exc), trailing_metadata=_name_held(svc, exc)
+            )
+            return None
+        except RequestError as exc:
+            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
+            await _abort_for(context, exc)
+            return None
+        except Exception as exc:
+            await _abort_for(context, exc)
+            return None
+        return session
 
     async def _write(
         self, svc: NodeService, session: _Session, context: grpc.aio.ServicerContext
