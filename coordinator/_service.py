@@ -6,7 +6,8 @@ are: the changes go to the service's journal (coordinator._journal), which write
 back what must wait for the write; the messages go to the node sessions; the job watchers are
 woken.
 Around it sit the client RPCs (coordinator._rpc), the node agents' streams
-(coordinator._node_sessions) and the log relay (coordinator._log_relay).
+(coordinator._node_sessions), whose heartbeats are taken in batches
+(coordinator._heartbeat_batch), and the log relay (coordinator._log_relay).
 
 The names imported here as themselves (`from m import X as X`) stay importable from this module
 for whoever took them from here; they live in their own modules, and are patched there.
@@ -58,6 +59,7 @@ from coordinator._cluster import (
     StopRound,
 )
 from coordinator._errors import RequestError
+from coordinator._heartbeat_batch import Beats, HeartbeatBatch
 from coordinator._job_messages import _bounded_job
 from coordinator._journal import Journal
 from coordinator._log_relay import LOG_CHUNK_MAX_BYTES as LOG_CHUNK_MAX_BYTES
@@ -88,10 +90,6 @@ __all__ = ["CoordinatorService"]
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.1
-HEARTBEAT_BATCH_S = 0.05
-"""A heartbeat read from a node's stream waits at most this long to be taken with the others
-read meanwhile, in one batch: far below any lease, and one state-machine input instead of
-thousands a second."""
 RECONNECT_GRACE_S = 15.0
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
@@ -143,10 +141,7 @@ class CoordinatorService:
         no longer leads (the session then closes, and nothing more is sent)."""
         self.on_fenced: Callable[[str], None] | None = None
         """Called when the store refused a write because another coordinator leads."""
-        self._beats: dict[str, tuple[_Session, pb.NodeMessage]] = {}
-        """The heartbeats read and not taken yet: the latest of each node (bounded by the
-        nodes), which says all an earlier one did."""
-        self._beats_timer: asyncio.TimerHandle | None = None
+        self._beats = HeartbeatBatch(self._take_heartbeats)
 
     @property
     def reconnect_grace(self) -> float:
@@ -187,9 +182,6 @@ class CoordinatorService:
             s.close()
 
     async def _end_tasks(self) -> None:
-        if self._beats_timer is not None:
-            self._beats_timer.cancel()
-            self._beats_timer = None
         self._beats.clear()
         for task in (self._tick_task, self._flush_task):
             if task is not None:
@@ -435,21 +427,15 @@ class CoordinatorService:
 
     def on_heartbeat(self, session: _Session, msg: pb.NodeMessage) -> None:
         """A heartbeat read from `session`: taken with the others of the next batch."""
-        self._beats[session.name] = (session, msg)
-        if self._beats_timer is None:
-            loop = asyncio.get_running_loop()
-            self._beats_timer = loop.call_later(HEARTBEAT_BATCH_S, self.take_heartbeats)
+        self._beats.add(session, msg)
 
     def take_heartbeats(self) -> None:
         """Take every heartbeat read and not taken yet, as one input to the state machine."""
-        if self._beats_timer is not None:
-            self._beats_timer.cancel()
-            self._beats_timer = None
-        if not self._beats:
-            return
-        beats, self._beats = self._beats, {}
+        self._beats.take()
+
+    def _take_heartbeats(self, beats: Beats) -> None:
         batch = []
-        for session, msg in beats.values():
+        for session, msg in beats:
             if session.closed:
                 continue
             try:
@@ -463,12 +449,12 @@ class CoordinatorService:
             self.apply(self.cluster.heartbeats(batch, self.now()))
         except Exception:
             logger.exception("taking %d heartbeats failed", len(batch))
-        for session, _ in beats.values():
+        for session, _ in beats:
             if not session.closed:
                 self._probe_clock(session)
 
     def on_node_message(self, session: _Session, msg: pb.NodeMessage) -> None:
-        if session.name in self._beats:
+        if self._beats.holds(session.name):
             self.take_heartbeats()  # in the order the node sent them
         try:
             decoded = decode_node(msg)
