@@ -59,7 +59,7 @@ limit (coordinator/server.py, nodeagent/_agent_link.py). A bigger one fails the 
 OUTBOX_LIMIT = 10_000
 HELLO_TIMEOUT_S = 10.0
 """How long an admitted session has to send its hello."""
-OPENING_MAX = 128
+OPENING_MAX = 32
 """Sessions whose hello is read and taken at once; the others wait for their turn, unread and
 untimed (the admission queue: its length is bounded by the calls grpc admits, see
 coordinator._connections). With 2,500 agents opening at once, every hello timed from its call's
