@@ -238,6 +238,8 @@ class FleetStats:
     """Sessions that ended after their Welcome (the coordinator dropped a registered node)."""
     refused: int = 0
     """Session attempts the coordinator ended before its Welcome (tried again, with backoff)."""
+    refused_why: dict[str, int] = field(default_factory=dict)
+    """Those attempts by how they ended: the status code, and the first words of its details."""
     assigned: int = 0
     """Nodes that received an Assign for the job asked about."""
     assign_first: float | None = None
@@ -332,6 +334,8 @@ class SimFleet:
             out.heartbeats += a["heartbeats"]
             out.progress_reports += a["progress_reports"]
             out.refused += a["refused"]
+            for why, count in a["refused_why"].items():
+                out.refused_why[why] = out.refused_why.get(why, 0) + count
             out.errors += a["errors"]
             out.welcomes += a["welcomes"]
             if a["welcome_last"] is not None:
@@ -423,7 +427,8 @@ class RoundTimes:
     all_assigned: float | None = None
     """The last node's receive time of its Assign (None: not every node got one in time)."""
     all_started: float | None = None
-    """The coordinator's timestamp of the last `workers_started` event (every node acked)."""
+    """The coordinator's timestamp of the round's `round_started` event: it has processed the
+    last node's WorkersStarted."""
     assigned: int = 0
     started: int = 0
 
@@ -431,11 +436,12 @@ class RoundTimes:
 def wait_round_started(
     fleet: SimFleet, client: Client, job_id: str, timeout: float, interval: float = 0.1
 ) -> RoundTimes:
-    """Follow a job until every node got its Assign and the coordinator recorded every node's
-    WorkersStarted, or `timeout` passes; whatever was not reached stays None."""
+    """Follow a job until every node got its Assign and the coordinator recorded that every
+    node's workers started (its `round_started` event), or `timeout` passes; whatever was not
+    reached stays None."""
     out = RoundTimes()
     started_nodes: set[str] = set()
-    last_started = 0.0
+    round_started: float | None = None
     after = 0
     deadline = time.monotonic() + timeout
     while True:
@@ -457,10 +463,14 @@ def wait_round_started(
                 after = max(after, e.seq)
                 if e.kind == "workers_started" and e.node not in started_nodes:
                     started_nodes.add(e.node)
-                    last_started = max(last_started, e.timestamp)
+                elif e.kind == "round_started" and round_started is None:
+                    round_started = e.timestamp
             out.started = len(started_nodes)
-            if len(started_nodes) >= fleet.count:
-                out.all_started = last_started
+            if round_started is not None:
+                # Counted from the round's own event: a round of more nodes than a job keeps
+                # events has some of its `workers_started` cut before they can be read.
+                out.started = fleet.count
+                out.all_started = round_started
         if (out.all_assigned is not None and out.all_started is not None) or (
             time.monotonic() > deadline
         ):
@@ -517,6 +527,8 @@ class _SimNode:
         tells the others in `UNREACHABLE_HEADER`)."""
         self.in_hello: set[tuple[str, int, int]] = set()
         """(job, round, local rank) of the exits the current session's Hello carried."""
+        self.ended_why = "OK"
+        """How the last session attempt ended (a status code and its details' first words)."""
 
     async def run(self) -> None:
         """Keep a session open, reconnecting with backoff and full jitter like the real agent."""
@@ -542,6 +554,8 @@ class _SimNode:
                 # calls away (too many pending calls), a standby points at the leader, or none
                 # listens; the agent tries again.
                 self.fleet.refused += 1
+                why = self.ended_why
+                self.fleet.refused_why[why] = self.fleet.refused_why.get(why, 0) + 1
             else:
                 hunting = 0
             self.target = next_coordinator(listed, target, {target}) or target
@@ -615,6 +629,7 @@ class _SimNode:
         call = stub.Session(metadata=metadata)
         writer = asyncio.get_running_loop().create_task(self._write(call))
         welcomed = False
+        self.ended_why = "OK"
         try:
             async for msg in call:
                 if msg.epoch < self.epoch:
@@ -624,6 +639,7 @@ class _SimNode:
                 self._on(msg)
                 welcomed = welcomed or self.welcomed
         except grpc.aio.AioRpcError as exc:
+            self.ended_why = f"{exc.code().name}: {(exc.details() or '')[:40]}"
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 self.unavailable = True
                 self.hint = leader_hint(exc.trailing_metadata(), self.fleet.addresses)
@@ -779,6 +795,7 @@ class _FleetProcess:
         self.progress_hz = 0.0
         self.progress_reports = 0
         self.refused = 0
+        self.refused_why: dict[str, int] = {}
         self.metadata = Security.from_env().metadata
         """The agent token of $GELASTIC_TOKEN_FILE, if the coordinator wants one."""
 
@@ -874,6 +891,7 @@ class _FleetProcess:
             "heartbeats": self.heartbeats,
             "progress_reports": self.progress_reports,
             "refused": self.refused,
+            "refused_why": self.refused_why,
             "stale": self.stale,
             "errors": self.errors,
         }

@@ -8,8 +8,8 @@ N nodes x 1 worker (`last_call_timeout=0`) is submitted:
 - `N=n submit -> all assigned`: `submit()` -> the last simulated node's receive time of its
   Assign (`time.time()` in the node's process, max over the nodes). It includes the master
   port reservation on group rank 0 (answered at once).
-- `N=n submit -> all started`: `submit()` -> the coordinator's timestamp of the last node's
-  `workers_started` event (it has processed every node's WorkersStarted).
+- `N=n submit -> all started`: `submit()` -> the coordinator's timestamp of the round's
+  `round_started` event (it has processed every node's WorkersStarted).
 - `N=n coordinator peak RSS (MB)`: VmHWM of the coordinator process at the end of the run.
 - `N=n registration`: the simulated nodes start -> all N welcomed (they connect all at once;
   the note counts attempts the coordinator refused, which the nodes retry with backoff).
@@ -37,6 +37,7 @@ MB = 1024 * 1024
 class _Run:
     registration: float
     refused: int
+    refused_why: dict[str, int]
     assigned: float | None
     started: float | None
     peak_rss: int
@@ -83,6 +84,7 @@ def _one_run(n: int) -> _Run:
         return _Run(
             registration=registration,
             refused=reg.refused,
+            refused_why=reg.refused_why,
             assigned=None if times.all_assigned is None else times.all_assigned - t0,
             started=None if times.all_started is None else times.all_started - t0,
             peak_rss=peak,
@@ -126,7 +128,9 @@ def run(runs: int, quick: bool) -> list[Measurement]:
                 + ", started "
                 + ("timed out" if r.started is None else f"{r.started:.3f} s")
                 + f" ({r.detail}); coordinator peak RSS {r.peak_rss / MB:.0f} MB; "
-                f"registration {r.registration:.2f} s ({r.refused} attempts refused)"
+                f"registration {r.registration:.2f} s ({r.refused} attempts refused"
+                + (f": {r.refused_why}" if r.refused_why else "")
+                + ")"
             )
         notes = [f"{count} runs, not {runs}: a run at this size takes minutes"]
         assigned.note = "; ".join((notes if count < runs else []) + dropped)

@@ -8,7 +8,8 @@ clock (`now` is a parameter), so every decision is tested directly with a fake c
 - node sessions: `step(node, incarnation, msg, now)` takes every message of an agent's session
   (`client.node_protocol`: heartbeats, reserved ports, started workers, exits, failure notices,
   stopped and unknown groups, log chunks, answers to clock probes, an agent's drain request;
-  stack replies pass through to `coordinator._stacks`);
+  stack replies pass through to `coordinator._stacks`), and `heartbeats(beats, now)` takes a
+  batch of heartbeats of many sessions as `step` would;
   the session's opening and end are `node_connected` and `node_disconnected`, and
   `assign_undeliverable` says an assignment could not be sent;
 - clients: `submit`, `confirm_written`, `withdraw`, `cancel`, `forget_node`, `clear_quarantine`,
@@ -73,6 +74,7 @@ from coordinator._cluster_failures import (
 from coordinator._cluster_records import (
     MAX_FAILURE_TEXT,
     NODE_RETENTION_EVERY_S,
+    NODE_SWEEP_MAX_S,
     PORT_RETRY_MAX_S,
     STOP_MARGIN_S,
     Action,
@@ -291,6 +293,7 @@ class Cluster(_Stacks):
         self, job: _Job, member: _Member, msg: WorkersStarted, now: float
     ) -> None:
         name = member.node
+        was_all_started = self._all_started(job)
         started = []
         for local_rank, pid in msg.pids:
             w = member.workers.get(local_rank)
@@ -313,6 +316,18 @@ class Cluster(_Stacks):
         )
         if self._all_started(job):
             job.current.start_deadline = None
+            if not was_all_started:
+                # One event for the whole round: a round of more nodes than a job keeps events
+                # pushes its own first `workers_started` out of the log, this one never.
+                self._event(
+                    job,
+                    now,
+                    "round_started",
+                    f"round {job.round}: every worker started "
+                    f"({_count(self._worker_count(job), 'worker')} on "
+                    f"{_count(len(job.current.members), 'node')}; the last on node {name})",
+                    node=name,
+                )
         if job.state == JobState.RUNNING and self._all_started(job):
             self._set_reason(
                 job,
@@ -445,20 +460,11 @@ class Cluster(_Stacks):
             # O(nodes): once a minute is plenty for a bound measured in days.
             self._next_node_retention = now + NODE_RETENTION_EVERY_S
             self._retain_nodes(now)
-        for node in list(self._nodes.values()):
-            if node.fenced:
-                for key, (_, until) in list(node.fenced.items()):
-                    if now >= until:
-                        del node.fenced[key]
-            if node.quarantine_reason and now >= node.quarantined_until:
-                self._clear_quarantine(node, "its quarantine time passed", now)
-            if node.live and now - node.last_seen > self.config.lease:
-                self._effects.append(CloseSession(node.name, node.incarnation, "lease expired"))
-                self._lose_node(
-                    node,
-                    f"no message for {now - node.last_seen:.1f} s (lease {self.config.lease:g} s)",
-                    now,
-                )
+        if now >= self._next_node_sweep:
+            # O(nodes): at a tenth of the lease (a second at most), not at every tick; with ten
+            # thousand nodes, ten sweeps a second were a tenth of the coordinator's time.
+            self._next_node_sweep = now + min(NODE_SWEEP_MAX_S, self.config.lease / 10)
+            self._sweep_nodes(now)
         for job in self._active_jobs():
             if job.current.port_deadline is not None and now >= job.current.port_deadline:
                 job.current.port_deadline = None
@@ -504,3 +510,20 @@ class Cluster(_Stacks):
                 self._changed(job)
         self._check_progress(now)
         return self._finish(now, force=True)
+
+    def _sweep_nodes(self, now: float) -> None:
+        """Every node: fences and quarantines that ran out, leases that expired."""
+        for node in list(self._nodes.values()):
+            if node.fenced:
+                for key, (_, until) in list(node.fenced.items()):
+                    if now >= until:
+                        del node.fenced[key]
+            if node.quarantine_reason and now >= node.quarantined_until:
+                self._clear_quarantine(node, "its quarantine time passed", now)
+            if node.live and now - node.last_seen > self.config.lease:
+                self._effects.append(CloseSession(node.name, node.incarnation, "lease expired"))
+                self._lose_node(
+                    node,
+                    f"no message for {now - node.last_seen:.1f} s (lease {self.config.lease:g} s)",
+                    now,
+                )

@@ -49,6 +49,7 @@ class _Core:
         self.bad_records: list[tuple[str, int, str]] = []
         """What the last `restore` could not read: (kind, index in its input, why)."""
         self._next_node_retention = 0.0
+        self._next_node_sweep = 0.0
         self._finished: collections.deque[str] = collections.deque()
         """Finished jobs, oldest first: what retention deletes first."""
         self._effects: list[Effect] = []

@@ -5,7 +5,7 @@ nodes, GPU health, and the adoption of rounds a node comes back with.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from client.model import (
     GpuDevice,
@@ -184,7 +184,21 @@ class _Nodes(_Drains):
         """A worker's CPU sample, for stall detection (`coordinator._cluster_stalls`)."""
         raise NotImplementedError
 
+    def heartbeats(self, beats: Iterable[tuple[str, str, Heartbeat]], now: float) -> Ready:
+        """A batch of heartbeats, each (node, incarnation, heartbeat), taken in order as `step`
+        takes one: a beat of a session that is not its node's live one is dropped."""
+        for name, incarnation, beat in beats:
+            node = self._live(name, incarnation)
+            if node is not None:
+                node.last_seen = now
+                self._take_heartbeat(node, beat, now)
+        return self._finish(now) if self._effects or self._reschedule else Ready()
+
     def _on_heartbeat(self, node: _Node, beat: Heartbeat, now: float) -> Ready:
+        self._take_heartbeat(node, beat, now)
+        return self._finish(now) if self._effects or self._reschedule else Ready()
+
+    def _take_heartbeat(self, node: _Node, beat: Heartbeat, now: float) -> None:
         """A live node's heartbeat: its groups' states, its workers' and GPUs' health."""
         name = node.name
         group_states = [(g.job_id, g.round, g.state) for g in beat.groups if g.state is not None]
@@ -204,10 +218,10 @@ class _Nodes(_Drains):
             problem = self._gpu_samples(node, beat.gpus)
             if problem and not node.quarantine_reason:
                 self._quarantine(node, problem, now)
-                return self._finish(now)
+                return
         if beat.health_problem and not node.quarantine_reason:
             self._quarantine(node, f"its health check failed: {beat.health_problem}", now)
-            return self._finish(now)
+            return
         for g in beat.groups:
             job = self._jobs.get(g.job_id)
             if job is None or job.round != g.round:
@@ -224,7 +238,6 @@ class _Nodes(_Drains):
                         s.proc_state,
                     )
                     self._note_cpu(job, m, s, now)
-        return self._finish(now) if self._effects else Ready()
 
     def _retain_nodes(self, now: float) -> None:
         """Drop lost nodes past `lost_node_retention`, then the longest unseen past the count."""

@@ -34,6 +34,9 @@ PORT_RETRY_MAX_S = 10.0
 STALE_HOLD_S = 60.0
 STOP_MARGIN_S = 15.0
 NODE_RETENTION_EVERY_S = 60.0
+NODE_SWEEP_MAX_S = 1.0
+"""The most time between two sweeps of every node for expired leases (a tenth of the lease
+when that is shorter)."""
 MAX_EVENTS_PER_JOB = 10_000
 """Events kept per job: the first EVENTS_HEAD, a note of how many were cut, then the latest."""
 EVENTS_HEAD = 100

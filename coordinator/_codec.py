@@ -27,22 +27,61 @@ program's dataclasses."""
 
 def encode(obj: Any) -> Any:
     """A JSON-compatible form of `obj`."""
-    if obj is None or isinstance(obj, bool | int | float | str):
-        return obj
-    if isinstance(obj, bytes | bytearray):
-        return {"__b64__": base64.b64encode(bytes(obj)).decode("ascii")}
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    names = _FIELD_NAMES.get(type(obj))
-    if names is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        names = _FIELD_NAMES[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
-    if names is not None:
-        return {name: encode(getattr(obj, name)) for name in names}
-    if isinstance(obj, Mapping):
-        return {"__map__": [[encode(k), encode(v)] for k, v in obj.items()]}
-    if isinstance(obj, list | tuple | set | frozenset):
-        return [encode(x) for x in obj]
-    raise TypeError(f"cannot encode {type(obj).__name__}")
+    fn = _ENCODERS.get(type(obj))
+    if fn is None:
+        fn = _encoder(type(obj))
+        _ENCODERS[type(obj)] = fn
+    return fn(obj)
+
+
+_ENCODERS: dict[type, Callable[[Any], Any]] = {}
+"""The encoder of each type met, chosen once: checking what a value is (a number, an enum, a
+dataclass...) for every value dominated writing a job of ten thousand nodes. Bounded by the
+program's types."""
+
+
+def _encoder(tp: type) -> Callable[[Any], Any]:
+    """How `encode` turns a value of type `tp` into JSON (TypeError: it cannot)."""
+    if tp is type(None) or issubclass(tp, bool | int | float | str):
+        return _same
+    if issubclass(tp, bytes | bytearray):
+        return _encode_bytes
+    if issubclass(tp, enum.Enum):
+        return _encode_enum
+    if dataclasses.is_dataclass(tp):
+        names = _FIELD_NAMES.get(tp)
+        if names is None:
+            names = _FIELD_NAMES[tp] = tuple(f.name for f in dataclasses.fields(tp))
+
+        def encode_dataclass(obj: Any) -> Any:
+            return {name: encode(getattr(obj, name)) for name in names}
+
+        return encode_dataclass
+    if issubclass(tp, Mapping):
+        return _encode_map
+    if issubclass(tp, list | tuple | set | frozenset):
+        return _encode_items
+    raise TypeError(f"cannot encode {tp.__name__}")
+
+
+def _same(obj: Any) -> Any:
+    return obj
+
+
+def _encode_bytes(obj: bytes | bytearray) -> Any:
+    return {"__b64__": base64.b64encode(bytes(obj)).decode("ascii")}
+
+
+def _encode_enum(obj: enum.Enum) -> Any:
+    return obj.value
+
+
+def _encode_map(obj: Mapping[Any, Any]) -> Any:
+    return {"__map__": [[encode(k), encode(v)] for k, v in obj.items()]}
+
+
+def _encode_items(obj: Sequence[Any]) -> Any:
+    return [encode(x) for x in obj]
 
 
 def _hints(cls: type) -> tuple[tuple[str, Any], ...]:

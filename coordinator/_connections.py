@@ -16,6 +16,15 @@ coordinator with 256 descriptors down. grpc core gives a server three bounds, al
 The keepalive pings (every 10 s, 5 s to answer) close a connection whose peer no longer answers
 at the HTTP/2 level.
 
+Calls are admitted through a bounded queue, not refused. A call grpc core has read but the
+server's loop has not taken yet waits in core's queue of pending calls: the loop takes them one
+at a time, as fast as it can, and the callers wait on their open stream meanwhile (the
+backpressure: an agent's hello is answered when the coordinator gets to it). grpc core's own
+bounds (1,000 pending calls, then a random share refused, all refused past 3,000) turned away
+thousands of the session attempts of 10,000 agents starting at once, each of which then came
+back after a backoff; the queue here holds `MAX_PENDING_CALLS` and a call may wait
+`MAX_UNTAKEN_S` in it. Past either the call is refused, and the agent retries as before.
+
 There is no cap per peer: grpc core's connection quota passes the peer to its check but does not
 use it, and grpcio's server offers no hook at accept. One host can therefore fill the cap; what
 it holds is closed within the handshake timeout (a connection that never speaks HTTP/2), the
@@ -32,6 +41,8 @@ from typing import Any
 __all__ = [
     "DEFAULT_HANDSHAKE_TIMEOUT_S",
     "DEFAULT_IDLE_TIMEOUT_S",
+    "MAX_PENDING_CALLS",
+    "MAX_UNTAKEN_S",
     "MIN_CONNECTIONS",
     "RESERVED_FILES",
     "connection_cap",
@@ -46,6 +57,11 @@ RESERVED_FILES = 128
 etcd channels, the event loop's own, and the listening sockets."""
 MIN_CONNECTIONS = 32
 """The cap never goes below this, however low the open-files limit."""
+MAX_PENDING_CALLS = 65_536
+"""Calls read and not yet taken by the server's loop: the admission queue's bound (a pending
+call holds its stream's headers, a few kB)."""
+MAX_UNTAKEN_S = 120
+"""The longest a call may wait in that queue (grpc core's default is 30 s)."""
 KEEPALIVE_TIME_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
 
@@ -80,4 +96,7 @@ def grpc_server_options(
         ("grpc.server_handshake_timeout_ms", max(1, round(handshake_timeout * 1000))),
         ("grpc.max_connection_idle_ms", max(1, round(idle_timeout * 1000))),
         ("grpc.max_allowed_incoming_connections", max_connections),
+        ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+        ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+        ("grpc.server_max_unrequested_time_in_server", MAX_UNTAKEN_S),
     ]

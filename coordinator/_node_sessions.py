@@ -58,6 +58,12 @@ MAX_NODE_MESSAGE_BYTES = 16 * 1024 * 1024
 limit (coordinator/server.py, nodeagent/_agent_link.py). A bigger one fails the whole stream."""
 OUTBOX_LIMIT = 10_000
 HELLO_TIMEOUT_S = 10.0
+"""How long an admitted session has to send its hello."""
+OPENING_MAX = 32
+"""Sessions whose hello is read and taken at once; the others wait for their turn, unread and
+untimed (the admission queue: its length is bounded by the calls grpc admits, see
+coordinator._connections). With 2,500 agents opening at once, every hello timed from its call's
+start ran out on hundreds of agents that had sent it, while the coordinator took the others."""
 
 
 @dataclass
@@ -108,12 +114,15 @@ class NodeService(Protocol):
 
     def on_node_message(self, session: _Session, msg: pb.NodeMessage) -> None: ...
 
+    def on_heartbeat(self, session: _Session, msg: pb.NodeMessage) -> None: ...
+
 
 class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
     """The node agents' streams, each on whichever service `current` returns at its start."""
 
     def __init__(self, current: Callable[[], NodeService]) -> None:
         self._current = current
+        self._opening = asyncio.Semaphore(OPENING_MAX)
 
     @property
     def _svc(self) -> NodeService:
@@ -123,75 +132,27 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
         self, request_iterator: AsyncIterator[pb.NodeMessage], context: grpc.aio.ServicerContext
     ) -> None:
         svc = self._svc
-        try:
-            first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_S)
-        except (StopAsyncIteration, TimeoutError):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with hello")
-            return
-        if first.WhichOneof("kind") != "hello":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with hello")
-            return
-        if svc.require_cert_node_names:
-            refusal = cert_node_name_refusal(first.hello.name, context.auth_context())
-            if refusal:
-                svc.refusals.refused(context.peer() or "?", "a node session", refusal)
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
-                return
-        try:
-            hello = decode_node(first)
-            assert isinstance(hello, Hello)
-            session = svc.open_session(hello)
-        except MessageError as exc:
-            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            return
-        except NodeNameInUse as exc:
-            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
-            await context.abort(
-                grpc.StatusCode.ALREADY_EXISTS, str(exc), trailing_metadata=_name_held(svc, exc)
-            )
-            return
-        except RequestError as exc:
-            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
-            await _abort_for(context, exc)
-            return
-        except Exception as exc:
-            await _abort_for(context, exc)
+        # The admission queue: sessions opening wait their turn here, their hello unread and
+        # its timer not started, however long the coordinator takes to get to them.
+        async with self._opening:
+            session = await self._open(svc, request_iterator, context)
+        if session is None:
             return
         loop = asyncio.get_running_loop()
         reader = loop.create_task(self._read(svc, session, request_iterator))
         ended = loop.create_task(session.ended.wait())
-        # What the loop waits on besides `ended`; cancelled on the way out however it ends.
-        pending: asyncio.Task[Any] | None = None
+        # One writer per session, not a task and a wait per message: `ended` ends the call
+        # however the writer is stuck (on an empty outbox, or a write an agent never reads).
+        writer = loop.create_task(self._write(svc, session, context))
         try:
-            while not session.closed:
-                if session.outbox.empty():
-                    pending = get = loop.create_task(session.outbox.get())
-                    await asyncio.wait((get, ended), return_when=asyncio.FIRST_COMPLETED)
-                    if not get.done():
-                        break
-                    msg = get.result()
-                else:
-                    msg = session.outbox.get_nowait()
-                if session.closed:
-                    break
-                if not svc.may_send():
-                    session.close()  # no longer the leader: nothing more goes out
-                    break
-                msg.epoch = svc.epoch
-                # Written with context.write, not yielded: a write to an agent that does not
-                # read never completes, and a close must still end the call.
-                pending = write = loop.create_task(context.write(msg))
-                await asyncio.wait((write, ended), return_when=asyncio.FIRST_COMPLETED)
-                if not write.done():
-                    break
-                write.result()
-                faults.after_send(msg)
+            await asyncio.wait((writer, ended), return_when=asyncio.FIRST_COMPLETED)
+            if writer.done():
+                writer.result()
         finally:
-            if pending is not None and not pending.done():
+            if not writer.done():
                 # A write may still fail once the call goes: nobody waits for its outcome.
-                pending.add_done_callback(_ignore_outcome)
-                pending.cancel()
+                writer.add_done_callback(_ignore_outcome)
+                writer.cancel()
             ended.cancel()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -201,6 +162,67 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
         # waits behind what is already written: it reaches an agent that reads again, and the
         # call goes with the connection if it never does.
 
+    async def _open(
+        self,
+        svc: NodeService,
+        request_iterator: AsyncIterator[pb.NodeMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> _Session | None:
+        """Read the hello and open the session; None when it was refused (the call aborted)."""
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_S)
+        except (StopAsyncIteration, TimeoutError):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with hello")
+            return None
+        if first.WhichOneof("kind") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a session must start with hello")
+            return None
+        if svc.require_cert_node_names:
+            refusal = cert_node_name_refusal(first.hello.name, context.auth_context())
+            if refusal:
+                svc.refusals.refused(context.peer() or "?", "a node session", refusal)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
+                return None
+        try:
+            hello = decode_node(first)
+            assert isinstance(hello, Hello)
+            session = svc.open_session(hello)
+        except MessageError as exc:
+            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return None
+        except NodeNameInUse as exc:
+            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
+            await context.abort(
+                grpc.StatusCode.ALREADY_EXISTS, str(exc), trailing_metadata=_name_held(svc, exc)
+            )
+            return None
+        except RequestError as exc:
+            svc.refusals.refused(context.peer() or "?", "a node session", str(exc))
+            await _abort_for(context, exc)
+            return None
+        except Exception as exc:
+            await _abort_for(context, exc)
+            return None
+        return session
+
+    async def _write(
+        self, svc: NodeService, session: _Session, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Write the session's outbox to its stream until the session closes."""
+        while not session.closed:
+            msg = await session.outbox.get()
+            if session.closed:
+                return
+            if not svc.may_send():
+                session.close()  # no longer the leader: nothing more goes out
+                return
+            msg.epoch = svc.epoch
+            # Written with context.write, not yielded: a write to an agent that does not read
+            # never completes, and a close must still end the call.
+            await context.write(msg)
+            faults.after_send(msg)
+
     async def _read(
         self, svc: NodeService, session: _Session, it: AsyncIterator[pb.NodeMessage]
     ) -> None:
@@ -209,7 +231,10 @@ class _NodeSessionServicer(pb_grpc.NodeSessionServicer):
                 if session.closed:
                     return
                 try:
-                    svc.on_node_message(session, msg)
+                    if msg.WhichOneof("kind") == "heartbeat":
+                        svc.on_heartbeat(session, msg)  # taken in a batch
+                    else:
+                        svc.on_node_message(session, msg)
                 except RequestError as exc:
                     logger.warning("node %s sent a bad message: %s", session.name, exc.message)
                 except JobNotFound as exc:

@@ -6,7 +6,8 @@ are: the changes go to the service's journal (coordinator._journal), which write
 back what must wait for the write; the messages go to the node sessions; the job watchers are
 woken.
 Around it sit the client RPCs (coordinator._rpc), the node agents' streams
-(coordinator._node_sessions), the log relay (coordinator._log_relay) and the stack captures
+(coordinator._node_sessions), whose heartbeats are taken in batches
+(coordinator._heartbeat_batch), the log relay (coordinator._log_relay) and the stack captures
 (coordinator._stacks).
 
 The names imported here as themselves (`from m import X as X`) stay importable from this module
@@ -62,6 +63,7 @@ from coordinator._cluster import (
     StopRound,
 )
 from coordinator._errors import RequestError
+from coordinator._heartbeat_batch import Beats, HeartbeatBatch
 from coordinator._job_messages import _bounded_job
 from coordinator._journal import Journal
 from coordinator._log_relay import LOG_CHUNK_MAX_BYTES as LOG_CHUNK_MAX_BYTES
@@ -146,6 +148,7 @@ class CoordinatorService:
         no longer leads (the session then closes, and nothing more is sent)."""
         self.on_fenced: Callable[[str], None] | None = None
         """Called when the store refused a write because another coordinator leads."""
+        self._beats = HeartbeatBatch(self._take_heartbeats)
 
     @property
     def reconnect_grace(self) -> float:
@@ -186,6 +189,7 @@ class CoordinatorService:
             s.close()
 
     async def _end_tasks(self) -> None:
+        self._beats.clear()
         for task in (self._tick_task, self._flush_task, *self.stacks.stall_captures):
             if task is not None:
                 task.cancel()
@@ -223,6 +227,7 @@ class CoordinatorService:
         while True:
             await asyncio.sleep(TICK_S)
             try:
+                self.take_heartbeats()  # a lease is judged on every beat already read
                 self.apply(self.cluster.tick(self._clock()))
             except Exception:
                 logger.exception("tick failed")
@@ -430,7 +435,37 @@ class CoordinatorService:
                 self.cluster.node_disconnected(session.name, session.incarnation, self.now())
             )
 
+    def on_heartbeat(self, session: _Session, msg: pb.NodeMessage) -> None:
+        """A heartbeat read from `session`: taken with the others of the next batch."""
+        self._beats.add(session, msg)
+
+    def take_heartbeats(self) -> None:
+        """Take every heartbeat read and not taken yet, as one input to the state machine."""
+        self._beats.take()
+
+    def _take_heartbeats(self, beats: Beats) -> None:
+        batch = []
+        for session, msg in beats:
+            if session.closed:
+                continue
+            try:
+                beat = decode_node(msg)
+            except MessageError as exc:
+                logger.warning("node %s sent a bad message: %s", session.name, exc)
+                continue
+            if isinstance(beat, Heartbeat):
+                batch.append((session.name, session.incarnation, beat))
+        try:
+            self.apply(self.cluster.heartbeats(batch, self.now()))
+        except Exception:
+            logger.exception("taking %d heartbeats failed", len(batch))
+        for session, _ in beats:
+            if not session.closed:
+                self._probe_clock(session)
+
     def on_node_message(self, session: _Session, msg: pb.NodeMessage) -> None:
+        if self._beats.holds(session.name):
+            self.take_heartbeats()  # in the order the node sent them
         try:
             decoded = decode_node(msg)
         except MessageError as exc:

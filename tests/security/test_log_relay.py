@@ -370,12 +370,18 @@ async def test_a_reader_that_takes_nothing_stalls_the_agents_file_reading_not_it
             )
             kinds: list[str] = []
             on_node_message = svc.on_node_message
+            on_heartbeat = svc.on_heartbeat  # heartbeats come this way, to be taken in a batch
 
             def record(session: object, msg: pb.NodeMessage) -> None:
                 kinds.append(msg.WhichOneof("kind") or "")
                 on_node_message(session, msg)  # type: ignore[arg-type]
 
+            def record_beat(session: object, msg: pb.NodeMessage) -> None:
+                kinds.append("heartbeat")
+                on_heartbeat(session, msg)  # type: ignore[arg-type]
+
             svc.on_node_message = record  # type: ignore[method-assign]
+            svc.on_heartbeat = record_beat  # type: ignore[method-assign]
             req = pb.ReadLogsRequest(job_id=job_id, rank=0, stream="stdout", attempt=-1)
             reader = svc.read_logs(req, client="ipv4:10.0.0.7")
             assert len(await asyncio.wait_for(anext(reader), WAIT_S)) > 0  # type: ignore[arg-type]

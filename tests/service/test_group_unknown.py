@@ -180,14 +180,13 @@ async def test_a_group_that_starts_healthy_shows_its_state_and_each_workers_rank
 ) -> None:
     c, _agent = cluster
     beats: list[int] = []
-    seen = c.service.on_node_message
+    seen = c.service.on_heartbeat  # heartbeats come this way, to be taken in a batch
 
     def record(session: Any, msg: pb.NodeMessage) -> None:
-        if msg.WhichOneof("kind") == "heartbeat":
-            beats.extend(g.state for g in msg.heartbeat.groups)
+        beats.extend(g.state for g in msg.heartbeat.groups)
         seen(session, msg)
 
-    c.service.on_node_message = record  # type: ignore[method-assign]
+    c.service.on_heartbeat = record  # type: ignore[method-assign]
     job_id = await c.service.submit(_spec(tmp_path, max_restarts=0))
     client = Client(c.address, timeout=10)
     try:

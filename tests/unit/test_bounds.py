@@ -102,3 +102,31 @@ def test_a_round_of_many_nodes_names_a_few_and_counts_the_rest() -> None:
     (formed,) = [e for e in d.cluster.job_events("j") if e.kind == "round_formed"]
     assert "... and 12 more nodes" in formed.reason
     assert formed.reason.count("=group") == 8
+
+
+def test_a_round_wider_than_the_event_log_still_says_that_all_its_workers_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 12 nodes give 12 `workers_started` events, more than a job keeps: the cut takes some of
+    # them, but the one event for the whole round comes last and stays.
+    monkeypatch.setattr(_cluster_core, "MAX_EVENTS_PER_JOB", 10)
+    monkeypatch.setattr(_cluster_core, "EVENTS_HEAD", 2)
+    d = Driver()
+    names = [f"n{i:02d}" for i in range(12)]
+    for name in names:
+        d.connect(name, slots=1)
+    d.submit("j", nproc_per_node=1, min_nodes=12, max_nodes=12, last_call_timeout=0.0)
+    d.settle()
+    assert d.state("j") == JobState.RUNNING
+    events = d.cluster.job_events("j")
+    kinds = [e.kind for e in events]
+    assert "events_cut" in kinds
+    assert kinds.count("workers_started") < len(names)
+    assert kinds.count("round_started") == 1 and kinds[-1] == "round_started"
+    last = events[-1]
+    assert last.round == 1 and last.node in names
+    assert "every worker started (12 workers on 12 nodes" in last.reason
+    # A heartbeat, or a repeated WorkersStarted, announces nothing again.
+    d.heartbeat_all()
+    d.settle()
+    assert d.event_kinds("j").count("round_started") == 1

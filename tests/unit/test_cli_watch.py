@@ -252,6 +252,7 @@ def test_followed_event_rows_line_up_with_their_header_for_every_kind() -> None:
         "submitted",
         "round_formed",
         "workers_started",
+        "round_started",
         "worker_exited",
         "worker_failed",
         "stopping",

@@ -25,6 +25,8 @@ from client.node_protocol import (
 from coordinator._cluster import (
     AssignRound,
     CloseSession,
+    Cluster,
+    ClusterConfig,
     JobChanged,
     JobNotFound,
     NodeNameInUse,
@@ -636,6 +638,19 @@ def test_node_lease_expiry_via_tick_is_a_lost_node() -> None:
     assert (d.state("j"), d.attempt("j"), d.round("j")) == (JobState.RUNNING, 0, 2)
     assert [m.node for m in d.cluster.job_status("j").members] == ["n0", "n2"]
     assert {n.name: n.state for n in d.cluster.nodes()}["n1"] == "lost"
+
+
+def test_leases_are_judged_every_tenth_of_the_lease_not_at_every_tick() -> None:
+    # Judging leases walks every node: at ten ticks a second and ten thousand nodes that was a
+    # tenth of the coordinator's time. A lease is judged at most a tenth of it late.
+    cluster = Cluster(ClusterConfig(heartbeat_interval=0.5, lease=2.0))
+    cluster.node_connected("a", "10.0.0.1", 1, "inc-a", 100.0)
+    assert not of_type(cluster.tick(101.95), CloseSession)  # a sweep: next at 102.15
+    assert not of_type(cluster.tick(102.05), CloseSession)  # expired, not judged yet
+    assert {n.name: n.state for n in cluster.nodes()} == {"a": "live"}
+    assert of_type(cluster.tick(102.15), CloseSession) == [
+        CloseSession("a", "inc-a", "lease expired")
+    ]
 
 
 def test_node_lost_below_min_nodes_goes_back_to_the_queue() -> None:

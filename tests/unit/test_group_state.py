@@ -196,3 +196,26 @@ def test_faults_are_off_by_default_and_each_raises_only_where_asked(disarmed: ob
     _faults.observe()
     with pytest.raises(_faults.InjectedFault):
         _faults.started(2)
+
+
+def test_a_batch_of_heartbeats_is_taken_as_steps_would_and_skips_stale_sessions() -> None:
+    d = Driver()
+    d.connect("a", slots=1)
+    d.connect("b", slots=1)
+    d.submit("j", nproc_per_node=1, min_nodes=2, max_nodes=2, last_call_timeout=0.0)
+    d.settle()
+    r = d.round("j")
+    unhealthy = Heartbeat(groups=(GroupHealth("j", r, state=WorkerState.UNHEALTHY),))
+    a, b = d.nodes["a"], d.nodes["b"]
+    d.now += 4.0  # most of the lease (5 s) gone without a word
+    d.cluster.heartbeats(
+        [("a", a.incarnation, unhealthy), ("b", "an-old-process", unhealthy)], d.now
+    )
+    states = {m.node: m.group_state for m in d.cluster.job_status("j").members}
+    assert states == {"a": WorkerState.UNHEALTHY, "b": WorkerState.HEALTHY}
+    # The batch renewed a's lease, not b's: only b is lost when the lease runs out.
+    d.now += 2.0
+    d.cluster.tick(d.now)
+    live = {n.name for n in d.cluster.nodes() if n.state == "live"}
+    assert live == {"a"}
+    assert b.incarnation != "an-old-process"

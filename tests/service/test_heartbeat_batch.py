@@ -1,0 +1,59 @@
+"""Heartbeats are taken in batches: a beat read from a stream waits a moment for the others,
+but it still lands, and never after a message its node sent later."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from client import Client, JobSpec
+from client.model import WorkerState
+from coordinator.server import Coordinator, CoordinatorConfig
+from protos.gelastic.v1 import gelastic_pb2 as pb
+from tests._helpers import wait_for
+
+from ._fakes import FakeNode, run_round, worker_exit
+
+
+def _beat(asg: pb.Assign, state: int) -> pb.Heartbeat:
+    return pb.Heartbeat(
+        seq=1, groups=[pb.GroupHealth(job_id=asg.job_id, round=asg.round, state=state)]
+    )
+
+
+async def test_a_heartbeat_lands_and_never_after_what_its_node_sent_next(tmp_path: Path) -> None:
+    config = CoordinatorConfig(
+        state_dir=str(tmp_path / "state"), port=0, heartbeat_interval=0.5, lease=10.0
+    )
+    async with Coordinator(config) as c:
+        a = FakeNode(c.address, "a", "10.0.0.1", slots=1)
+        b = FakeNode(c.address, "b", "10.0.0.2", slots=1)
+        await a.connect()
+        await b.connect()
+        client = Client(c.address, timeout=10)
+        try:
+            job = await asyncio.to_thread(
+                client.submit,
+                JobSpec(entrypoint=["true"], min_nodes=2, max_nodes=2, last_call_timeout=0),
+            )
+            aa, ab = await run_round(a, b)
+            cluster = c.service.cluster
+
+            def group(node: str) -> WorkerState | None:
+                members = cluster.job_status(job.job_id).members
+                return next((m.group_state for m in members if m.node == node), None)
+
+            # A beat alone lands, within a batch.
+            await b.send(heartbeat=_beat(ab, pb.GROUP_STATE_UNHEALTHY))
+            await wait_for(lambda: group("b") == WorkerState.UNHEALTHY, 5.0, what="b's beat")
+            # A beat followed at once by the exit of the node's worker: the exit comes second.
+            await a.send(heartbeat=_beat(aa, pb.GROUP_STATE_UNHEALTHY))
+            await a.send(**{"worker_exited": worker_exit(aa, 0, 0).worker_exited})
+            await wait_for(lambda: group("a") == WorkerState.SUCCEEDED, 5.0, what="a's exit")
+            await asyncio.sleep(0)  # nothing is left to land after it
+            c.service.take_heartbeats()
+            assert group("a") == WorkerState.SUCCEEDED
+        finally:
+            client.close()
+            await a.close()
+            await b.close()
