@@ -8,10 +8,15 @@ takes the batch early before any other message of a node it holds, and before ea
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
+from client.node_codec import MessageError, decode_node
+from client.node_protocol import Heartbeat
 from coordinator._node_sessions import _Session
 from protos.gelastic.v1 import gelastic_pb2 as pb
+
+logger = logging.getLogger("coordinator._service")
 
 HEARTBEAT_BATCH_S = 0.05
 """A heartbeat waits at most this long to be taken with the others: far below any lease, and
@@ -21,10 +26,17 @@ Beats = list[tuple[_Session, pb.NodeMessage]]
 
 
 class HeartbeatBatch:
-    """Heartbeats waiting to be taken; `take` hands them over, in one call, to `taker`."""
+    """Heartbeats waiting to be taken; `take` decodes them and hands the good ones over, in one
+    call, to `taker` (node, incarnation, heartbeat each), then each to `after` (its clock probe,
+    the observers), in the order they were read."""
 
-    def __init__(self, taker: Callable[[Beats], None]) -> None:
+    def __init__(
+        self,
+        taker: Callable[[list[tuple[str, str, Heartbeat]]], None],
+        after: Callable[[_Session, Heartbeat], None],
+    ) -> None:
         self._taker = taker
+        self._after = after
         self._beats: dict[str, tuple[_Session, pb.NodeMessage]] = {}
         self._timer: asyncio.TimerHandle | None = None
 
@@ -39,9 +51,27 @@ class HeartbeatBatch:
 
     def take(self) -> None:
         self._cancel_timer()
-        if self._beats:
-            beats, self._beats = list(self._beats.values()), {}
-            self._taker(beats)
+        if not self._beats:
+            return
+        beats, self._beats = list(self._beats.values()), {}
+        good: list[tuple[_Session, Heartbeat]] = []
+        for session, msg in beats:
+            if session.closed:
+                continue
+            try:
+                beat = decode_node(msg)
+            except MessageError as exc:
+                logger.warning("node %s sent a bad message: %s", session.name, exc)
+                continue
+            if isinstance(beat, Heartbeat):
+                good.append((session, beat))
+        try:
+            self._taker([(s.name, s.incarnation, b) for s, b in good])
+        except Exception:
+            logger.exception("taking %d heartbeats failed", len(good))
+        for session, beat in good:
+            if not session.closed:
+                self._after(session, beat)
 
     def clear(self) -> None:
         self._cancel_timer()

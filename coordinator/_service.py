@@ -63,7 +63,7 @@ from coordinator._cluster import (
     StopRound,
 )
 from coordinator._errors import RequestError
-from coordinator._heartbeat_batch import Beats, HeartbeatBatch
+from coordinator._heartbeat_batch import HeartbeatBatch
 from coordinator._job_messages import _bounded_job
 from coordinator._journal import Journal
 from coordinator._log_relay import LOG_CHUNK_MAX_BYTES as LOG_CHUNK_MAX_BYTES
@@ -148,7 +148,10 @@ class CoordinatorService:
         no longer leads (the session then closes, and nothing more is sent)."""
         self.on_fenced: Callable[[str], None] | None = None
         """Called when the store refused a write because another coordinator leads."""
-        self._beats = HeartbeatBatch(self._take_heartbeats)
+        self._beats = HeartbeatBatch(
+            lambda batch: self.apply(self.cluster.heartbeats(batch, self.now())),
+            self._after_heartbeat,
+        )
 
     @property
     def reconnect_grace(self) -> float:
@@ -443,25 +446,10 @@ class CoordinatorService:
         """Take every heartbeat read and not taken yet, as one input to the state machine."""
         self._beats.take()
 
-    def _take_heartbeats(self, beats: Beats) -> None:
-        batch = []
-        for session, msg in beats:
-            if session.closed:
-                continue
-            try:
-                beat = decode_node(msg)
-            except MessageError as exc:
-                logger.warning("node %s sent a bad message: %s", session.name, exc)
-                continue
-            if isinstance(beat, Heartbeat):
-                batch.append((session.name, session.incarnation, beat))
-        try:
-            self.apply(self.cluster.heartbeats(batch, self.now()))
-        except Exception:
-            logger.exception("taking %d heartbeats failed", len(batch))
-        for session, _ in beats:
-            if not session.closed:
-                self._probe_clock(session)
+    def _after_heartbeat(self, session: _Session, beat: Heartbeat) -> None:
+        self._probe_clock(session)
+        for observe in self.heartbeat_observers:
+            observe(beat)
 
     def on_node_message(self, session: _Session, msg: pb.NodeMessage) -> None:
         if self._beats.holds(session.name):
@@ -480,9 +468,7 @@ class CoordinatorService:
             self.stacks.on_reply(session, decoded)
         self.apply(self.cluster.step(session.name, session.incarnation, decoded, self.now()))
         if isinstance(decoded, Heartbeat):
-            self._probe_clock(session)
-            for observe in self.heartbeat_observers:
-                observe(decoded)
+            self._after_heartbeat(session, decoded)
 
     def _probe_clock(self, session: _Session) -> None:
         """Probe the node's clock when the cluster says it is time. Straight to the session:
