@@ -457,7 +457,7 @@ class Dashboard:
                 last = now
 
             try:
-                logs = self.svc.read_logs(req, client)
+                logs = self.svc.log_relay.read_logs(req, client)
                 async for data in with_keepalive(logs, LOG_FLUSH_S):
                     if data is not None:
                         pending += data

@@ -14,7 +14,6 @@ import functools
 import logging
 from collections.abc import (
     AsyncGenerator,
-    AsyncIterator,
     Awaitable,
     Callable,
     Collection,
@@ -33,6 +32,7 @@ from coordinator._cluster import Cluster, Effect, NodeChanged, NodeIsLive
 from coordinator._cluster_drain import MAX_DRAIN_S
 from coordinator._errors import RequestError, status_for
 from coordinator._job_list import list_page
+from coordinator._log_relay import LogRelay
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 
@@ -60,6 +60,7 @@ class Service(Protocol):
 
     cluster: Cluster
     dashboard: tuple[str, str, int] | None
+    log_relay: LogRelay
 
     def now(self) -> float: ...
 
@@ -78,8 +79,6 @@ class Service(Protocol):
     async def wait_changed(self, job_id: str, seen_version: int, timeout: float) -> int: ...
 
     def watch_interval(self, job_id: str) -> float: ...
-
-    def read_logs(self, req: pb.ReadLogsRequest, client: str = "") -> AsyncIterator[bytes]: ...
 
     async def capture_stacks(
         self,
@@ -354,7 +353,7 @@ class _CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self, request: pb.ReadLogsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncGenerator[pb.LogData, None]:
         _check_job_id(request.job_id)
-        async for data in self._svc.read_logs(request, _peer_host(context.peer())):
+        async for data in self._svc.log_relay.read_logs(request, _peer_host(context.peer())):
             yield pb.LogData(data=data)
 
     @_unary

@@ -22,7 +22,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import Callable, Collection
 
 import grpc
 
@@ -496,17 +496,6 @@ class CoordinatorService:
         await self.flush()
         await self.written([job_id])
         return capture
-
-    # ---- logs ------------------------------------------------------------------------------
-
-    @property
-    def stray_log_chunks(self) -> int:
-        """Log chunks dropped because their node was not asked for that request."""
-        return self.log_relay.stray_chunks
-
-    def read_logs(self, req: pb.ReadLogsRequest, client: str = "") -> AsyncIterator[bytes]:
-        """Relay one rank's log from the node that holds it (see LogRelay.read_logs)."""
-        return self.log_relay.read_logs(req, client)
 
 
 def _always() -> bool:

@@ -183,7 +183,7 @@ async def test_more_chunks_than_granted_end_the_stream_with_data_loss(
     svc = coordinator.service
     req = pb.ReadLogsRequest(job_id=job_id, rank=0, stream="stdout", attempt=-1)
     # A reader that took one chunk and nothing since: the node has its first window, no more.
-    reader = svc.read_logs(req, client="ipv4:10.0.0.7")
+    reader = svc.log_relay.read_logs(req, client="ipv4:10.0.0.7")
     first = asyncio.create_task(anext(reader))  # type: ignore[arg-type]
     rid = (await node.expect("start_logs")).start_logs.request_id
     window = relay_module.LOG_WINDOW_CHUNKS
@@ -296,12 +296,12 @@ async def test_log_streams_are_capped_per_client_and_in_all(
     # Another client is not held back by this one's streams, up to the cap of all clients.
     monkeypatch.setattr(relay_module, "LOG_STREAMS_MAX", cap + 1)
     req = pb.ReadLogsRequest(job_id=job_id, rank=0, stream="stdout", attempt=-1, follow=True)
-    other = svc.read_logs(req, client="ipv4:10.0.0.7")
+    other = svc.log_relay.read_logs(req, client="ipv4:10.0.0.7")
     first = asyncio.create_task(anext(other))  # type: ignore[arg-type]
     await wait_for(
         lambda: len(svc.log_relay.streams) == cap + 1, WAIT_S, what=f"{cap + 1} log streams"
     )
-    third = svc.read_logs(req, client="ipv4:10.0.0.8")
+    third = svc.log_relay.read_logs(req, client="ipv4:10.0.0.8")
     with pytest.raises(RequestError) as err:
         await anext(third)  # type: ignore[arg-type]
     assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -383,7 +383,7 @@ async def test_a_reader_that_takes_nothing_stalls_the_agents_file_reading_not_it
             svc.on_node_message = record  # type: ignore[method-assign]
             svc.on_heartbeat = record_beat  # type: ignore[method-assign]
             req = pb.ReadLogsRequest(job_id=job_id, rank=0, stream="stdout", attempt=-1)
-            reader = svc.read_logs(req, client="ipv4:10.0.0.7")
+            reader = svc.log_relay.read_logs(req, client="ipv4:10.0.0.7")
             assert len(await asyncio.wait_for(anext(reader), WAIT_S)) > 0  # type: ignore[arg-type]
             # The reader takes nothing more: the agent uses up its credit and waits for more.
             await wait_for(

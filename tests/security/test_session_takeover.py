@@ -200,10 +200,10 @@ async def test_a_chunk_sent_by_another_node_for_a_request_is_not_delivered(
         )
         # The other node knows the request id (the worst case) and answers first.
         rid = (await owner.expect("start_logs")).start_logs.request_id
-        dropped = coordinator.service.stray_log_chunks
+        dropped = coordinator.service.log_relay.stray_chunks
         await other.send(log_chunk=pb.LogChunk(request_id=rid, data=b"forged\n", eof=True))
         await wait_for(
-            lambda: coordinator.service.stray_log_chunks == dropped + 1,
+            lambda: coordinator.service.log_relay.stray_chunks == dropped + 1,
             WAIT_S,
             what="the stray chunk to be dropped",
         )
