@@ -215,7 +215,9 @@ class NodeAgent:
         self._drain_answer: asyncio.Future[None] | None = None
         self._sentinel = Sentinel(token=self.incarnation)
         self._standbys = StandbyPool()
-        self._registry = PidRegistry(self._pid_file(), mark_prefix=self._sentinel.mark_prefix)
+        self._registry = PidRegistry(
+            self._pid_file(), mark_prefix=self._sentinel.mark_prefix, write_behind=True
+        )
         self._rounds = RoundControl(
             config.name,
             dirs=lambda: (self.log_root, self.state_dir),
@@ -340,6 +342,7 @@ class NodeAgent:
             lambda h: stop_grace(h.assignment.spec.stop_grace, grace, leave_first=leave_first)
         )
         await self._standbys.close()
+        await self._registry.flushed()
         tasks = [self._main, *self._tasks, *self._logs.tasks.values()]
         for t in tasks:
             if t is not None:
