@@ -22,6 +22,7 @@ agent itself never imports torch.
 from __future__ import annotations
 
 import array
+import contextlib
 import importlib.util
 import json
 import os
@@ -29,6 +30,7 @@ import socket
 import sys
 import threading
 from datetime import timedelta
+from typing import Any
 
 _HERE = os.path.dirname(os.path.realpath(__file__))
 _SELF_CONNECT_TIMEOUT = timedelta(seconds=60)
@@ -60,6 +62,38 @@ def _exit_on_eof() -> None:
 def _say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+IMPORT_NICE = 19
+"""The niceness of the thread that imports torch: the lowest priority there is."""
+
+
+def _import_torch_distributed() -> tuple[Any, str]:
+    """torch.distributed, and "" (or None, and why it cannot be imported).
+
+    Imported in a thread of the lowest priority: the round's workers start at the same moment
+    and come first for the CPU; once they wait on the store (in the listen backlog) or are busy
+    importing torch themselves, the CPU is theirs or this thread's alike, so the store is not
+    later for it. The niceness is the thread's own (Linux): the store is created, and served by
+    its own thread, at the host's normal priority.
+    """
+    found: list[tuple[Any, str]] = []
+
+    def run() -> None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IMPORT_NICE)
+        try:
+            # By name: torch is the job's dependency, not the agent's (nor its type checker's).
+            found.append((importlib.import_module("torch.distributed"), ""))
+        except ImportError as e:
+            found.append((None, f"{type(e).__name__}: {e}"))
+
+    thread = threading.Thread(target=run, name="import-torch")
+    thread.start()
+    thread.join()
+    if not found:  # the import raised something else: it was printed on stderr
+        os._exit(1)
+    return found[0]
 
 
 _MAX_HANDOFF = 65536
@@ -109,12 +143,7 @@ def main() -> None:
     # Run by path, sys.path[0] is the agent's package directory: not the workers' import path.
     if sys.path and os.path.realpath(sys.path[0] or ".") == _HERE:
         del sys.path[0]
-    no_torch = ""
-    try:
-        # By name: torch is the job's dependency, not the agent's (nor its type checker's).
-        distributed = importlib.import_module("torch.distributed")
-    except ImportError as e:
-        no_torch = f"{type(e).__name__}: {e}"
+    distributed, no_torch = _import_torch_distributed()
     listen_fd = _handoff(int(sys.argv[3])) if standby else int(sys.argv[2])
     if no_torch:
         _say(f"no-torch {no_torch}")
