@@ -618,7 +618,7 @@ class Supervisor:
         await self.stop(grace)
         await self._store.stopped()
         self.phase = Phase.CLOSED
-        self.early.close()
+        await self.early.close()
         await self._tasks.cancel()
         for w in self.workers:
             for p in w.pumps:
