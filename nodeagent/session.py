@@ -477,14 +477,22 @@ class NodeAgent:
                 logger.warning("ignoring a %s from the coordinator", message_kind(msg))
 
     def _reserve_port(self, m: ReservePort) -> None:
-        port, error = 0, ""
+        # A numeric address (the usual: the one routing to the coordinator) is bound at once;
+        # a name is looked up in a thread, never on the event loop on the round's path.
         try:
-            with socket.socket(socket.AF_INET6 if ":" in self.addr else socket.AF_INET) as s:
-                s.bind((self.addr, 0))
-                port = s.getsockname()[1]
+            info = socket.getaddrinfo(self.addr, 0, flags=socket.AI_NUMERICHOST)[0]
+        except socket.gaierror:
+            self._spawn(self._reserve_named_port(m), f"reserve-port-{m.job_id}-{m.round}")
+            return
+        self._tell(_port_reserved(m, self.addr, info))
+
+    async def _reserve_named_port(self, m: ReservePort) -> None:
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(self.addr, 0)
         except OSError as exc:
-            error = f"cannot bind a port on {self.addr}: {exc}"
-        self._tell(PortReserved(m.job_id, m.round, port, error))
+            self._tell(_port_reserved(m, self.addr, exc))
+            return
+        self._tell(_port_reserved(m, self.addr, infos[0]))
 
     def _assign(self, m: Assign | pb.Assign) -> None:
         if isinstance(m, pb.Assign):  # as the stream carries it
@@ -544,6 +552,21 @@ class NodeAgent:
 
     def _pid_file(self) -> Path:
         return self.state_dir / f"agent-{self.config.name}.pids.json"
+
+
+def _port_reserved(m: ReservePort, addr: str, found: tuple[Any, ...] | OSError) -> PortReserved:
+    """The answer to `m`: a free port bound (and let go) at `addr`, found as `found`."""
+    port, error = 0, ""
+    try:
+        if isinstance(found, OSError):
+            raise found
+        family, _, _, _, sockaddr = found
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind(sockaddr)
+            port = s.getsockname()[1]
+    except OSError as exc:
+        error = f"cannot bind a port on {addr}: {exc}"
+    return PortReserved(m.job_id, m.round, port, error)
 
 
 def _encode(msg: NodeMsg) -> pb.NodeMessage:
