@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ import pytest
 
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import JobSpec
+from nodeagent._launch import STORE_HOST_PATH
 from nodeagent._workers import WorkerExit, WorkerGroup
 from tests._helpers import free_port, gone, wait_for
 
@@ -124,3 +126,28 @@ async def test_a_store_port_in_use_fails_every_worker_before_it_starts(
         for e in r.exits
     )
     assert _host_lines(caplog) == []
+
+
+async def test_a_store_host_without_torch_says_so_and_leaves(tmp_path: Path) -> None:
+    # `python -S` has no site-packages, so no torch: the host says "no-torch" and exits 0.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-S",
+            STORE_HOST_PATH,
+            str(os.getpid()),
+            str(sock.fileno()),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            pass_fds=(sock.fileno(),),
+            start_new_session=True,
+        )
+        assert proc.stdout is not None and proc.stdin is not None
+        # Its stdin stays open meanwhile: EOF there would end it before it says anything.
+        line = await asyncio.wait_for(proc.stdout.readline(), BOUND)
+        proc.stdin.close()
+        rc = await asyncio.wait_for(proc.wait(), BOUND)
+    assert rc == 0
+    assert line.decode().startswith("no-torch ModuleNotFoundError: No module named 'torch'")
