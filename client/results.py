@@ -31,8 +31,6 @@ lay out the bytes and compute the tag the same way.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import itertools
 import json
 import pickle
@@ -158,6 +156,10 @@ def tagged(key: bytes, job_id: str, rank: int, payload: bytes, *, kind: bytes) -
 
 
 def _tag(domain: bytes, key: bytes, job_id: str, rank: int, body: bytes) -> bytes:
+    # Imported here: hashlib maps libcrypto (4 MB), which a node agent at rest has no use for.
+    import hashlib
+    import hmac
+
     msg = domain + job_id.encode("utf-8") + b"\x00" + str(int(rank)).encode() + b"\x00"
     return hmac.new(key, msg + body, hashlib.sha256).digest()
 
@@ -174,6 +176,8 @@ class _Parts:
             want = _tag(_LEGACY_DOMAIN, key, job_id, rank, self.payload)
         else:
             want = _tag(_DOMAIN, key, job_id, rank, self.kind + self.payload)
+        import hmac  # see _tag
+
         return hmac.compare_digest(self.tag, want)
 
 

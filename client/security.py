@@ -12,9 +12,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import os
-import secrets
 import socket
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -129,6 +127,9 @@ def new_token_file(prefix: str = "gelastic-token-") -> Path:
 
     The caller owns the directory (the file's parent) and removes it when done.
     """
+    import secrets  # here: it imports hmac, which maps libcrypto (see client.results._tag)
+    import tempfile
+
     directory = Path(tempfile.mkdtemp(prefix=prefix))
     path = directory / "token"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

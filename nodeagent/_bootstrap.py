@@ -37,23 +37,22 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import gc
-import hashlib
-import hmac
 import importlib
 import importlib.machinery
 import importlib.util
-import json
 import os
-import pickle
 import runpy
 import signal
 import sys
 import threading
 import time
-import traceback
 import types
-import zipfile
-from typing import Any, NoReturn
+
+# What a worker runs before its target's first line is kept to what every worker needs: the
+# modules only a function's return value, a failure or a zip needs are imported there.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Frames python itself never shows above the target's code.
@@ -64,19 +63,9 @@ _USAGE = (
     "usage: _bootstrap.py --error-file PATH (--script PATH | --module NAME | --code CODE | "
     "--function MOD:QUALNAME --args-file PATH --return-file PATH) -- [args...]"
 )
-# torch's own writers (`@record`) use protocol-agnostic json; return values use at least 4 so
-# large objects (> 4 GiB) and out-of-band friendly types round-trip.
-_PICKLE_PROTOCOL = max(4, pickle.DEFAULT_PROTOCOL)
-# The args file and the tagged return value; kept in step with nodeagent._launch
-# (function_args_file) and client.results (MAGIC, the kinds, result_tag, MAX_JSON_DEPTH).
+# The args file; kept in step with nodeagent._launch (function_args_file). The return value's
+# format is `_return_value.py`'s.
 _ARGS_MAGIC = b"GELASTIC-ARGS/1\n"
-_RESULT_MAGIC = b"GELASTIC-RV/2\x00"
-_RESULT_DOMAIN = b"gelastic.v1 return value/2\x00"
-_KIND_JSON = b"j"
-_KIND_PICKLE = b"p"
-_MAX_JSON_DEPTH = 64
-# client.model.MAX_RETURN_VALUE_BYTES, less the magic, the kind and the tag.
-_MAX_JSON_BYTES = 4 * 1024 * 1024 - len(_RESULT_MAGIC) - 1 - 32
 _MAX_ARGS_HEADER = 4096
 MAX_HANDOFF_BYTES = 4 * 1024 * 1024
 """Largest hand-off a standby reads; kept in step with nodeagent._standby."""
@@ -155,6 +144,8 @@ def _atomic_write(path: str, data: bytes) -> None:
 
 
 def _write_error_file(path: str, message: str, callstack: str) -> None:
+    import json
+
     if not path:
         return
     now_ns = time.time_ns()
@@ -234,6 +225,8 @@ def _resolve_function(ref: str, main_path: str = "") -> Any:
 
 def _read_args_file(path: str) -> tuple[bytes, bytes, str, int]:
     """(pickled args, result key, job id, global rank) from the agent's args file."""
+    import json
+
     with open(path, "rb") as f:
         data = f.read()
     if not data.startswith(_ARGS_MAGIC):
@@ -246,61 +239,6 @@ def _read_args_file(path: str) -> tuple[bytes, bytes, str, int]:
     return data[end + 1 :], key, str(header.get("job_id", "")), int(header.get("rank", -1))
 
 
-def _tagged(kind: bytes, payload: bytes, key: bytes, job_id: str, rank: int) -> bytes:
-    # HMAC-SHA256 over a domain prefix, the job id, the rank, the kind and the bytes, so a
-    # value can be neither changed, nor moved to another rank or job, nor read as the other
-    # kind by anyone without the job's key.
-    msg = _RESULT_DOMAIN + job_id.encode("utf-8") + b"\x00" + str(rank).encode() + b"\x00"
-    tag = hmac.new(key, msg + kind + payload, hashlib.sha256).digest() if key else bytes(32)
-    return _RESULT_MAGIC + kind + tag + payload
-
-
-def _same_json(value: Any, back: Any, depth: int) -> bool:
-    """`back` (what JSON gave back) equals `value` with the very same types, at most
-    _MAX_JSON_DEPTH lists and dicts deep."""
-    if type(value) is not type(back):
-        return False
-    if isinstance(value, dict):
-        return (
-            depth < _MAX_JSON_DEPTH
-            and all(type(k) is str for k in value)
-            and value.keys() == back.keys()
-            and all(_same_json(v, back[k], depth + 1) for k, v in value.items())
-        )
-    if isinstance(value, list):
-        if depth >= _MAX_JSON_DEPTH or len(value) != len(back):
-            return False
-        # The lengths are equal; zip's strict= needs python 3.10, and this runs on 3.7+.
-        return all(_same_json(v, b, depth + 1) for v, b in zip(value, back))  # noqa: B905
-    return bool(value == back)
-
-
-def _json_payload(value: Any) -> bytes | None:
-    """`value` as JSON when JSON gives it back exactly (same values, same types), else None:
-    a tuple, an int-keyed dict, NaN, bytes or a tensor is no JSON, and goes as a pickle. So
-    does JSON over the size limit: the pickle of the same value may be small enough."""
-    try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-        if len(text) > _MAX_JSON_BYTES:  # ASCII (json.dumps escapes the rest): chars are bytes
-            return None
-        back = json.loads(text)
-        same = _same_json(value, back, 0)
-    except Exception:  # whatever a user's type raises here: the pickle says what is wrong
-        return None
-    return text.encode("utf-8") if same else None
-
-
-def _return_value_bytes(value: Any, key: bytes, job_id: str, rank: int) -> bytes:
-    """What the worker stores for `value`: JSON when it survives JSON exactly, else a pickle.
-
-    Raises what pickling raises for a value that is neither.
-    """
-    payload = _json_payload(value)
-    if payload is not None:
-        return _tagged(_KIND_JSON, payload, key, job_id, rank)
-    return _tagged(_KIND_PICKLE, pickle.dumps(value, protocol=_PICKLE_PROTOCOL), key, job_id, rank)
-
-
 def _run_function(opts: _Options) -> None:
     fn = _resolve_function(opts.target, opts.main_path)
     args: Any = ()
@@ -309,13 +247,17 @@ def _run_function(opts: _Options) -> None:
     if opts.args_file:
         payload, key, job_id, rank = _read_args_file(opts.args_file)
         if payload:
+            import pickle
+
             args, kwargs = pickle.loads(payload)
     result = fn(*args, **kwargs)
     try:
-        data = _return_value_bytes(result, key, job_id, rank)
+        data = _load_sibling("_return_value").return_value_bytes(result, key, job_id, rank)
     except Exception as e:
         message = f"return value of {opts.target} cannot be pickled: {type(e).__name__}: {e}"
         sys.stderr.write(message + "\n")
+        import traceback
+
         _write_error_file(opts.error_file, message, traceback.format_exc())
         sys.exit(1)
     _atomic_write(opts.return_file, data)
@@ -333,20 +275,33 @@ def _new_main(filename: str | None) -> types.ModuleType:
     return main
 
 
+_ZIP_END = b"PK\x05\x06"
+"""The signature of a zip's end-of-central-directory record, which ends every zip."""
+_ZIP_TAIL = 22 + 65535
+"""The record and the longest comment after it: a zip has the signature in its last bytes."""
+
+
 def _run_code(code: str) -> None:
     main = _new_main(None)
     exec(compile(code, "<string>", "exec"), main.__dict__)
 
 
 def _run_script(path: str) -> None:
-    if not os.path.isfile(path) or zipfile.is_zipfile(path):
-        # A directory or zip with __main__.py: runpy knows how.
+    if not os.path.isfile(path):
+        # A directory with __main__.py: runpy knows how.
         runpy.run_path(path, run_name="__main__")
         return
     # Like `python x.py`: argv[0] stays as given, __file__ and code paths are absolute.
     filename = os.path.abspath(path)
     with open(filename, "rb") as f:
         source = f.read()
+    if _ZIP_END in source[-_ZIP_TAIL:]:
+        import zipfile  # only for a file that may be a zip: most scripts never pay for it
+
+        if zipfile.is_zipfile(path):
+            # A zip with __main__.py (a zipapp): runpy knows how.
+            runpy.run_path(path, run_name="__main__")
+            return
     main = _new_main(filename)
     exec(compile(source, filename, "exec"), main.__dict__)
 
@@ -392,14 +347,19 @@ def _die_with_agent() -> None:
     parent = os.environ.get("GELASTIC_AGENT_PID", "")
     if not parent.isdigit():
         return
-    _sibling("_pdeathsig").arm(int(parent))
+    module = _load_sibling("_pdeathsig")
+    if module is not None:
+        module.arm(int(parent))
 
 
-def _sibling(name: str) -> Any:
-    """nodeagent's stdlib-only module `name`, loaded by path (gelastic may not be importable)."""
-    spec = importlib.util.spec_from_file_location(f"_gelastic{name}", f"{_HERE}/{name}.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+def _load_sibling(name: str) -> Any:
+    """A standalone module beside this file, loaded by path: nodeagent is not importable here."""
+    path = os.path.join(_HERE, f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_gelastic{name}", path)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module
 
 
@@ -420,6 +380,8 @@ def _read_handoff(fd: int) -> bytes:
 
 def parse_handoff(data: bytes) -> tuple[list[str], dict[str, str]]:
     """(bootstrap argv, environment) of a hand-off; ValueError when it is not one."""
+    import json
+
     msg = json.loads(data.decode("utf-8"))
     if not isinstance(msg, dict):
         raise ValueError("the hand-off is not an object")
@@ -506,6 +468,8 @@ _MAX_FAILURE_CHARS = 300
 
 
 def _zsend(sock: Any, msg: dict[str, Any]) -> None:
+    import json
+
     data = json.dumps(msg).encode("utf-8")
     if len(data) > MAX_ZYGOTE_MESSAGE:
         data = json.dumps({"op": msg.get("op", ""), "error": "message too long"}).encode()
@@ -520,6 +484,8 @@ class _Refused(ValueError):
 
 def _fork_request(data: bytes, fds: list[int]) -> tuple[int, str, str]:
     """(request id, worker mark, kind) of a well-formed fork request; `_Refused` otherwise."""
+    import json
+
     try:
         msg = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
@@ -574,7 +540,7 @@ def _zygote(argv: list[str]) -> list[str]:
     failed = [line[:_MAX_FAILURE_CHARS] for line in _import_preload(preload)]
     for line in failed:
         sys.stderr.write(line)
-    pdeathsig = _sibling("_pdeathsig")
+    pdeathsig = _load_sibling("_pdeathsig")
     freeze = getattr(gc, "freeze", None)
     if freeze is not None:
         freeze()
@@ -710,7 +676,9 @@ def main() -> None:
     opts = _parse(argv)
     _fix_sys_path(opts)
     if os.environ.get("GELASTIC_TORCH_METRICS"):  # a job with torch_metrics
-        _sibling("_metric_channel").install()
+        channel = _load_sibling("_metric_channel")
+        if channel is not None:
+            channel.install()
     before = _file_key(opts.error_file) if opts.error_file else None
     try:
         _run(opts)
@@ -724,6 +692,8 @@ def main() -> None:
     except Exception as e:
         # None when nothing of the target ran (`-m missing`, a SyntaxError): then only the
         # exception itself is printed, as python does.
+        import traceback
+
         tb = _user_traceback(e.__traceback__)
         lines = traceback.format_exception(type(e), e, tb)
         after = _file_key(opts.error_file) if opts.error_file else None

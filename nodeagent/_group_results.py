@@ -355,9 +355,9 @@ class EarlyFailures:
             if watch.watch(launch.error_file):
                 self._launches[launch.error_file] = launch
 
-    def close(self) -> None:
+    async def close(self) -> None:
         if self.watch is not None:
-            self.watch.close()
+            await self.watch.aclose()
 
     def _on_written(self, path: Path) -> None:
         launch = self._launches.get(path)

@@ -1,11 +1,12 @@
 """A worker group's processes: spawn them, see each one to its exit, kill and stop them.
 
-`Supervisor` holds the group's workers and its phase. It starts the round's c10d store host, then
+`Supervisor` holds the group's workers and its phase. It listens on the round's c10d store port,
 spawns each worker of the plan (its pid recorded for the reaper, its pipes given to the output
-pumps), waits for each exit and reports it once through `on_exit` (what the exit means is
-`Results`'), kills a worker the watchdog or the health check condemns, and stops the rest:
-SIGTERM, the grace, SIGKILL. A supervision task that fails, or a start that fails half-way, makes
-the group UNKNOWN: everything it started is killed at once (`go_unknown`).
+pumps), then starts the store host beside them, waits for each exit and reports it once through
+`on_exit` (what the exit means is `Results`'), kills a worker the watchdog or the health check
+condemns, and stops the rest: SIGTERM, the grace, SIGKILL. A supervision task that fails, or a
+start that fails half-way, makes the group UNKNOWN: everything it started is killed at once
+(`go_unknown`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import enum
 import logging
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ from nodeagent._group_results import (
 from nodeagent._launch import StoreHostLaunch, WorkerLaunch
 from nodeagent._process import ProcessHandle
 from nodeagent._reaper import PidRegistry
-from nodeagent._store_host import StoreHost, StoreHostError, WarmStoreHost
+from nodeagent._store_host import StoreHost, StoreHostError, WarmStoreHost, listen_for
 from nodeagent._watchdog import FileTimerServer
 
 __all__ = ["MAX_UNKNOWN_REASON", "GroupTasks", "Phase", "RoundStore", "Supervisor", "Worker"]
@@ -97,8 +99,10 @@ async def _let_end(handle: Any, bound: float) -> bool:
 
 
 class RoundStore:
-    """The round's c10d store host on this node, when this node serves one: started before the
-    workers, stopped only after them (none of them may lose the store while it still runs)."""
+    """The round's c10d store host on this node, when this node serves one: its port listened on
+    before the workers start, the host started just after them (off their path: the listening
+    socket queues every rank that connects before the host serves it), stopped only after
+    them (none of them may lose the store while it still runs)."""
 
     def __init__(
         self,
@@ -108,44 +112,81 @@ class RoundStore:
         registry: PidRegistry | None,
         warm_store: Callable[[StoreHostLaunch], WarmStoreHost | None] | None,
         own: Callable[[Coroutine[Any, Any, Any], str], object],
+        active: Callable[[], bool],
+        on_failed: Callable[[str], None],
     ) -> None:
         self._ctx = ctx
         self._node_name = node_name
         self._registry = registry
         self._warm_store = warm_store
         self._own = own
+        self._active = active
+        """Whether the round still runs (a stop begun: its host is not started)."""
+        self._on_failed = on_failed
+        """The host cannot start while the workers run: they would wait for it in vain."""
+        self._launch: StoreHostLaunch | None = None
+        self._sock: socket.socket | None = None
+        self._starting: asyncio.Handle | None = None
         self._host: StoreHost | None = None
         self._stopping: asyncio.Future[bool] | None = None
 
-    def start(
+    async def listen(
         self, plan: Sequence[WorkerLaunch], launch: StoreHostLaunch | None
     ) -> NotStarted | None:
-        """Start the host, before the workers of `plan`; why not, if it cannot start.
+        """Listen on the store's port, before the workers of `plan`; why not, if it cannot.
 
-        Workers told to use the agent's store would wait for one that never comes, so a host
-        that cannot start fails the round's workers before they start.
+        Workers told to use the agent's store would wait for one that never comes, so a port
+        that cannot be listened on fails the round's workers before they start.
         """
         if launch is None or not plan:
             return None
-        ctx = self._ctx(None)
+        try:
+            self._sock = await listen_for(launch)
+        except StoreHostError as e:
+            logger.error("%s %s", self._ctx(None), e)
+            return EXIT_CANNOT_EXECUTE, f"cannot start worker: {e}", FailureCategory.PLATFORM
+        self._launch = launch
+        return None
+
+    def start(self) -> None:
+        """Start the host on the port listened on, once the workers are spawned: on the loop's
+        next turn, so neither the workers nor the report of their start wait for it."""
+        if self._sock is not None and self._starting is None:
+            self._starting = asyncio.get_running_loop().call_soon(self._start)
+
+    def _start(self) -> None:
+        self._starting = None
+        sock, self._sock = self._sock, None
+        if sock is None or self._launch is None:
+            return
+        if not self._active():
+            sock.close()
+            return
+        launch, ctx = self._launch, self._ctx(None)
         try:
             warm = self._warm_store(launch) if self._warm_store is not None else None
-            self._host = StoreHost.start(launch, ctx=ctx, registry=self._registry, warm=warm)
-        except StoreHostError as e:
-            logger.error("%s %s", ctx, e)
-            return EXIT_CANNOT_EXECUTE, f"cannot start worker: {e}", FailureCategory.PLATFORM
-        except OSError as e:
-            # The host runs the workers' interpreter in their cwd: say it as for a worker.
-            return spawn_failure(plan[0], e, self._node_name)
+            self._host = StoreHost.start(
+                launch, ctx=ctx, registry=self._registry, warm=warm, sock=sock
+            )
         except Exception as e:
-            message = f"cannot start the c10d store host: {type(e).__name__}: {e}"
-            return EXIT_CANNOT_EXECUTE, message, FailureCategory.PLATFORM
+            sock.close()  # the host did not take it
+            self._on_failed(f"the c10d store host cannot start: {type(e).__name__}: {e}")
+            return
         self._own(self._host.watch(), f"store-host-{self._host.pid}")
-        return None
+
+    def _let_go(self) -> None:
+        """A host not started yet will not be: its start and its port go."""
+        if self._starting is not None:
+            self._starting.cancel()
+            self._starting = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
     def stop(self) -> None:
         """Begin the host's stop (once the workers are gone), without waiting for its teardown:
         it serves no one now, and a torch interpreter takes a while to end."""
+        self._let_go()
         if self._host is not None and self._stopping is None:
             self._stopping = asyncio.ensure_future(self._host.stop(_STORE_STOP_GRACE))
 
@@ -155,6 +196,7 @@ class RoundStore:
             await asyncio.shield(self._stopping)
 
     def close(self) -> None:
+        self._let_go()
         if self._host is not None:
             self._host.close()
 
@@ -256,6 +298,8 @@ class Supervisor:
             registry=registry,
             warm_store=warm_store,
             own=self.own,
+            active=lambda: self.phase in (Phase.STARTING, Phase.RUNNING),
+            on_failed=self.go_unknown,
         )
         self._stop_task: asyncio.Task[list[int]] | None = None
 
@@ -313,7 +357,8 @@ class Supervisor:
     async def spawn(
         self, plan: Sequence[WorkerLaunch], store_launch: StoreHostLaunch | None
     ) -> dict[int, int]:
-        """Start the store host, then every worker of `plan`; {local_rank: pid} of those started.
+        """Listen on the store's port, start every worker of `plan`, then the store host;
+        {local_rank: pid} of the workers started.
 
         A worker that cannot start fails (on_exit, once this returned); any other error makes
         the group UNKNOWN. {} when a stop came in meanwhile.
@@ -324,9 +369,9 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         not_started: list[tuple[Worker, NotStarted]] = []
         try:
-            store_error = self._store.start(plan, store_launch)
+            store_error = await self._store.listen(plan, store_launch)
             if self._before_spawn is not None and store_error is None:
-                # The store host imports meanwhile; a stop that comes in finds no worker yet.
+                # A stop that comes in meanwhile finds no worker yet.
                 await self._before_spawn()
                 if self.phase is not Phase.STARTING:
                     return {}
@@ -347,6 +392,7 @@ class Supervisor:
             self.own(self._report_later(w, why), "report-not-started")
         self.phase = Phase.RUNNING
         if any(w.handle is not None for w in self.workers):
+            self._store.start()
             self.own(self._health.run(self._live, self._judged, self._condemn), "health")
         return self.pids
 
@@ -572,7 +618,7 @@ class Supervisor:
         await self.stop(grace)
         await self._store.stopped()
         self.phase = Phase.CLOSED
-        self.early.close()
+        await self.early.close()
         await self._tasks.cancel()
         for w in self.workers:
             for p in w.pumps:

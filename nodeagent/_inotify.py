@@ -185,12 +185,25 @@ class ErrorFileWatch:
 
     def close(self) -> None:
         """Stop watching; idempotent."""
+        fd = self._detach()
+        if fd is not None:
+            os.close(fd)  # removes every watch
+
+    async def aclose(self) -> None:
+        """Stop watching, the descriptor closed in a thread; idempotent. Closing an inotify
+        descriptor waits for the kernel's grace period (milliseconds): not on the loop."""
+        fd = self._detach()
+        if fd is not None:
+            await asyncio.to_thread(os.close, fd)
+
+    def _detach(self) -> int | None:
+        """Stop reading; the descriptor, now the caller's to close (None: closed already)."""
         fd, self._fd = self._fd, None
         if fd is None:
-            return
+            return None
         if self._loop is not None and not self._loop.is_closed():
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(fd)
-        os.close(fd)  # removes every watch
         self._by_wd.clear()
         self._wd_by_dir.clear()
+        return fd

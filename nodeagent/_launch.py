@@ -621,8 +621,13 @@ def build_store_host_launch(
             "GELASTIC_NODE": node_name,
         }
     )
+    # The host starts without `site` (the .pth files, an editable install's hooks: most of an
+    # interpreter's start here) and runs it in its low-priority import thread (`--site`), so
+    # what it does at normal priority beside the starting workers is small. A job whose own
+    # flags say -S keeps its python's view: no site at all.
+    site_later = ("-S", STORE_HOST_PATH, "--site") if "-S" not in interpreter[1:] else None
     return StoreHostLaunch(
-        argv=(*interpreter, STORE_HOST_PATH),
+        argv=(*interpreter, *(site_later or (STORE_HOST_PATH,))),
         env=env,
         cwd=_cwd(spec, agent_cwd),
         log_path=Path(log_dir) / STORE_HOST_LOG,

@@ -20,7 +20,6 @@ import fcntl
 import logging
 import os
 import re
-import secrets
 import stat
 import tempfile
 from dataclasses import dataclass, field
@@ -111,7 +110,8 @@ _BUSY = "busy"
 
 
 def _new_value() -> str:
-    return secrets.token_hex(SECRET_BYTES)
+    # As secrets.token_hex, without importing secrets (hmac, and with it libcrypto).
+    return os.urandom(SECRET_BYTES).hex()
 
 
 def _read(path: Path, held: list[int]) -> NodeSecret | str:

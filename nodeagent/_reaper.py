@@ -16,6 +16,7 @@ pid 1, through a pidfd after checking its start time (so a pid reused meanwhile 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -65,13 +66,25 @@ class RecordedWorker:
 
 
 class PidRegistry:
-    """The agent's file of live worker pids; rewritten atomically on every change."""
+    """The agent's file of live worker pids; rewritten atomically on every change.
 
-    def __init__(self, path: str | os.PathLike[str], *, mark_prefix: str = "") -> None:
+    With `write_behind` the rewrite runs in a thread, off the event loop that starts the
+    workers: the changes made while one write is under way are written together by the next,
+    so a round of N workers costs one or two writes, not N, and none on the loop. `flushed`
+    waits until the file says what the registry holds (the agent awaits it as it stops).
+    Without a running loop the file is written at once, as without `write_behind`.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, mark_prefix: str = "", write_behind: bool = False
+    ) -> None:
         self.path = Path(path)
         self.mark_prefix = mark_prefix
         """Every worker of this agent carries a `GELASTIC_WORKER_MARK` starting with this."""
         self._workers: dict[int, RecordedWorker] = {}
+        self._write_behind = write_behind
+        self._dirty = False
+        self._writer: asyncio.Task[None] | None = None
 
     @property
     def workers(self) -> dict[int, RecordedWorker]:
@@ -84,15 +97,42 @@ class PidRegistry:
             return  # already gone: nothing to reap later
         ticks = start_ticks(pid) or 0
         self._workers[pid] = RecordedWorker(pid, create_time, job_id, global_rank, ticks)
-        self._write()
+        self._changed()
 
     def remove(self, pid: int) -> None:
         if self._workers.pop(pid, None) is not None:
-            self._write()
+            self._changed()
 
-    def _write(self) -> None:
+    def _changed(self) -> None:
+        loop: asyncio.AbstractEventLoop | None = None
+        if self._write_behind:
+            with contextlib.suppress(RuntimeError):
+                loop = asyncio.get_running_loop()
+        if loop is None:
+            self._write(list(self._workers.values()))
+            return
+        self._dirty = True
+        if self._writer is None or self._writer.done():
+            self._writer = loop.create_task(self._write_changes(), name="pid-file")
+
+    async def _write_changes(self) -> None:
+        # Bounded: each pass writes what the registry held when it began; a pass comes only
+        # for changes made during the previous one.
+        while self._dirty:
+            self._dirty = False
+            try:
+                await asyncio.to_thread(self._write, list(self._workers.values()))
+            except Exception:
+                logger.exception("cannot write the worker pid file %s", self.path)
+
+    async def flushed(self) -> None:
+        """Wait for the writes under way (the file then says what the registry holds)."""
+        while self._writer is not None and not self._writer.done():
+            await asyncio.shield(self._writer)
+
+    def _write(self, workers: list[RecordedWorker]) -> None:
         try:
-            _write(self.path, self._workers.values(), self.mark_prefix)
+            _write(self.path, workers, self.mark_prefix)
         except OSError:
             logger.exception("cannot write the worker pid file %s", self.path)
 

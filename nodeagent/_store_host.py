@@ -24,14 +24,14 @@ import signal
 import socket
 import subprocess
 from collections.abc import Awaitable, Callable
-from typing import IO
+from typing import IO, Any
 
 from nodeagent._launch import StoreHostLaunch
 from nodeagent._process import AGENT_PID_ENV, RealProcess
 from nodeagent._reaper import PidRegistry
 from nodeagent._zygote import ForkedProcess
 
-__all__ = ["StoreHost", "StoreHostError", "WarmStoreHost", "warm_key"]
+__all__ = ["StoreHost", "StoreHostError", "WarmStoreHost", "listen_for", "warm_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +42,22 @@ class StoreHostError(Exception):
     """The store's port cannot be listened on: the round cannot have its store."""
 
 
-def _listen(addr: str, port: int) -> socket.socket:
-    family, kind, proto, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+_AddrInfo = tuple[socket.AddressFamily, socket.SocketKind, int, str, tuple[Any, ...]]
+
+
+def _numeric(addr: str, port: int) -> _AddrInfo | None:
+    """The address of a numeric host, found without any lookup (None: it is a name)."""
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        return None
+    return infos[0] if infos else None
+
+
+def _listen(addr: str, port: int, info: _AddrInfo | None = None) -> socket.socket:
+    if info is None:
+        info = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    family, kind, proto, _, sockaddr = info
     sock = socket.socket(family, kind, proto)
     try:
         # As TCPStore itself does: connections of an earlier round in TIME_WAIT do not block it.
@@ -55,6 +69,28 @@ def _listen(addr: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _cannot_listen(launch: StoreHostLaunch, e: OSError) -> StoreHostError:
+    return StoreHostError(
+        f"cannot listen on MASTER_ADDR:MASTER_PORT {launch.addr}:{launch.port} "
+        f"for the c10d store: {e.strerror or e}"
+    )
+
+
+async def listen_for(launch: StoreHostLaunch) -> socket.socket:
+    """The store's listening socket, bound before the workers start (so a port taken meanwhile
+    is a clear error before any of them runs); `StoreHostError` when it cannot be. A numeric
+    MASTER_ADDR is bound at once; a name is looked up in a thread, never on the event loop."""
+    try:
+        info = _numeric(launch.addr, launch.port)
+        if info is None:
+            loop = asyncio.get_running_loop()
+            infos = await loop.getaddrinfo(launch.addr, launch.port, type=socket.SOCK_STREAM)
+            info = infos[0]
+        return _listen(launch.addr, launch.port, info)
+    except OSError as e:
+        raise _cannot_listen(launch, e) from e
 
 
 class WarmStoreHost:
@@ -245,23 +281,23 @@ class StoreHost:
         ctx: str,
         registry: PidRegistry | None = None,
         warm: WarmStoreHost | None = None,
+        sock: socket.socket | None = None,
     ) -> StoreHost:
-        """Listen on the store's port and start the host; from the event-loop thread.
+        """Listen on the store's port (unless given `sock`, from `listen_for`, which this
+        takes over) and start the host; from the event-loop thread.
 
         With `warm` (alive, started for the same argv, cwd and job env) that host gets the
         socket and the round's address instead of a new process being started.
         Raises `StoreHostError` when the port cannot be listened on, OSError when the program
         or cwd cannot be used (the workers, which use the same, then fail to start as well).
         """
-        try:
-            sock = _listen(launch.addr, launch.port)
-        except OSError as e:
-            if warm is not None:
-                warm.discard()
-            raise StoreHostError(
-                f"cannot listen on MASTER_ADDR:MASTER_PORT {launch.addr}:{launch.port} "
-                f"for the c10d store: {e.strerror or e}"
-            ) from e
+        if sock is None:
+            try:
+                sock = _listen(launch.addr, launch.port)
+            except OSError as e:
+                if warm is not None:
+                    warm.discard()
+                raise _cannot_listen(launch, e) from e
         if warm is not None:
             host = cls._adopt(launch, sock, warm, ctx, registry)
             if host is not None:

@@ -242,33 +242,13 @@ class WorkerGroup:
         """Make the round's directories and plan its launches: (the timer file, why not)."""
         timer_file: str | None = None
         try:
-            self.log_dir = await asyncio.to_thread(
-                prepare_round_dir, self.log_root, self.assignment
-            )
             wanted, given = watchdog_request(self.spec, self._agent_env)
             if wanted:
                 timer_file = given or str(self._run_dir / f"gelastic_timer_{uuid.uuid4().hex}")
                 if given:
                     validate_timer_file(given)
-            self.plan = build_launch_plan(
-                self.assignment,
-                log_root=self.log_root,
-                node_name=self.node_name,
-                agent_env=self._agent_env,
-                python=self._python,
-                timer_file=timer_file,
-                log_dir=self.log_dir,
-                agent_cwd=self._agent_cwd,
-            )
-            self._store_launch = build_store_host_launch(
-                self.assignment,
-                log_dir=self.log_dir,
-                node_name=self.node_name,
-                agent_env=self._agent_env,
-                python=self._python,
-                agent_cwd=self._agent_cwd,
-            )
-            await asyncio.to_thread(prepare_worker_dirs, self.plan)
+            # One trip to a thread for the files: the plan between them is quick and pure.
+            await asyncio.to_thread(self._plan, timer_file)
         except TimerFileError as e:
             return timer_file, (str(e), FailureCategory.INPUT)
         except OSError as e:
@@ -278,6 +258,30 @@ class WorkerGroup:
             message = f"cannot build the launch plan: {type(e).__name__}: {e}"
             return timer_file, (message, FailureCategory.INPUT)
         return timer_file, None
+
+    def _plan(self, timer_file: str | None) -> None:
+        """Make the round's directory, plan its launches, make the workers' directories.
+        Blocking (a thread's)."""
+        self.log_dir = prepare_round_dir(self.log_root, self.assignment)
+        self.plan = build_launch_plan(
+            self.assignment,
+            log_root=self.log_root,
+            node_name=self.node_name,
+            agent_env=self._agent_env,
+            python=self._python,
+            timer_file=timer_file,
+            log_dir=self.log_dir,
+            agent_cwd=self._agent_cwd,
+        )
+        self._store_launch = build_store_host_launch(
+            self.assignment,
+            log_dir=self.log_dir,
+            node_name=self.node_name,
+            agent_env=self._agent_env,
+            python=self._python,
+            agent_cwd=self._agent_cwd,
+        )
+        prepare_worker_dirs(self.plan)
 
     def _serve_watchdog(self, timer_file: str) -> _SetupError | None:
         """Serve the FileTimer watchdog at `timer_file`; why it cannot be served, if so."""

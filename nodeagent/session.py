@@ -235,7 +235,9 @@ class NodeAgent(LinkView):
         self._sentinel = Sentinel(token=self.incarnation)
         self.plugins = load_agent_plugins(config.plugins, timeout=config.plugin_timeout)
         self._standbys = StandbyPool()
-        self._registry = PidRegistry(self._pid_file(), mark_prefix=self._sentinel.mark_prefix)
+        self._registry = PidRegistry(
+            self._pid_file(), mark_prefix=self._sentinel.mark_prefix, write_behind=True
+        )
         self._rounds = RoundControl(
             config.name,
             dirs=lambda: (self.log_root, self.state_dir),
@@ -345,6 +347,7 @@ class NodeAgent(LinkView):
             lambda h: stop_grace(h.assignment.spec.stop_grace, grace, leave_first=leave_first)
         )
         await self._standbys.close()
+        await self._registry.flushed()
         tasks = [self._main, *self._tasks, *self._logs.tasks.values()]
         for t in tasks:
             if t is not None:
@@ -487,14 +490,22 @@ class NodeAgent(LinkView):
                 logger.warning("ignoring a %s from the coordinator", message_kind(msg))
 
     def _reserve_port(self, m: ReservePort) -> None:
-        port, error = 0, ""
+        # A numeric address (the usual: the one routing to the coordinator) is bound at once;
+        # a name is looked up in a thread, never on the event loop on the round's path.
         try:
-            with socket.socket(socket.AF_INET6 if ":" in self.addr else socket.AF_INET) as s:
-                s.bind((self.addr, 0))
-                port = s.getsockname()[1]
+            info = socket.getaddrinfo(self.addr, 0, flags=socket.AI_NUMERICHOST)[0]
+        except socket.gaierror:
+            self._spawn(self._reserve_named_port(m), f"reserve-port-{m.job_id}-{m.round}")
+            return
+        self._tell(_port_reserved(m, self.addr, info))
+
+    async def _reserve_named_port(self, m: ReservePort) -> None:
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(self.addr, 0)
         except OSError as exc:
-            error = f"cannot bind a port on {self.addr}: {exc}"
-        self._tell(PortReserved(m.job_id, m.round, port, error))
+            self._tell(_port_reserved(m, self.addr, exc))
+            return
+        self._tell(_port_reserved(m, self.addr, infos[0]))
 
     def _assign(self, m: Assign | pb.Assign) -> None:
         if isinstance(m, pb.Assign):  # as the stream carries it
@@ -554,6 +565,21 @@ class NodeAgent(LinkView):
 
     def _pid_file(self) -> Path:
         return self.state_dir / f"agent-{self.config.name}.pids.json"
+
+
+def _port_reserved(m: ReservePort, addr: str, found: tuple[Any, ...] | OSError) -> PortReserved:
+    """The answer to `m`: a free port bound (and let go) at `addr`, found as `found`."""
+    port, error = 0, ""
+    try:
+        if isinstance(found, OSError):
+            raise found
+        family, _, _, _, sockaddr = found
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind(sockaddr)
+            port = s.getsockname()[1]
+    except OSError as exc:
+        error = f"cannot bind a port on {addr}: {exc}"
+    return PortReserved(m.job_id, m.round, port, error)
 
 
 def _encode(msg: NodeMsg) -> pb.NodeMessage:

@@ -81,15 +81,17 @@ def test_the_store_outlives_rank_0(tmp_path: Path) -> None:
 
 
 def test_a_python_that_cannot_import_torch_runs_without_a_store(tmp_path: Path) -> None:
-    # `python -S` has no site-packages, so no torch: the store host says so and leaves; the job,
-    # which does not use torch, is not held up by it.
+    # `python -S` has no site-packages, so no torch: the store host cannot serve; the job, which
+    # does not use torch, is not held up by it.
     script = tmp_path / "mode.py"
     script.write_text("import os\nprint('mode', os.environ['TORCHELASTIC_USE_AGENT_STORE'])\n")
     marker = uuid.uuid4().hex
     proc = run("--no-python", PY, "-S", str(script), tmp=tmp_path, marker=marker)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("mode True") == 4, proc.stdout
-    assert "cannot import torch (ModuleNotFoundError" in proc.stderr, proc.stderr
+    # The host starts after the workers, so these may be done (and the host stopped) before it
+    # says it cannot import torch; what it says then is tested on its own, in
+    # tests/service/test_round_store.py.
     assert "c10d store serving at" not in proc.stderr
     assert len(_STORE_HOST.findall(proc.stderr)) == 1, proc.stderr
     assert_nothing_left(marker)

@@ -35,7 +35,7 @@ from client.cli import main as cli_main
 from client.model import MAX_RETURN_VALUE_BYTES
 from coordinator.server import Coordinator, CoordinatorConfig
 from gelastic.local import LocalCluster
-from nodeagent import _bootstrap
+from nodeagent import _return_value
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from tests.e2e.conftest import assert_no_leftovers
 from tests.service._fakes import FakeNode, worker_exit
@@ -223,8 +223,8 @@ async def test_json_values_come_back_decoded_and_pickles_only_when_trusted(
         key, jid = asg.spec.result_key, job.job_id
         data = {"loss": 0.5, "ranks": [0, 1, 2], "ok": True, "tag": None}
         raws = {
-            0: _bootstrap._return_value_bytes(data, key, jid, 0),
-            1: _bootstrap._return_value_bytes((1, "a"), key, jid, 1),
+            0: _return_value.return_value_bytes(data, key, jid, 0),
+            1: _return_value.return_value_bytes((1, "a"), key, jid, 1),
             # What a fake node would store now: its own pickle, tagged as a pickle.
             2: rv.tagged(key, jid, 2, pickle.dumps(_Mkdir(str(marker))), kind=rv.KIND_PICKLE),
         }
@@ -235,7 +235,7 @@ async def test_json_values_come_back_decoded_and_pickles_only_when_trusted(
         assert not marker.exists()
         assert _typed_equal(result.return_values[0], data)
         assert result.return_values[1] == rv.PickledReturnValue(
-            1, pickle.dumps((1, "a"), protocol=_bootstrap._PICKLE_PROTOCOL), verified=True
+            1, pickle.dumps((1, "a"), protocol=_return_value._pickle_protocol()), verified=True
         )
         assert isinstance(result.return_values[2], rv.PickledReturnValue)
         # Without the key: the same data, nothing verified, nothing loaded.
@@ -371,7 +371,7 @@ PICKLED_VALUES: list[Any] = [
 @pytest.mark.parametrize("value", JSON_VALUES, ids=[str(i) for i in range(len(JSON_VALUES))])
 def test_the_worker_stores_as_json_what_json_gives_back_exactly(value: Any) -> None:
     key = secrets.token_bytes(32)
-    raw = _bootstrap._return_value_bytes(value, key, "job-1", 3)
+    raw = _return_value.return_value_bytes(value, key, "job-1", 3)
     assert raw.startswith(rv.MAGIC + rv.KIND_JSON)
     assert _typed_equal(rv.decode(raw, key=key, job_id="job-1", rank=3), value)
     assert _typed_equal(rv.decode(raw, rank=3), value)  # without the key: unverified, same data
@@ -381,7 +381,7 @@ def test_the_worker_stores_as_json_what_json_gives_back_exactly(value: Any) -> N
 @pytest.mark.parametrize("value", PICKLED_VALUES, ids=[str(i) for i in range(len(PICKLED_VALUES))])
 def test_the_worker_stores_anything_else_only_as_a_pickle(value: Any) -> None:
     key = secrets.token_bytes(32)
-    raw = _bootstrap._return_value_bytes(value, key, "job-1", 3)
+    raw = _return_value.return_value_bytes(value, key, "job-1", 3)
     assert raw.startswith(rv.MAGIC + rv.KIND_PICKLE)
     got = rv.decode(raw, key=key, job_id="job-1", rank=3)
     assert isinstance(got, rv.PickledReturnValue) and got.rank == 3 and got.verified
@@ -394,7 +394,7 @@ def test_the_worker_stores_anything_else_only_as_a_pickle(value: Any) -> None:
 
 
 def test_a_cyclic_value_goes_as_a_pickle() -> None:
-    raw = _bootstrap._return_value_bytes(_cycle, b"", "job-1", 0)
+    raw = _return_value.return_value_bytes(_cycle, b"", "job-1", 0)
     loaded = rv.trusted_load(raw, rank=0)
     assert loaded[0] == 1 and loaded[1] is loaded
 
@@ -402,7 +402,7 @@ def test_a_cyclic_value_goes_as_a_pickle() -> None:
 def test_json_over_the_size_limit_goes_as_a_pickle_that_fits() -> None:
     # Each float takes about 18 bytes as JSON, 9 as a pickle: only the pickle fits the limit.
     value = [i + 0.123456789012345 for i in range(MAX_RETURN_VALUE_BYTES // 14)]
-    raw = _bootstrap._return_value_bytes(value, b"k" * 32, "job-1", 0)
+    raw = _return_value.return_value_bytes(value, b"k" * 32, "job-1", 0)
     assert raw.startswith(rv.MAGIC + rv.KIND_PICKLE) and len(raw) <= MAX_RETURN_VALUE_BYTES
     assert rv.trusted_load(raw, key=b"k" * 32, job_id="job-1", rank=0) == value
 
@@ -488,8 +488,8 @@ def test_bytes_in_no_known_format_are_unreadable_without_the_key_and_refused_wit
 
 
 def test_the_worker_and_the_client_agree_on_the_format_and_its_bounds() -> None:
-    assert _bootstrap._RESULT_MAGIC == rv.MAGIC
-    assert (_bootstrap._KIND_JSON, _bootstrap._KIND_PICKLE) == (rv.KIND_JSON, rv.KIND_PICKLE)
-    assert _bootstrap._MAX_JSON_DEPTH == rv.MAX_JSON_DEPTH
+    assert _return_value._RESULT_MAGIC == rv.MAGIC
+    assert (_return_value._KIND_JSON, _return_value._KIND_PICKLE) == (rv.KIND_JSON, rv.KIND_PICKLE)
+    assert _return_value._MAX_JSON_DEPTH == rv.MAX_JSON_DEPTH
     header = len(rv.MAGIC) + 1 + rv.TAG_BYTES
-    assert MAX_RETURN_VALUE_BYTES - header == _bootstrap._MAX_JSON_BYTES
+    assert MAX_RETURN_VALUE_BYTES - header == _return_value._MAX_JSON_BYTES

@@ -38,7 +38,7 @@ from client.results import (
     trusted_load,
 )
 from coordinator.server import Coordinator, CoordinatorConfig
-from nodeagent import _bootstrap
+from nodeagent import _return_value
 from nodeagent._launch import build_launch_plan
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
@@ -353,11 +353,11 @@ async def test_the_result_key_never_appears_in_job_output(
 def test_the_worker_tags_its_value_the_way_the_client_checks_it() -> None:
     key = secrets.token_bytes(32)
     for kind, data in ((KIND_PICKLE, pickle.dumps((1, 2, 3))), (KIND_JSON, b"[1,2,3]")):
-        raw = _bootstrap._tagged(kind, data, key, "job-0123456789", 3)
+        raw = _return_value._tagged(kind, data, key, "job-0123456789", 3)
         assert raw == tagged(key, "job-0123456789", 3, data, kind=kind)
         assert raw == MAGIC + kind + result_tag(key, "job-0123456789", 3, data, kind=kind) + data
-    json_raw = _bootstrap._return_value_bytes([1, 2, 3], key, "job-0123456789", 3)
+    json_raw = _return_value.return_value_bytes([1, 2, 3], key, "job-0123456789", 3)
     assert json_raw == tagged(key, "job-0123456789", 3, b"[1,2,3]", kind=KIND_JSON)
-    pickle_raw = _bootstrap._return_value_bytes((1, 2, 3), key, "job-0123456789", 3)
+    pickle_raw = _return_value.return_value_bytes((1, 2, 3), key, "job-0123456789", 3)
     assert pickle_raw.startswith(MAGIC + KIND_PICKLE)
     assert trusted_load(pickle_raw, key=key, job_id="job-0123456789", rank=3) == (1, 2, 3)

@@ -91,3 +91,30 @@ def test_a_queue_overflow_announces_every_watched_file(tmp_path: Path) -> None:
     w._by_wd[2] = (tmp_path / "1", {b"error.json"})
     w._parse(struct.pack("iIII", -1, 0x4000, 0, 0))  # IN_Q_OVERFLOW: events were lost
     assert sorted(seen) == [tmp_path / "0" / "error.json", tmp_path / "1" / "error.json"]
+
+
+async def test_aclose_closes_the_descriptor_off_the_loop_and_is_idempotent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from nodeagent import _inotify
+
+    w, _ = await _watch(tmp_path, ["0"])
+    fd = w._fd
+    assert fd is not None
+    closed_in: list[int] = []
+    real_close = os.close
+
+    def close(n: int) -> None:
+        if n == fd:
+            closed_in.append(threading.get_ident())
+        real_close(n)
+
+    monkeypatch.setattr(_inotify.os, "close", close)
+    await w.aclose()
+    await w.aclose()
+    w.close()
+    assert len(closed_in) == 1 and closed_in[0] != threading.get_ident()
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed (nothing else opened a file meanwhile in this test)

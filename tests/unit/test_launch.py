@@ -369,7 +369,8 @@ def test_store_host_runs_like_the_workers_without_their_identity() -> None:
         agent_cwd="/work",
     )
     # The workers' interpreter and its flags: the same torch, found the same way.
-    assert host.argv == ("python3", "-X", "dev", "-u", STORE_HOST_PATH)
+    # (Plus -S: the host runs site itself, later, at a low priority: --site.)
+    assert host.argv == ("python3", "-X", "dev", "-u", "-S", STORE_HOST_PATH, "--site")
     assert Path(STORE_HOST_PATH).is_file()
     assert host.cwd == w0.cwd == "/work/sub"
     assert (host.addr, host.port) == ("10.0.0.1", 29511)
@@ -396,7 +397,7 @@ def test_store_host_runs_like_the_workers_without_their_identity() -> None:
 def test_function_store_host_uses_the_agents_python() -> None:
     a = dataclasses.replace(assignment(JobSpec(entrypoint="pkg.mod:fn")), group_rank=0)
     host = build_store_host_launch(a, log_dir=Path("/l"), node_name="n", agent_env={}, python=PY)
-    assert host is not None and host.argv == (PY, STORE_HOST_PATH)
+    assert host is not None and host.argv == (PY, "-S", STORE_HOST_PATH, "--site")
 
 
 def test_only_a_job_with_torch_metrics_gets_the_agents_metrics_channel() -> None:
@@ -408,3 +409,10 @@ def test_only_a_job_with_torch_metrics_gets_the_agents_metrics_channel() -> None
     assert on.env["GELASTIC_TORCH_METRICS"] == "/agent/m.fifo"  # never a path the job names
     assert "GELASTIC_TORCH_METRICS" not in off.env
     assert "GELASTIC_TORCH_METRICS" not in none.env
+
+
+def test_a_job_run_without_site_gets_a_store_host_without_site() -> None:
+    spec = JobSpec(entrypoint=["python3", "-S", "train.py"], nproc_per_node=1)
+    a = dataclasses.replace(assignment(spec), group_rank=0)
+    host = build_store_host_launch(a, log_dir=Path("/l"), node_name="n", agent_env={}, python=PY)
+    assert host is not None and host.argv == ("python3", "-S", STORE_HOST_PATH)
