@@ -20,7 +20,7 @@ from collections.abc import (
     Coroutine,
     Sequence,
 )
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 
@@ -32,9 +32,11 @@ from coordinator._cluster import Cluster, Effect, NodeChanged, NodeIsLive
 from coordinator._cluster_drain import MAX_DRAIN_S
 from coordinator._errors import RequestError, status_for
 from coordinator._job_list import list_page
-from coordinator._log_relay import LogRelay
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:  # the relay imports the node sessions, which import this module
+    from coordinator._log_relay import LogRelay
 
 logger = logging.getLogger(__name__)
 
