@@ -45,6 +45,8 @@ from coordinator._progress_state import (
 
 CHECK_EVERY_S = 0.5
 """How often a round's progress is judged, at most (a stall is said this late at most)."""
+RATE_STALE_S = 2.0
+"""A rank's steps/s is shown as 0 once it made no step for this long (or three of its steps)."""
 STALL_STACKS_S = 5.0
 """How long a stall's restart or failure waits for the capture of every rank's stack (which
 needs the workers alive): it acts once the capture is kept (`stall_stacks_taken`), or then."""
@@ -80,10 +82,13 @@ class _Stalls(_Nodes):
             return {}
         shown: dict[str, Any] = {"behind": t.behind, "straggler": t.straggler}
         if t.step >= 0:
+            age = max(0.0, self._now - t.advanced_at)
+            # The rate a worker measured goes stale once it stops stepping: 0 for a stuck rank.
+            fresh = t.steps_per_s > 0 and age <= max(RATE_STALE_S, 3.0 / t.steps_per_s)
             shown.update(
                 step=t.step,
-                steps_per_s=t.steps_per_s,
-                last_step_age=max(0.0, self._now - t.advanced_at),
+                steps_per_s=t.steps_per_s if fresh else 0.0,
+                last_step_age=age,
                 metrics=dict(t.metrics),
             )
         return shown

@@ -65,6 +65,18 @@ def test_progress_shows_in_status_with_step_rate_age_and_metrics() -> None:
     assert all(1.5 <= (w.last_step_age or 0) <= 2.5 for w in workers)
 
 
+def test_a_rank_that_stopped_stepping_shows_no_steps_per_second() -> None:
+    d = running()
+    step_all(d, 7, rate=10.0)
+    d.advance(1.0)
+    assert [w.steps_per_s for w in d.cluster.job_status("j").workers] == [10.0] * 4
+    for step in (8, 9, 10):
+        d.advance(1.0)
+        step_all(d, step, skip=0, rate=10.0)  # rank 2 (n1, local 0) is stuck at step 7
+    rates = {w.global_rank: w.steps_per_s for w in d.cluster.job_status("j").workers}
+    assert rates == {0: 10.0, 1: 10.0, 2: 0.0, 3: 10.0}
+
+
 def test_a_rank_that_stops_while_the_others_step_is_named_behind_with_its_node() -> None:
     d = running(stall_timeout=3.0)
     for step in range(1, 5):
