@@ -14,13 +14,14 @@ import functools
 import logging
 from collections.abc import (
     AsyncGenerator,
+    AsyncIterator,
     Awaitable,
     Callable,
     Collection,
     Coroutine,
     Sequence,
 )
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -34,9 +35,6 @@ from coordinator._errors import RequestError, status_for
 from coordinator._job_list import list_page
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
-
-if TYPE_CHECKING:  # the relay imports the node sessions, which import this module
-    from coordinator._log_relay import LogRelay
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +55,21 @@ ATTEMPTS_PAGE_BYTES = 1024 * 1024
 """About the most attempt bytes in one GetAttempts response (one attempt always goes)."""
 
 
+class Logs(Protocol):
+    """What the client RPCs ask of the log relay (`coordinator._log_relay.LogRelay`, which
+    imports the node sessions, which import this module)."""
+
+    def read_logs(self, req: pb.ReadLogsRequest, client: str = "") -> AsyncIterator[bytes]: ...
+
+
 class Service(Protocol):
     """What the client RPCs ask of the coordinator's service (`CoordinatorService`)."""
 
     cluster: Cluster
     dashboard: tuple[str, str, int] | None
-    log_relay: LogRelay
+
+    @property
+    def log_relay(self) -> Logs: ...
 
     def now(self) -> float: ...
 

@@ -101,8 +101,10 @@ def test_stack_of_a_2x2_job_groups_identical_ranks_odd_one_first(
     last = gelastic(cluster, "stack", job_id, "--last")
     assert last.returncode == 0, last.stderr
     assert last.stdout.splitlines()[2:] == lines[2:]
+    # The latest two of the three captures are kept: the one of rank 3, then the last one.
     kept = cluster.client.stacks(job_id)
-    assert kept[0].capture_id == c["capture_id"]
+    assert [k.capture_id for k in kept] == [one.capture_id, kept[-1].capture_id]
+    assert kept[-1].capture_id in events[-1].reason and c["capture_id"] not in events[-1].reason
     assert gelastic(cluster, "stack", job_id).returncode == 2  # no worker runs to ask
 
 
