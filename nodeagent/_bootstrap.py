@@ -687,6 +687,8 @@ def main() -> None:
         # passes through unchanged (0/None is success).
         if e.code in (None, 0):
             _release_process_group()
+        if e.code is None or (isinstance(e.code, int) and not isinstance(e.code, bool)):
+            _leave_before_teardown(e.code or 0)
         _spare_the_last_collections()
         raise
     except Exception as e:
@@ -703,10 +705,12 @@ def main() -> None:
         # The interpreter prints value.__traceback__, not the tb argument, so trim it there.
         e.__traceback__ = tb
         sys.excepthook(type(e), e, tb)
+        _leave_before_teardown(1)
         _spare_the_last_collections()
         sys.exit(1)
     else:
         _release_process_group()
+        _leave_before_teardown(0)
         _spare_the_last_collections()
     # KeyboardInterrupt and other BaseExceptions propagate: python then exits exactly as it
     # would without us (for SIGINT: by re-raising the signal). torch does not record them.
@@ -727,6 +731,92 @@ def _spare_the_last_collections() -> None:
     freeze = getattr(gc, "freeze", None)
     if freeze is not None:
         freeze()
+
+
+def _leave_before_teardown(code: int) -> None:
+    """A worker that loaded torch ends without the interpreter's teardown; others return.
+
+    Python ends a process in two halves. The first is what programs are promised: non-daemon
+    threads are joined, atexit handlers run (logging's flush, multiprocessing's joins of its
+    children, tempfile's and weakref.finalize's cleanups, torch's own), the standard streams
+    are flushed. The second tears the interpreter down: a thread that still wants the GIL is
+    ended in the middle of its native call, modules are cleared, C++ static destructors run.
+    torch's native threads do not always survive that half: now and then a rank whose work is
+    done, its process group destroyed, is aborted there (SIGABRT, "terminate called without an
+    active exception", no Python frame) and a job that did all its work ends FAILED. torchrun
+    shows the same. So a torch worker runs the first half itself, closes the files it left
+    open (module teardown would have), and leaves with `os._exit(code)`. What changes: the
+    `__del__` of an object still alive at exit does not run, which python never promised.
+    """
+    if "torch" not in sys.modules:
+        return
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:  # joins the non-daemon threads, as python's exit does first
+        shutdown()
+    import atexit
+
+    atexit._run_exitfuncs()
+    _close_open_files()
+    os._exit(code & 0xFF)
+
+
+def _close_open_files() -> None:
+    """Close every file object still open, each after the files that write through it.
+
+    What module teardown does for files a script never closed: a text file's last characters
+    reach its buffer, a gzip writer's data and trailer reach the file under it, a buffered
+    file's last bytes reach the disk. The standard streams are flushed, not closed.
+    """
+    import _io
+
+    base = _io._IOBase  # concrete: no ABC check
+    std = [sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__]
+    keep: set[int] = set()
+    for s in std:
+        while s is not None and id(s) not in keep:
+            keep.add(id(s))
+            s = getattr(s, "buffer", None) or getattr(s, "raw", None)
+    found = (o for o in gc.get_objects() if issubclass(type(o), base))  # no `__class__` read
+    files = {id(o): o for o in found if id(o) not in keep}
+    under: dict[int, list[int]] = {}  # a file -> the files it writes through
+    wrappers = dict.fromkeys(files, 0)
+    for key, f in files.items():
+        inner = [id(r) for r in _referents(f) if id(r) in files and id(r) != key]
+        under[key] = inner
+        for i in inner:
+            wrappers[i] += 1
+    ready = [key for key, n in wrappers.items() if n == 0]
+    done: set[int] = set()
+    while ready or len(done) < len(files):
+        if not ready:  # a cycle of files: the rest in any order
+            ready = [key for key in files if key not in done][:1]
+        key = ready.pop()
+        if key in done:
+            continue
+        done.add(key)
+        try:
+            if not files[key].closed:
+                files[key].close()
+        except Exception:
+            pass  # like teardown: a file that cannot be closed is left to the exit
+        for i in under[key]:
+            wrappers[i] -= 1
+            if wrappers[i] == 0:
+                ready.append(i)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            pass
+
+
+def _referents(f: Any) -> list[Any]:
+    """What `f` holds directly, its instance attributes included."""
+    out: list[Any] = []
+    for r in gc.get_referents(f):
+        out.extend(r.values() if type(r) is dict else (r,))
+    return out
 
 
 def _release_process_group() -> None:
