@@ -210,18 +210,26 @@ def describe_failures(failures: Sequence[ProcessFailure]) -> str:
 
 
 def _wait(job: Job, pred: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    """Wait for `pred`; fail at once if the job ended first."""
+    """Wait for `pred`; fail at once if the job ended first.
+
+    `pred` is looked at every 20 ms (a step of the demo's training takes 50 ms, and an act must
+    strike with steps still to go); the job's state, an RPC, every 200 ms.
+    """
+    asked = [time.monotonic()]
 
     def check() -> bool:
         if pred():
             return True
+        if time.monotonic() - asked[0] < 0.2:
+            return False
+        asked[0] = time.monotonic()
         state = job.status().state
         if state.is_terminal():
             raise DemoFailed(f"the job ended ({state.value}) while waiting for {what}")
         return False
 
     try:
-        poll_until(check, timeout, interval=0.2, what=what)
+        poll_until(check, timeout, interval=0.02, what=what)
     except TimeoutError as e:
         raise DemoFailed(f"{e}\n{_where_each_rank_is(job)}") from None
 
