@@ -8,6 +8,7 @@ Real processes: the real bootstrap, no agent.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipapp
@@ -30,8 +31,15 @@ def _run(tmp_path: Path, target: Path) -> subprocess.CompletedProcess[str]:
     argv += ["--script", str(target), "--"]
     # -I as a bare interpreter has it: no user site, no PYTHON* variables, so only what the
     # bootstrap itself imports is seen (an editable install's .pth hook may import more).
+    # As under an agent (this process): the parent-death signal is armed first thing.
+    env = {**os.environ, "GELASTIC_AGENT_PID": str(os.getpid())}
     return subprocess.run(
-        [argv[0], "-I", *argv[1:]], capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path
+        [argv[0], "-I", *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        cwd=tmp_path,
+        env=env,
     )
 
 
