@@ -643,12 +643,11 @@ def build_standby_launch(
     python: str = sys.executable,
     agent_cwd: str | None = None,
 ) -> StandbyLaunch | None:
-    """How to start a standby of `spec`, or None when it has no preload or is not python.
+    """How to start a standby of `spec` (its preload may be empty), or None when it is not
+    python.
 
     The env is the job's (`_job_env`): what every worker gets before its per-round variables.
     """
-    if not spec.preload:
-        return None
     python = job_python(spec, agent_env, python)
     if spec.is_function:
         interpreter: tuple[str, ...] = (python,)

@@ -72,9 +72,12 @@ def test_preload_is_validated() -> None:
             JobSpec(entrypoint=["python", "x.py"], preload=bad).validate()
 
 
-def test_no_standby_without_preload_or_for_a_non_python_command() -> None:
+def test_a_python_job_without_preload_has_a_bare_standby_and_a_command_none() -> None:
     env: dict[str, str] = {}
-    assert build_standby_launch(JobSpec(entrypoint=["python", "x.py"]), agent_env=env) is None
+    bare = build_standby_launch(JobSpec(entrypoint=["python", "x.py"]), agent_env=env)
+    assert bare is not None
+    assert bare.preload == ()
+    assert bare.argv == bare.prefix  # the bootstrap, no --preload
     assert (
         build_standby_launch(JobSpec(entrypoint=["/bin/true"], preload=PRELOAD), agent_env=env)
         is None
