@@ -76,8 +76,9 @@ STDOUT = 1
 STDERR = 2
 """torchrun's Std.ERR bit in redirect/tee masks."""
 
-BOOTSTRAP_PATH = str(Path(__file__).with_name("_bootstrap.py").resolve())
-"""The standalone script every python worker runs under (executed by path)."""
+BOOTSTRAP_PATH = str(Path(__file__).with_name("_bootstrap_stub.py").resolve())
+"""The standalone script every python worker runs under (executed by path): it runs
+`_bootstrap.py` from its cached bytecode."""
 
 STORE_HOST_PATH = str(Path(__file__).with_name("_c10d_store.py").resolve())
 """The standalone script that serves a round's c10d store (executed by path, imports torch)."""
