@@ -204,7 +204,7 @@ class RoundControl:
         and waited for, and its forks for the `workers`, so the workers are forks of it (see
         nodeagent._standby). Awaited: the session's heartbeats go on meanwhile."""
         launch = group.standby_launch()
-        if launch is not None and not self._closing():
+        if launch is not None and launch.preload and not self._closing():
             await self._standbys.prepare(job_id, launch, workers)
 
     def open_metrics(self, path: Path) -> None:

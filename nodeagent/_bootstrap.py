@@ -441,6 +441,10 @@ def _standby(argv: list[str]) -> list[str]:
 
 def _take_handoff(fd: int) -> list[str]:
     """Block for the round's hand-off on `fd`, take its env; returns the round's argv."""
+    # What reading the hand-off needs is imported before the wait, off the round's path: json
+    # and the re it brings are milliseconds of each rank's CPU, and a restart waits for all.
+    import json  # noqa: F401
+
     data = _read_handoff(fd)
     if not data:
         sys.exit(0)  # the agent let this standby go unused

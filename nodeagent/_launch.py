@@ -76,8 +76,9 @@ STDOUT = 1
 STDERR = 2
 """torchrun's Std.ERR bit in redirect/tee masks."""
 
-BOOTSTRAP_PATH = str(Path(__file__).with_name("_bootstrap.py").resolve())
-"""The standalone script every python worker runs under (executed by path)."""
+BOOTSTRAP_PATH = str(Path(__file__).with_name("_bootstrap_stub.py").resolve())
+"""The standalone script every python worker runs under (executed by path): it runs
+`_bootstrap.py` from its cached bytecode."""
 
 STORE_HOST_PATH = str(Path(__file__).with_name("_c10d_store.py").resolve())
 """The standalone script that serves a round's c10d store (executed by path, imports torch)."""
@@ -643,12 +644,11 @@ def build_standby_launch(
     python: str = sys.executable,
     agent_cwd: str | None = None,
 ) -> StandbyLaunch | None:
-    """How to start a standby of `spec`, or None when it has no preload or is not python.
+    """How to start a standby of `spec` (its preload may be empty), or None when it is not
+    python.
 
     The env is the job's (`_job_env`): what every worker gets before its per-round variables.
     """
-    if not spec.preload:
-        return None
     python = job_python(spec, agent_env, python)
     if spec.is_function:
         interpreter: tuple[str, ...] = (python,)

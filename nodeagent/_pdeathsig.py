@@ -8,7 +8,6 @@ is killed by the agent's sentinel (`_sentinel.py`). Standalone: standard library
 """
 
 import ctypes
-import json
 import os
 import signal
 import sys
@@ -32,6 +31,10 @@ def _fail(program: str, err: OSError) -> None:
     print(message, file=sys.stderr, flush=True)
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if path:
+        # Here only: every python worker loads this module first thing (`arm`), and json
+        # brings re with it, milliseconds of each worker's start.
+        import json
+
         try:
             with open(path, "w") as f:
                 json.dump({"message": message, "timestamp": time.time()}, f)

@@ -524,8 +524,10 @@ class NodeAgent(LinkView):
         self._rounds.run(checked)
 
     def _fill_standbys(self, held: Held) -> None:
-        """Warm standbys for the job's next round on this node (only a spec with `preload`), as
-        long as a next round can come to them (`can_serve`); else the job's spare ones go."""
+        """Warm standbys for the job's next round on this node (a python job's), as long as a
+        next round can come to them (`can_serve`); else the job's spare ones go. A warm store
+        host only for a spec with `preload`: without one it would idle with torch imported
+        (hundreds of MB) to save a start that is off the workers' path."""
         a = held.assignment
         launch = held.group.standby_launch() if held.group is not None else None
         if launch is None or self._closing:
@@ -535,7 +537,7 @@ class NodeAgent(LinkView):
             return
         self._standbys.fill(a.job_id, launch, a.spec.nproc_per_node)
         store = held.group.store_launch if held.group is not None else None
-        if store is not None:
+        if store is not None and launch.preload:
             self._standbys.fill_store(a.job_id, store)
 
     # ---- bookkeeping -----------------------------------------------------------------------

@@ -111,7 +111,16 @@ async def test_an_unsupervisable_group_is_killed_reported_unknown_and_restarted_
     words: str,
     started: int,
 ) -> None:
-    c, _agent = cluster
+    c, agent = cluster
+    real = agent._standbys._spawner
+
+    def standby(*args: Any, **kw: Any) -> Any:
+        # The restart takes over standbys: started by the agent, so counted as its workers.
+        handle = real(*args, **kw)
+        spawned.append(handle.pid)
+        return handle
+
+    agent._standbys._spawner = standby
     _faults.configure(fault)
     # The fault is there on every attempt: the first restarts the job, the second fails it.
     job_id = await c.service.submit(_spec(tmp_path, max_restarts=1))

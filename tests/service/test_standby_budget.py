@@ -3,7 +3,9 @@
 A real in-process coordinator and agent, real worker and standby processes: the standbys the
 agent starts are counted where its pool makes them (forked from the job's zygote). A round of one node at the job's last attempt
 warms none (only a failure restart could use them, and the budget is spent); a round with
-restarts left still gets one per worker. `can_serve` is the rule, checked case by case.
+restarts left still gets one per worker. A job without `preload` gets interpreters of its own
+as standbys, only while it has restarts left, and its restart runs on them. `can_serve` is
+the rule, checked case by case.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import JobSpec, JobState
 from coordinator.server import Coordinator, CoordinatorConfig
-from nodeagent._process import ProcessHandle
+from nodeagent._process import ProcessHandle, RealProcess
 from nodeagent._standby import can_serve
 from nodeagent.session import AgentConfig, NodeAgent
 from tests._helpers import wait_for
@@ -33,7 +35,7 @@ WORKER = """
 import os, pathlib, sys, time
 out = pathlib.Path(os.environ["OUT_DIR"])
 attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
-(out / f"started-{attempt}-{os.environ['RANK']}").touch()
+(out / f"started-{attempt}-{os.environ['RANK']}").write_text(str(os.getpid()))
 deadline = time.monotonic() + 60
 while not (out / f"go-{attempt}").exists() and time.monotonic() < deadline:
     time.sleep(0.02)
@@ -129,6 +131,71 @@ async def test_standbys_are_warmed_only_while_a_restart_can_use_them(
     )
 
 
+@pytest.mark.parametrize("max_restarts", [0, 1])
+async def test_a_job_without_preload_restarts_on_standbys_only_if_it_can_restart(
+    tmp_path: Path,
+    agent: tuple[Coordinator, NodeAgent, list[ProcessHandle]],
+    max_restarts: int,
+) -> None:
+    c, a, forked = agent
+    spawned: list[RealProcess] = []
+    real = a._standbys._spawner
+
+    def recording(*args: Any, **kw: Any) -> RealProcess:
+        handle = real(*args, **kw)
+        spawned.append(handle)
+        return handle
+
+    a._standbys._spawner = recording
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = JobSpec(
+        entrypoint=[PY, str(script)],
+        nproc_per_node=2,
+        max_restarts=max_restarts,
+        stop_grace=2.0,
+        env={"OUT_DIR": str(out)},
+    )
+    job_id = await c.service.submit(spec)
+    cl = c.service.cluster
+
+    def started_round(attempt: int) -> bool:
+        return any(
+            e.kind == "workers_started" and e.attempt == attempt for e in cl.job_events(job_id)
+        )
+
+    try:
+        await wait_for(lambda: started_round(0), DEADLINE, what="round 0 to start")
+        # WorkersStarted is sent after the agent warmed (or did not warm) the pool.
+        assert a._standbys.count(job_id) == 2 * max_restarts
+        assert len(spawned) == 2 * max_restarts
+        assert forked == []  # no zygote: the first round's workers start cold
+        (out / "go-0").touch()
+        if max_restarts == 0:
+            await wait_for(lambda: cl.job_state(job_id).is_terminal(), DEADLINE, what="the end")
+            assert cl.job_state(job_id) == JobState.FAILED
+            return
+        await wait_for(lambda: started_round(1), DEADLINE, what="round 1 to start")
+        stamps = [out / f"started-1-{rank}" for rank in (0, 1)]
+        await wait_for(
+            lambda: all(f.exists() and f.read_text() for f in stamps),
+            DEADLINE,
+            what="attempt 1's ranks to write their pids",
+        )
+        # Attempt 1 runs in the standbys; with no restart left, none is warmed again.
+        ran = {int(f.read_text()) for f in stamps}
+        assert ran == {p.pid for p in spawned}
+        assert a._standbys.count(job_id) == 0
+        (out / "go-1").touch()
+        await wait_for(lambda: cl.job_state(job_id).is_terminal(), DEADLINE, what="the end")
+        assert cl.job_state(job_id) == JobState.SUCCEEDED
+        assert len(spawned) == 2
+    finally:
+        await wait_gone([p.pid for p in spawned])
+
+
 def _round(spec: JobSpec, *, attempt: int, nodes: int) -> RoundAssignment:
     return RoundAssignment(
         job_id="job-1",
@@ -154,6 +221,12 @@ def test_the_rule_for_standbys_that_can_serve() -> None:
     assert not can_serve(_round(dataclasses.replace(spec, max_restarts=0), attempt=0, nodes=1))
     sweep = dataclasses.replace(spec, standby_linger=30.0)
     assert can_serve(_round(sweep, attempt=1, nodes=1))  # the next job of its spec
+    # Without preload: only while a failure restart can come.
+    bare = dataclasses.replace(spec, preload=())
+    assert can_serve(_round(bare, attempt=0, nodes=1))
+    assert can_serve(_round(bare, attempt=0, nodes=2))
+    assert not can_serve(_round(bare, attempt=1, nodes=2))  # only a lost peer would re-form it
+    assert not can_serve(_round(dataclasses.replace(bare, max_restarts=0), attempt=0, nodes=2))
 
 
 async def test_a_drained_node_lets_the_jobs_standbys_go(

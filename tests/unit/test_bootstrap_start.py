@@ -1,6 +1,7 @@
 """What a python worker's bootstrap does before the target's first line: only what every worker
 needs. The modules only a function's return value, a failure or a zip needs (hashlib and hmac,
-pickle, json, traceback, zipfile, typing) are not imported before it; a zip still runs as one.
+pickle, json, traceback, zipfile, typing) are not imported before it; a zip still runs as one;
+the bootstrap itself is compiled once, then read from its bytecode cache.
 
 Real processes: the real bootstrap, no agent.
 """
@@ -8,6 +9,7 @@ Real processes: the real bootstrap, no agent.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipapp
@@ -30,8 +32,15 @@ def _run(tmp_path: Path, target: Path) -> subprocess.CompletedProcess[str]:
     argv += ["--script", str(target), "--"]
     # -I as a bare interpreter has it: no user site, no PYTHON* variables, so only what the
     # bootstrap itself imports is seen (an editable install's .pth hook may import more).
+    # As under an agent (this process): the parent-death signal is armed first thing.
+    env = {**os.environ, "GELASTIC_AGENT_PID": str(os.getpid())}
     return subprocess.run(
-        [argv[0], "-I", *argv[1:]], capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path
+        [argv[0], "-I", *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        cwd=tmp_path,
+        env=env,
     )
 
 
@@ -70,3 +79,20 @@ def test_a_failure_still_writes_its_error_file(tmp_path: Path) -> None:
     error = json.loads((tmp_path / "error.json").read_text())
     assert error["message"]["message"] == "ValueError: the probe fails"
     assert "Traceback" in error["message"]["extraInfo"]["py_callstack"]
+
+
+def test_the_bootstrap_is_compiled_once_and_read_from_its_cache(tmp_path: Path) -> None:
+    target = tmp_path / "target.py"
+    target.write_text("print('ran')\n")
+    cache = tmp_path / "pycache"
+    argv = [sys.executable, "-X", f"pycache_prefix={cache}", str(BOOTSTRAP_PATH)]
+    argv += ["--error-file", str(tmp_path / "error.json"), "--script", str(target), "--"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    for _ in range(2):
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=env
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == "ran\n"
+    # A script python is told to run is compiled at every start; an imported one is cached.
+    assert [p.name for p in cache.rglob("_bootstrap.*.pyc")], sorted(cache.rglob("*"))

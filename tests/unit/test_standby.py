@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import pickle
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from client.assignment import RoundAssignment, WorkerRanks
 from client.model import JobSpec, SpecError
 from client.results import decode
 from nodeagent._bootstrap import parse_handoff
-from nodeagent._launch import build_standby_launch
+from nodeagent._launch import BOOTSTRAP_PATH, build_standby_launch
 from nodeagent._process import spawn
 from nodeagent._standby import MAX_HANDOFF_BYTES, StandbyPool, encode_handoff
 from nodeagent._workers import WorkerExit, WorkerGroup
@@ -50,6 +51,26 @@ def assignment(spec: JobSpec, *, attempt: int = 1, round_: int = 3) -> RoundAssi
     )
 
 
+def test_a_standby_imports_what_its_handoff_needs_before_it_waits() -> None:
+    # The hand-off is JSON: a standby that imported json only once it came would spend that
+    # import on the round's path. Let go unused (EOF), it shows what it imported while waiting.
+    rfd, wfd = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", BOOTSTRAP_PATH, "--standby", str(rfd)],
+        pass_fds=(rfd,),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(rfd)
+    os.close(wfd)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    imported = {line.rpartition("|")[2].strip() for line in err.splitlines()}
+    assert "json" in imported, err
+
+
 def test_handoff_parsing_refuses_what_is_not_a_handoff() -> None:
     assert parse_handoff(b'{"argv": ["--x"], "env": {"A": "1"}}') == (["--x"], {"A": "1"})
     for bad in (
@@ -72,9 +93,12 @@ def test_preload_is_validated() -> None:
             JobSpec(entrypoint=["python", "x.py"], preload=bad).validate()
 
 
-def test_no_standby_without_preload_or_for_a_non_python_command() -> None:
+def test_a_python_job_without_preload_has_a_bare_standby_and_a_command_none() -> None:
     env: dict[str, str] = {}
-    assert build_standby_launch(JobSpec(entrypoint=["python", "x.py"]), agent_env=env) is None
+    bare = build_standby_launch(JobSpec(entrypoint=["python", "x.py"]), agent_env=env)
+    assert bare is not None
+    assert bare.preload == ()
+    assert bare.argv == bare.prefix  # the bootstrap, no --preload
     assert (
         build_standby_launch(JobSpec(entrypoint=["/bin/true"], preload=PRELOAD), agent_env=env)
         is None
