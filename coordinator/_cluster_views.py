@@ -32,6 +32,7 @@ from coordinator._cluster_words import (
     _worker_state,
 )
 from coordinator._codec import decode, encode
+from coordinator._job_text import job_text
 
 logger = logging.getLogger("coordinator._cluster")
 
@@ -184,6 +185,12 @@ class _Views(_Stalls):
         doc: dict[str, Any] = encode(self._job(job_id))
         doc.pop("events", None)
         return doc
+
+    def job_text(self, job_id: str) -> str:
+        """The JSON text of `dump_job` (keys in another order), re-encoding only the members
+        of the job's round that changed since the last call (see coordinator._job_text)."""
+        job = self._job(job_id)
+        return job_text(job, keep=not job.state.is_terminal())
 
     def dump_nodes(self) -> list[dict[str, Any]]:
         return [encode(n) for n in self._nodes.values()]

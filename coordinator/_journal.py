@@ -206,7 +206,7 @@ class Journal:
             c = self._cluster
             batch = sorted(self._dirty_jobs)
             jobs = [
-                (j, c.job_submitted_at(j), c.job_state(j).value, c.dump_job(j))
+                (j, c.job_submitted_at(j), c.job_state(j).value, c.job_text(j))
                 for j in batch
                 if c.has_job(j)
             ]

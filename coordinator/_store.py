@@ -28,12 +28,14 @@ from typing import Any, Protocol
 __all__ = [
     "SCHEMA_VERSION",
     "Fence",
+    "JobDoc",
     "StateStore",
     "Store",
     "StoreFenced",
     "StoreUnavailable",
     "StoredState",
     "default_state_dir",
+    "job_doc_text",
 ]
 
 logger = logging.getLogger(__name__)
@@ -95,6 +97,16 @@ def _private_file(path: str, *, create: bool = True) -> None:
         os.close(fd)
 
 
+JobDoc = dict[str, Any] | str
+"""A job's stored document: the object, or its JSON text (what the journal hands over, built
+without encoding the unchanged part of a big job again; see coordinator._job_text)."""
+
+
+def job_doc_text(doc: JobDoc) -> str:
+    """The compact JSON text of a job's document."""
+    return doc if isinstance(doc, str) else json.dumps(doc, separators=(",", ":"))
+
+
 @dataclass(frozen=True)
 class StoredState:
     jobs: list[dict[str, Any]]
@@ -146,7 +158,7 @@ class StateStore(Protocol):
 
     def save(
         self,
-        jobs: Iterable[tuple[str, float, str, dict[str, Any]]],
+        jobs: Iterable[tuple[str, float, str, JobDoc]],
         events: Iterable[tuple[int, str, dict[str, Any]]],
         nodes: Iterable[tuple[str, dict[str, Any]]] | None = None,
         meta: dict[str, str] | None = None,
@@ -154,7 +166,8 @@ class StateStore(Protocol):
         forget_nodes: Iterable[str] = (),
         cut_events: Iterable[tuple[str, int, int]] = (),
     ) -> None:
-        """Write a batch; returns only once it is committed, raises if it may not be."""
+        """Write a batch; returns only once it is committed, raises if it may not be. A job's
+        document (`JobDoc`) comes as an object or as the JSON text of one."""
         ...
 
     def set_fence(self, fence: Fence | None) -> None:
@@ -306,7 +319,7 @@ class Store:
 
     def save(
         self,
-        jobs: Iterable[tuple[str, float, str, dict[str, Any]]],
+        jobs: Iterable[tuple[str, float, str, JobDoc]],
         events: Iterable[tuple[int, str, dict[str, Any]]],
         nodes: Iterable[tuple[str, dict[str, Any]]] | None = None,
         meta: dict[str, str] | None = None,
@@ -320,9 +333,7 @@ class Store:
         gone_jobs = [(j,) for j in forget_jobs]
         gone_nodes = [(n,) for n in forget_nodes]
         cuts = list(cut_events)  # (job id, after seq, before seq), both ends kept
-        job_rows = [
-            (jid, ts, st, json.dumps(doc, separators=(",", ":"))) for jid, ts, st, doc in jobs
-        ]
+        job_rows = [(jid, ts, st, job_doc_text(doc)) for jid, ts, st, doc in jobs]
         event_rows = [
             (seq, jid, json.dumps(doc, separators=(",", ":"))) for seq, jid, doc in events
         ]
