@@ -15,7 +15,7 @@ clock (`now` is a parameter), so every decision is tested directly with a fake c
 - clients: `submit`, `confirm_written`, `withdraw`, `cancel`, `forget_node`, `clear_quarantine`,
   `drain`, `undrain`; a stack capture the agents answered: `record_stacks`, and the
   one a stall asked for kept (or given up): `stall_stacks_taken`;
-- time: `tick`; the store: `restore` (and `dump_job`, `job_text`, `dump_nodes`, `dump_node`
+- time: `tick`; the store: `restore` (and `dump_job`, `job_record`, `dump_nodes`, `dump_node`
   out).
 
 Everything else public is a read: `job_ids`, `has_job`, `job_spec`, `job_state`, `job_status`,

@@ -1,5 +1,5 @@
-"""A job's stored text (`Cluster.job_text`): the same record as `dump_job` after every kind of
-change, while a write re-encodes only the round's members that changed."""
+"""A job's stored record (`Cluster.job_record`): the same document as `dump_job` after every
+kind of change, while a write re-encodes, and names, only the round's members that changed."""
 
 from __future__ import annotations
 
@@ -15,19 +15,20 @@ from client.model import WorkerState
 from client.node_protocol import GroupHealth, Heartbeat, WorkerHealthSample
 from coordinator import _job_text
 from coordinator._cluster_records import _Member, _Worker
+from coordinator._codec import encode
 from coordinator._ranks import GroupRanks
 from tests.unit._cluster_driver import Driver
 
 
 def _same(d: Driver, job_id: str = "j") -> None:
-    text = d.cluster.job_text(job_id)
+    text = d.cluster.job_record(job_id).text()
     assert json.loads(text) == json.loads(json.dumps(d.cluster.dump_job(job_id)))
 
 
 def _members_encoded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The nodes whose member record `job_text` encodes from now on."""
     seen: list[str] = []
-    real = _job_text.encode
+    real = encode
 
     def counting(obj: Any) -> Any:
         if isinstance(obj, _Member):
@@ -63,9 +64,9 @@ def test_job_text_is_the_dumped_job_through_a_round_and_its_end() -> None:
     sample = WorkerHealthSample(1, pid, 55.0, 123, "running")
     d.cluster.step("n2", n2.incarnation, Heartbeat(groups=(GroupHealth("j", 1, (sample,)),)), d.now)
     assert (
-        json.loads(d.cluster.job_text("j"))["current"]["members"][2]["workers"]["__map__"][1][1][
-            "cpu_percent"
-        ]
+        json.loads(d.cluster.job_record("j").text())["current"]["members"][2]["workers"]["__map__"][
+            1
+        ][1]["cpu_percent"]
         == 55.0
     )
     _same(d)
@@ -85,13 +86,14 @@ def test_a_write_after_one_report_encodes_only_the_member_it_changed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     d = _job(nodes=6)
-    d.cluster.job_text("j")
+    assert d.cluster.job_record("j").changed == set(range(6))
     encoded = _members_encoded(monkeypatch)
-    d.cluster.job_text("j")
+    assert d.cluster.job_record("j").changed == set()
     assert encoded == []
     d.exit("n4", 0)
-    _same(d)
+    assert d.cluster.job_record("j").changed == {4}
     assert encoded == ["n4"]
+    _same(d)
 
 
 def test_a_finished_job_keeps_no_copy_of_its_members_text(
@@ -102,8 +104,8 @@ def test_a_finished_job_keeps_no_copy_of_its_members_text(
     d.finish("n1")
     d.settle()
     encoded = _members_encoded(monkeypatch)
-    d.cluster.job_text("j")
-    d.cluster.job_text("j")
+    d.cluster.job_record("j")
+    assert d.cluster.job_record("j").changed == {0, 1}
     assert encoded == ["n0", "n1", "n0", "n1"]
 
 
