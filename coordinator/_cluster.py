@@ -264,13 +264,14 @@ class Cluster(_Stacks):
                     self._on_group_unknown(job, member, msg, now)
         return self._finish(now)
 
-    def clock_probe_due(self, name: str, incarnation: str, now: float) -> bool:
+    def clock_probe_due(self, name: str, incarnation: str, now: float, busy: bool = False) -> bool:
         """Whether to probe the clock of node `name` now, with a `ClockProbe` sent at `now`;
-        asked when its session opens and at each of its heartbeats. Its `ClockReply` comes back
+        asked when its session opens and at each of its heartbeats (`busy`: while the service
+        has changes to write, see `ClockOffset.probe_due`). Its `ClockReply` comes back
         through `step`, and failures the node reports are put on this clock
         (`coordinator._clock_offset`)."""
         node = self._live(name, incarnation)
-        return node is not None and self._clock(node).probe_due(now)
+        return node is not None and self._clock(node).probe_due(now, busy)
 
     def _on_port_reserved(self, node: _Node, msg: PortReserved, now: float) -> None:
         name, port, error = node.name, msg.port, msg.error

@@ -118,3 +118,33 @@ async def test_a_beat_that_repeats_the_last_is_not_decoded_again_but_still_lands
             client.close()
             await a.close()
             await b.close()
+
+
+async def test_while_changes_wait_for_the_write_a_heartbeat_brings_no_fast_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = CoordinatorConfig(
+        state_dir=str(tmp_path / "state"), port=0, heartbeat_interval=0.5, lease=10.0
+    )
+    async with Coordinator(config) as c:
+        a = FakeNode(c.address, "a", "10.0.0.1", slots=1)
+        await a.connect()
+        await a.expect("clock_probe")  # the first, as the session opens
+        cluster = c.service.cluster
+
+        def seen() -> float:
+            return next(n.last_seen for n in cluster.nodes() if n.name == "a")
+
+        try:
+            busy = True
+            monkeypatch.setattr(c.service.journal, "wants_flush", lambda: busy)
+            before = seen()
+            await a.send(heartbeat=pb.Heartbeat(seq=1))
+            await wait_for(lambda: seen() > before, 5.0, what="the busy beat taken")
+            busy = False
+            idle_from = c.service.now()
+            await a.send(heartbeat=pb.Heartbeat(seq=2))
+            probe = await a.expect("clock_probe")
+            assert probe.clock_probe.sent_at >= idle_from  # none came with the busy beat
+        finally:
+            await a.close()
