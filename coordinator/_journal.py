@@ -75,6 +75,8 @@ class Journal:
         self._readers_waiting = 0
         self.urgent = asyncio.Event()
         """Set when a message or a reader waits on the write: the batching pause ends early."""
+        self._message_held = asyncio.Event()
+        """Set when a message waits on the write: the pause after a costly write ends too."""
         self._seq_reserved = 0
         self._seq_reservation_dirty = False
         self._unsaved_members: dict[str, frozenset[int]] = {}
@@ -200,6 +202,7 @@ class Journal:
         ):
             self._held.append((session, msg))  # after the write that makes it safe (see flush)
             self.urgent.set()
+            self._message_held.set()
             return
         session.send(msg)
 
@@ -330,11 +333,17 @@ class Journal:
                 continue  # a failed write is no batch to pause after: try again
             # A flush of a huge job costs O(ranks): pause in proportion so that a burst of
             # worker messages never spends more than a fifth of the loop on writing state. While
-            # messages or readers wait on the write, the pause is only that proportion. Time
+            # readers wait on the write, the pause is only that proportion; a message to a node
+            # that waits on it ends the pause (a round's Assign after the write that formed the
+            # round: such messages come once per step of a round, not once per report). Time
             # spent waiting on the store (an etcd that just got its quorum back) is no cost:
             # counted, it would hold back the messages that waited for that very write.
             cost = 4 * min(time.monotonic() - started, time.process_time() - cpu_started)
-            await asyncio.sleep(cost)
+            self._message_held.clear()
+            if not self._held:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(cost):
+                        await self._message_held.wait()
             # The rest of the batching pause ends early once a message or a reader waits on the
             # write: they are what a user waits for (a round's Assign, a job's end).
             self.urgent.clear()
