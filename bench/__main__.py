@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         "--nodes",
         type=int,
         default=None,
-        help=f"simulated nodes (default {soak.NODES}; --quick: {soak.QUICK_NODES})",
+        help=f"simulated nodes (soak: default {soak.NODES}, --quick: {soak.QUICK_NODES}; "
+        "rendezvous_scale: that one size instead of its list)",
     )
     sk.add_argument(
         "--rate",
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                 if soak_report.problems():  # the rows are still written, and drawn
                     log(f"soak FAILED: {'; '.join(soak_report.problems())}")
                     failed.append(name)
+            elif name == "rendezvous_scale" and args.nodes is not None:
+                measurements += module.run(runs, args.quick, sizes=(args.nodes,))
             else:
                 measurements += module.run(runs, args.quick)
         except Exception as exc:  # one broken scenario must not hide the others' numbers

@@ -100,8 +100,10 @@ def _one_run(n: int) -> _Run:
             f.stop()
 
 
-def run(runs: int, quick: bool) -> list[Measurement]:
-    sizes = QUICK_SIZES if quick else SIZES
+def run(runs: int, quick: bool, sizes: tuple[int, ...] | None = None) -> list[Measurement]:
+    """Measure each size (default SIZES; --quick: QUICK_SIZES)."""
+    if sizes is None:
+        sizes = QUICK_SIZES if quick else SIZES
     out: list[Measurement] = []
     for n in sizes:
         count = runs if n < BIG else min(runs, BIG_RUNS)

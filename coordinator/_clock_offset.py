@@ -39,7 +39,8 @@ EMA_WEIGHT = 0.25
 STEP_AFTER = 3
 """Consecutive samples that disagree with the estimate that make it start over (a clock step)."""
 FAST_PROBES = 4
-"""Probes sent at every heartbeat after a session opens, before the slower pace."""
+"""Probes sent at every heartbeat after a session opens, before the slower pace (the first at
+once; the others only while the coordinator is not busy, see `ClockOffset.probe_due`)."""
 PROBE_EVERY_S = 10.0
 """Seconds between two probes once the first FAST_PROBES were sent."""
 MAX_TRIP_S = 60.0
@@ -94,9 +95,16 @@ class ClockOffset:
 
     # ---- probes --------------------------------------------------------------------------------
 
-    def probe_due(self, now: float) -> bool:
-        """Whether a probe should go now; if so, it is taken as sent at `now` (its t1)."""
-        if self.probes >= FAST_PROBES and now - self._probed_at < PROBE_EVERY_S:
+    def probe_due(self, now: float, busy: bool = False) -> bool:
+        """Whether a probe should go now; if so, it is taken as sent at `now` (its t1).
+
+        `busy`: the coordinator is busy with what users wait for (a round forming, its nodes
+        reporting): the fast probes after the first wait, at the slower pace, until it is not.
+        Their round trips would measure the coordinator's queues rather than the clock, and
+        their messages would compete with the round's."""
+        if (self.probes >= FAST_PROBES or (busy and self.probes)) and (
+            now - self._probed_at < PROBE_EVERY_S
+        ):
             return False
         self._probed_at = self._awaiting = now
         self.probes += 1

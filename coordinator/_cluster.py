@@ -15,7 +15,8 @@ clock (`now` is a parameter), so every decision is tested directly with a fake c
 - clients: `submit`, `confirm_written`, `withdraw`, `cancel`, `forget_node`, `clear_quarantine`,
   `drain`, `undrain`; a stack capture the agents answered: `record_stacks`, and the
   one a stall asked for kept (or given up): `stall_stacks_taken`;
-- time: `tick`; the store: `restore` (and `dump_job`, `dump_nodes`, `dump_node` out).
+- time: `tick`; the store: `restore` (and `dump_job`, `job_record`, `dump_nodes`, `dump_node`
+  out).
 
 Everything else public is a read: `job_ids`, `has_job`, `job_spec`, `job_state`, `job_status`,
 `job_summary`, `job_result`, `job_attempts`, `job_events`, `job_for_request`,
@@ -263,13 +264,14 @@ class Cluster(_Stacks):
                     self._on_group_unknown(job, member, msg, now)
         return self._finish(now)
 
-    def clock_probe_due(self, name: str, incarnation: str, now: float) -> bool:
+    def clock_probe_due(self, name: str, incarnation: str, now: float, busy: bool = False) -> bool:
         """Whether to probe the clock of node `name` now, with a `ClockProbe` sent at `now`;
-        asked when its session opens and at each of its heartbeats. Its `ClockReply` comes back
+        asked when its session opens and at each of its heartbeats (`busy`: while the service
+        has changes to write, see `ClockOffset.probe_due`). Its `ClockReply` comes back
         through `step`, and failures the node reports are put on this clock
         (`coordinator._clock_offset`)."""
         node = self._live(name, incarnation)
-        return node is not None and self._clock(node).probe_due(now)
+        return node is not None and self._clock(node).probe_due(now, busy)
 
     def _on_port_reserved(self, node: _Node, msg: PortReserved, now: float) -> None:
         name, port, error = node.name, msg.port, msg.error

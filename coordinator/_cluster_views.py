@@ -32,6 +32,8 @@ from coordinator._cluster_words import (
     _worker_state,
 )
 from coordinator._codec import decode, encode
+from coordinator._job_text import job_record
+from coordinator._store import JobRecord
 
 logger = logging.getLogger("coordinator._cluster")
 
@@ -184,6 +186,12 @@ class _Views(_Stalls):
         doc: dict[str, Any] = encode(self._job(job_id))
         doc.pop("events", None)
         return doc
+
+    def job_record(self, job_id: str) -> JobRecord:
+        """`dump_job` as JSON text, its round's members apart: only the members that changed
+        since the last call are encoded again, and named (see coordinator._job_text)."""
+        job = self._job(job_id)
+        return job_record(job, keep=not job.state.is_terminal())
 
     def dump_nodes(self) -> list[dict[str, Any]]:
         return [encode(n) for n in self._nodes.values()]

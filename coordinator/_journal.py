@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -35,7 +36,7 @@ from coordinator._cluster import (
 from coordinator._codec import encode
 from coordinator._errors import RequestError
 from coordinator._node_sessions import _Session
-from coordinator._store import StateStore, StoreFenced, StoreUnavailable
+from coordinator._store import JobRecord, StateStore, StoreFenced, StoreUnavailable
 from protos.gelastic.v1 import gelastic_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -74,8 +75,12 @@ class Journal:
         self._readers_waiting = 0
         self.urgent = asyncio.Event()
         """Set when a message or a reader waits on the write: the batching pause ends early."""
+        self._message_held = asyncio.Event()
+        """Set when a message waits on the write: the pause after a costly write ends too."""
         self._seq_reserved = 0
         self._seq_reservation_dirty = False
+        self._unsaved_members: dict[str, frozenset[int]] = {}
+        """Members of each job whose record the store failed to write: named again next time."""
 
     # ---- what changed ----------------------------------------------------------------------
 
@@ -146,6 +151,7 @@ class Journal:
         """Forget job `job_id`: nothing of it that is not written yet will be, and the next
         write deletes what is."""
         self._forget_jobs.add(job_id)
+        self._unsaved_members.pop(job_id, None)
         self._dirty_jobs.discard(job_id)
         self._pending_events = [e for e in self._pending_events if e[1] != job_id]
         self._unwritten_jobs.discard(job_id)
@@ -175,6 +181,18 @@ class Journal:
             or self._cut_events
         )
 
+    def _job_record(self, job_id: str) -> JobRecord:
+        """The job's record to write, naming the members changed since the last write that
+        succeeded (a record only names those changed since the record before it)."""
+        record = self._cluster.job_record(job_id)
+        missed = self._unsaved_members.pop(job_id, None)
+        if missed:
+            n = len(record.members)
+            record = dataclasses.replace(
+                record, changed=record.changed | {i for i in missed if i < n}
+            )
+        return record
+
     # ---- what waits for the write ----------------------------------------------------------
 
     def send_after_write(self, session: _Session, msg: pb.CoordinatorMessage) -> None:
@@ -184,6 +202,7 @@ class Journal:
         ):
             self._held.append((session, msg))  # after the write that makes it safe (see flush)
             self.urgent.set()
+            self._message_held.set()
             return
         session.send(msg)
 
@@ -206,7 +225,7 @@ class Journal:
             c = self._cluster
             batch = sorted(self._dirty_jobs)
             jobs = [
-                (j, c.job_submitted_at(j), c.job_state(j).value, c.dump_job(j))
+                (j, c.job_submitted_at(j), c.job_state(j).value, self._job_record(j))
                 for j in batch
                 if c.has_job(j)
             ]
@@ -247,6 +266,8 @@ class Journal:
                     else:
                         logger.exception("could not write the coordinator state; will retry")
                     self._dirty_jobs.update(j for j, _, _, _ in jobs)
+                    for j, _, _, record in jobs:  # their members are still to be written
+                        self._unsaved_members[j] = record.changed
                     self._pending_events = events + self._pending_events
                     self._dirty_nodes.update(n for n, _ in nodes or ())
                     self._held = held + self._held
@@ -312,11 +333,17 @@ class Journal:
                 continue  # a failed write is no batch to pause after: try again
             # A flush of a huge job costs O(ranks): pause in proportion so that a burst of
             # worker messages never spends more than a fifth of the loop on writing state. While
-            # messages or readers wait on the write, the pause is only that proportion. Time
+            # readers wait on the write, the pause is only that proportion; a message to a node
+            # that waits on it ends the pause (a round's Assign after the write that formed the
+            # round: such messages come once per step of a round, not once per report). Time
             # spent waiting on the store (an etcd that just got its quorum back) is no cost:
             # counted, it would hold back the messages that waited for that very write.
             cost = 4 * min(time.monotonic() - started, time.process_time() - cpu_started)
-            await asyncio.sleep(cost)
+            self._message_held.clear()
+            if not self._held:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(cost):
+                        await self._message_held.wait()
             # The rest of the batching pause ends early once a message or a reader waits on the
             # write: they are what a user waits for (a round's Assign, a job's end).
             self.urgent.clear()

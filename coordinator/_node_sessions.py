@@ -26,6 +26,7 @@ from client.node_protocol import (
     Assign,
     CoordinatorMsg,
     DrainAccepted,
+    Heartbeat,
     Hello,
     Release,
     ReservePort,
@@ -76,6 +77,9 @@ class _Session:
         default_factory=lambda: asyncio.Queue(OUTBOX_LIMIT)
     )
     closed: bool = False
+    last_beat: tuple[bytes, Heartbeat] | None = None
+    """The last heartbeat taken from the session: its content (seq left out), and what it was
+    decoded to (see coordinator._heartbeat_batch)."""
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     """Set by close(). The stream loop waits on it beside every outbox get and every write: a
     sentinel in the outbox cannot carry the close when the outbox is full (an agent that stopped

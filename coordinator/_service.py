@@ -475,7 +475,9 @@ class CoordinatorService:
         a probe changes nothing stored, so it waits for no write (a wait would only widen the
         round trip it measures)."""
         now = self.now()
-        if self.cluster.clock_probe_due(session.name, session.incarnation, now):
+        # Busy while state changes wait for the write: a round forming, its nodes reporting.
+        busy = self.journal.wants_flush()
+        if self.cluster.clock_probe_due(session.name, session.incarnation, now, busy):
             session.send(encode_coordinator(ClockProbe(now)))
 
     # ---- stacks ----------------------------------------------------------------------------

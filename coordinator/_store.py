@@ -9,7 +9,9 @@ that must not answer before their write is durable (submit, cancel) wait for the
   coordinator whose state must outlive its host.
 
 Jobs are stored as one JSON document each (rewritten when the job changes), events are appended,
-nodes are the registry as last seen. Writes are batched into one transaction.
+nodes are the registry as last seen. Writes are batched into one transaction. In SQLite the
+members of a job's round are rows of their own (`members`), and a write of a `JobRecord` rewrites
+only those that changed: a round of 10,000 nodes is most of its job's document.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import sqlite3
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,17 +30,24 @@ from typing import Any, Protocol
 __all__ = [
     "SCHEMA_VERSION",
     "Fence",
+    "JobDoc",
+    "JobRecord",
     "StateStore",
     "Store",
     "StoreFenced",
     "StoreUnavailable",
     "StoredState",
     "default_state_dir",
+    "job_doc_text",
 ]
 
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
+"""The layout of the stored records (both stores)."""
+SQLITE_SCHEMA_VERSION = 2
+"""The SQLite database's tables: 2 added `members` (a job's round's members, see JobRecord);
+a coordinator of 1 would read such a job with no members, so it refuses the file."""
 MEMORY = ":memory:"
 WAL_LIMIT_BYTES = 8 * 1024 * 1024
 VACUUM_PAGES = 2048
@@ -95,6 +104,44 @@ def _private_file(path: str, *, create: bool = True) -> None:
         os.close(fd)
 
 
+MEMBERS_APART = "__members_apart__"
+"""Key of a SQLite job row whose round's members are rows of the `members` table: their count."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job's document as JSON text, its round's members apart: a job of 10,000 nodes is
+    mostly them, and a burst of reports changes a few at a time (see coordinator._job_text).
+
+    The document is `before` + the members' texts joined by commas + `after`; `changed` holds
+    the indices of the members that changed since the record of the job the store last wrote
+    (all of them for the first record of a process). A store writes the whole (`text`) or
+    the head and the changed members (SQLite)."""
+
+    before: str
+    members: Sequence[str]
+    after: str
+    changed: frozenset[int]
+
+    def text(self) -> str:
+        return self.before + ",".join(self.members) + self.after
+
+    def head(self) -> str:
+        """The document with no members, saying how many there are apart."""
+        return f'{self.before}{self.after[:-1]},"{MEMBERS_APART}":{len(self.members)}}}'
+
+
+JobDoc = dict[str, Any] | str | JobRecord
+"""A job's stored document: the object, its JSON text, or a `JobRecord`."""
+
+
+def job_doc_text(doc: JobDoc) -> str:
+    """The compact JSON text of a job's document."""
+    if isinstance(doc, JobRecord):
+        return doc.text()
+    return doc if isinstance(doc, str) else json.dumps(doc, separators=(",", ":"))
+
+
 @dataclass(frozen=True)
 class StoredState:
     jobs: list[dict[str, Any]]
@@ -146,7 +193,7 @@ class StateStore(Protocol):
 
     def save(
         self,
-        jobs: Iterable[tuple[str, float, str, dict[str, Any]]],
+        jobs: Iterable[tuple[str, float, str, JobDoc]],
         events: Iterable[tuple[int, str, dict[str, Any]]],
         nodes: Iterable[tuple[str, dict[str, Any]]] | None = None,
         meta: dict[str, str] | None = None,
@@ -154,7 +201,8 @@ class StateStore(Protocol):
         forget_nodes: Iterable[str] = (),
         cut_events: Iterable[tuple[str, int, int]] = (),
     ) -> None:
-        """Write a batch; returns only once it is committed, raises if it may not be."""
+        """Write a batch; returns only once it is committed, raises if it may not be. A job's
+        document (`JobDoc`) comes as an object, as the JSON text of one, or as a `JobRecord`."""
         ...
 
     def set_fence(self, fence: Fence | None) -> None:
@@ -214,10 +262,10 @@ class Store:
                 "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
             )
             row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is not None and int(row[0]) > SCHEMA_VERSION:
+            if row is not None and int(row[0]) > SQLITE_SCHEMA_VERSION:
                 raise RuntimeError(
                     f"state in {self.path} has schema {row[0]}, newer than this coordinator "
-                    f"({SCHEMA_VERSION}); refusing to touch it"
+                    f"({SQLITE_SCHEMA_VERSION}); refusing to touch it"
                 )
             db.execute("BEGIN")
             db.execute(
@@ -233,12 +281,16 @@ class Store:
                 "CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, data TEXT NOT NULL)"
             )
             db.execute(
+                "CREATE TABLE IF NOT EXISTS members (job_id TEXT NOT NULL, idx INTEGER NOT NULL,"
+                " data TEXT NOT NULL, PRIMARY KEY (job_id, idx))"
+            )
+            db.execute(
                 "CREATE TABLE IF NOT EXISTS quarantine (id INTEGER PRIMARY KEY, source TEXT NOT NULL,"
                 " key TEXT NOT NULL, data TEXT NOT NULL, error TEXT NOT NULL, at REAL NOT NULL)"
             )
             db.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
-                (str(SCHEMA_VERSION),),
+                (str(SQLITE_SCHEMA_VERSION),),
             )
             db.execute("COMMIT")
 
@@ -264,7 +316,18 @@ class Store:
                     keys.append(k)
                     docs.append(doc)
                 tables[table] = (keys, docs)
+            members: dict[str, list[tuple[int, str]]] = {}
+            for job_id, idx, data in db.execute(
+                "SELECT job_id, idx, data FROM members ORDER BY job_id, idx"
+            ):
+                members.setdefault(job_id, []).append((idx, data))
             meta = {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")}
+        keys, docs = tables["jobs"]
+        for i in reversed(range(len(docs))):
+            why = _attach_members(docs[i], members.get(keys[i], []))
+            if why:
+                bad.append(("jobs", keys[i], why))
+                del keys[i], docs[i]
         if bad:
             self.quarantine(bad)
         return StoredState(
@@ -299,6 +362,14 @@ class Store:
                         (table, str(key), why[:4000], key),
                     )
                     db.execute(f"DELETE FROM {table} WHERE {column}=?", (key,))
+                    if table == "jobs":
+                        db.execute(
+                            "INSERT INTO quarantine (source, key, data, error, at) SELECT"
+                            " 'members', job_id || '/' || idx, data, ?, strftime('%s','now')"
+                            " FROM members WHERE job_id=?",
+                            (f"a member of job {str(key)[:200]}, set aside with it", key),
+                        )
+                        db.execute("DELETE FROM members WHERE job_id=?", (key,))
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -306,7 +377,7 @@ class Store:
 
     def save(
         self,
-        jobs: Iterable[tuple[str, float, str, dict[str, Any]]],
+        jobs: Iterable[tuple[str, float, str, JobDoc]],
         events: Iterable[tuple[int, str, dict[str, Any]]],
         nodes: Iterable[tuple[str, dict[str, Any]]] | None = None,
         meta: dict[str, str] | None = None,
@@ -320,9 +391,19 @@ class Store:
         gone_jobs = [(j,) for j in forget_jobs]
         gone_nodes = [(n,) for n in forget_nodes]
         cuts = list(cut_events)  # (job id, after seq, before seq), both ends kept
-        job_rows = [
-            (jid, ts, st, json.dumps(doc, separators=(",", ":"))) for jid, ts, st, doc in jobs
-        ]
+        job_rows: list[tuple[str, float, str, str]] = []
+        member_rows: list[tuple[str, int, str]] = []
+        member_counts: list[tuple[str, int]] = []
+        for jid, ts, st, doc in jobs:
+            if isinstance(doc, JobRecord):
+                # The head, and only the members that changed: a big job's write stays small.
+                job_rows.append((jid, ts, st, doc.head()))
+                n = len(doc.members)
+                member_rows += ((jid, i, doc.members[i]) for i in sorted(doc.changed) if i < n)
+                member_counts.append((jid, n))
+            else:
+                job_rows.append((jid, ts, st, job_doc_text(doc)))
+                member_counts.append((jid, 0))  # the whole document: no member rows
         event_rows = [
             (seq, jid, json.dumps(doc, separators=(",", ":"))) for seq, jid, doc in events
         ]
@@ -339,6 +420,11 @@ class Store:
                     "INSERT OR REPLACE INTO jobs (job_id, submitted_at, state, data) VALUES (?,?,?,?)",
                     job_rows,
                 )
+                db.executemany("DELETE FROM members WHERE job_id=? AND idx>=?", member_counts)
+                db.executemany(
+                    "INSERT OR REPLACE INTO members (job_id, idx, data) VALUES (?,?,?)",
+                    member_rows,
+                )
                 db.executemany(
                     "INSERT OR REPLACE INTO events (seq, job_id, data) VALUES (?,?,?)", event_rows
                 )
@@ -354,6 +440,7 @@ class Store:
                     db.executemany("DELETE FROM events WHERE job_id=? AND seq>? AND seq<?", cuts)
                 if gone_jobs:
                     db.executemany("DELETE FROM events WHERE job_id=?", gone_jobs)
+                    db.executemany("DELETE FROM members WHERE job_id=?", gone_jobs)
                     db.executemany("DELETE FROM jobs WHERE job_id=?", gone_jobs)
                 if gone_nodes:
                     db.executemany("DELETE FROM nodes WHERE name=?", gone_nodes)
@@ -372,3 +459,21 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _attach_members(doc: dict[str, Any], rows: list[tuple[int, str]]) -> str:
+    """Put a job's member rows (index, text) back into its document; why they do not fit
+    ("" when they do, or when its members are in the document itself)."""
+    count = doc.pop(MEMBERS_APART, None)
+    if count is None:
+        return ""
+    current = doc.get("current")
+    if not isinstance(count, int) or not isinstance(current, dict):
+        return "not readable: its members' count or its round is not what was written"
+    if [i for i, _ in rows] != list(range(count)):
+        return f"not readable: {count} members written apart, {len(rows)} found"
+    try:
+        current["members"] = [json.loads(data) for _, data in rows]
+    except (ValueError, RecursionError) as exc:
+        return f"not readable: a member: {exc}"
+    return ""

@@ -48,7 +48,14 @@ from coordinator._etcd_client import (
     _range_end,
 )
 from coordinator._etcd_client import MAX_TXN_OPS as MAX_TXN_OPS
-from coordinator._store import SCHEMA_VERSION, Fence, StoredState, StoreUnavailable
+from coordinator._store import (
+    SCHEMA_VERSION,
+    Fence,
+    JobDoc,
+    StoredState,
+    StoreUnavailable,
+    job_doc_text,
+)
 from protos.etcd import rpc_pb2 as epb
 
 __all__ = ["SECTIONS", "EtcdRefused", "EtcdSettings", "EtcdStore", "parse_etcd_url"]
@@ -389,7 +396,7 @@ class EtcdStore(EtcdClient):
 
     def save(
         self,
-        jobs: Iterable[tuple[str, float, str, dict[str, Any]]],
+        jobs: Iterable[tuple[str, float, str, JobDoc]],
         events: Iterable[tuple[int, str, dict[str, Any]]],
         nodes: Iterable[tuple[str, dict[str, Any]]] | None = None,
         meta: dict[str, str] | None = None,
@@ -409,9 +416,9 @@ class EtcdStore(EtcdClient):
             return job_id in gone_jobs or any(a < seq < b for a, b in cuts.get(job_id, ()))
 
         by_job: dict[str, list[tuple[int, dict[str, Any]]]] = {}
-        for seq, job_id, doc in events:
+        for seq, job_id, event in events:
             if not deleted(job_id, seq):
-                by_job.setdefault(job_id, []).append((seq, doc))
+                by_job.setdefault(job_id, []).append((seq, event))
         with self._lock:
             early: list[epb.RequestOp] = []
             ops: list[epb.RequestOp] = []
@@ -419,11 +426,13 @@ class EtcdStore(EtcdClient):
                 ops += self._put_value(self._key("meta", name), _dumps({"value": value}), early)
             job_rows = {jid: (ts, st, doc) for jid, ts, st, doc in jobs if jid not in gone_jobs}
             for job_id in sorted(set(job_rows) | set(by_job)):
-                for seq, doc in by_job.get(job_id, ()):
-                    ops += self._put_value(self._event_key(job_id, seq), _dumps(doc), early)
+                for seq, event in by_job.get(job_id, ()):
+                    ops += self._put_value(self._event_key(job_id, seq), _dumps(event), early)
                 if job_id in job_rows:
                     ts, st, doc = job_rows[job_id]
-                    row = _dumps({"submitted_at": ts, "state": st, "doc": doc})
+                    # The document's text as it came (see JobDoc), in the row's own JSON.
+                    head = _dumps({"submitted_at": ts, "state": st})[:-1]
+                    row = head + b',"doc":' + job_doc_text(doc).encode("utf-8") + b"}"
                     ops += self._put_value(self._key("jobs", job_id), row, early)
             gone_nodes = set(forget_nodes)
             for name, doc in nodes or ():

@@ -65,8 +65,8 @@ async def test_workers_see_their_own_gpus_and_a_lost_gpu_quarantines_the_node(
                     env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
                 )
                 jobs[name] = await c.service.submit(spec)
-                await wait_for(
-                    lambda out=out: len(list(out.iterdir())) == 2,
+                await wait_for(  # both files written, not only made: open() comes first
+                    lambda out=out: sum(bool(p.read_text()) for p in out.iterdir()) == 2,
                     WAIT_S,
                     what=f"job {name}'s workers",
                 )

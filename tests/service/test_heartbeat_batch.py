@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from client import Client, JobSpec
 from client.model import WorkerState
+from coordinator import _heartbeat_batch
 from coordinator.server import Coordinator, CoordinatorConfig
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from tests._helpers import wait_for
@@ -57,3 +61,90 @@ async def test_a_heartbeat_lands_and_never_after_what_its_node_sent_next(tmp_pat
             client.close()
             await a.close()
             await b.close()
+
+
+async def test_a_beat_that_repeats_the_last_is_not_decoded_again_but_still_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoded: list[int] = []
+    real = _heartbeat_batch.decode_node
+
+    def counting(msg: pb.NodeMessage) -> Any:
+        decoded.append(msg.heartbeat.seq)
+        return real(msg)
+
+    monkeypatch.setattr(_heartbeat_batch, "decode_node", counting)
+    config = CoordinatorConfig(
+        state_dir=str(tmp_path / "state"), port=0, heartbeat_interval=0.5, lease=10.0
+    )
+    async with Coordinator(config) as c:
+        a = FakeNode(c.address, "a", "10.0.0.1", slots=1)
+        b = FakeNode(c.address, "b", "10.0.0.2", slots=1)
+        await a.connect()
+        await b.connect()
+        client = Client(c.address, timeout=10)
+        try:
+            job = await asyncio.to_thread(
+                client.submit,
+                JobSpec(entrypoint=["true"], min_nodes=2, max_nodes=2, last_call_timeout=0),
+            )
+            aa, _ = await run_round(a, b)
+            cluster = c.service.cluster
+
+            def group() -> WorkerState | None:
+                members = cluster.job_status(job.job_id).members
+                return next(m.group_state for m in members if m.node == "a")
+
+            def seen() -> float:
+                return next(n.last_seen for n in cluster.nodes() if n.name == "a")
+
+            await wait_for(
+                lambda: cluster.round_progress(job.job_id)[2], 5.0, what="the workers started"
+            )
+            for seq in (1, 2, 3):  # the same beat, seq apart: decoded once, each one taken
+                before = seen()
+                beat = _beat(aa, pb.GROUP_STATE_UNHEALTHY)
+                beat.seq = seq
+                await a.send(heartbeat=beat)
+                await wait_for(lambda b=before: seen() > b, 5.0, what=f"beat {seq} taken")
+            assert decoded == [1] and group() == WorkerState.UNHEALTHY
+            # A beat that says something new is decoded, and lands.
+            changed = _beat(aa, pb.GROUP_STATE_HEALTHY)
+            changed.seq = 9
+            await a.send(heartbeat=changed)
+            await wait_for(lambda: group() == WorkerState.HEALTHY, 5.0, what="the new beat")
+            assert decoded == [1, 9]
+        finally:
+            client.close()
+            await a.close()
+            await b.close()
+
+
+async def test_while_changes_wait_for_the_write_a_heartbeat_brings_no_fast_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = CoordinatorConfig(
+        state_dir=str(tmp_path / "state"), port=0, heartbeat_interval=0.5, lease=10.0
+    )
+    async with Coordinator(config) as c:
+        a = FakeNode(c.address, "a", "10.0.0.1", slots=1)
+        await a.connect()
+        await a.expect("clock_probe")  # the first, as the session opens
+        cluster = c.service.cluster
+
+        def seen() -> float:
+            return next(n.last_seen for n in cluster.nodes() if n.name == "a")
+
+        try:
+            busy = True
+            monkeypatch.setattr(c.service.journal, "wants_flush", lambda: busy)
+            before = seen()
+            await a.send(heartbeat=pb.Heartbeat(seq=1))
+            await wait_for(lambda: seen() > before, 5.0, what="the busy beat taken")
+            busy = False
+            idle_from = c.service.now()
+            await a.send(heartbeat=pb.Heartbeat(seq=2))
+            probe = await a.expect("clock_probe")
+            assert probe.clock_probe.sent_at >= idle_from  # none came with the busy beat
+        finally:
+            await a.close()

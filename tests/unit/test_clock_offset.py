@@ -161,6 +161,22 @@ def test_probes_come_at_every_heartbeat_first_then_every_few_seconds() -> None:
     assert c.probes == FAST_PROBES + 1
 
 
+def test_while_the_coordinator_is_busy_the_fast_probes_wait_at_the_slower_pace() -> None:
+    c = ClockOffset()
+    now = T0
+    assert c.probe_due(now, busy=True)  # the first goes at once, busy or not
+    now += 0.5
+    assert not c.probe_due(now, busy=True)
+    assert not c.probe_due(T0 + PROBE_EVERY_S - 0.1, busy=True)
+    assert c.probe_due(T0 + PROBE_EVERY_S, busy=True)  # never later than the slower pace
+    now = T0 + PROBE_EVERY_S + 0.5
+    for _ in range(FAST_PROBES - 2):  # not busy: the rest of the fast ones, beat by beat
+        assert c.probe_due(now)
+        now += 0.5
+    assert not c.probe_due(now)
+    assert c.probes == FAST_PROBES
+
+
 @pytest.mark.parametrize(
     ("t1", "t2", "t3", "t4", "why"),
     [

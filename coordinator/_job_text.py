@@ -1,0 +1,94 @@
+"""A job's stored record as JSON text, its round's members apart and encoded only when they
+changed.
+
+A job of ten thousand nodes is mostly its round's members; a burst of their reports (workers
+started, exits) dirties the job again and again while each report changes one member. Encoding
+the whole job for each write made every write of such a job cost O(nodes) of encoding and JSON,
+and the journal's pause after a write grows with that cost. Here each member's text is kept
+with a fingerprint of everything it holds; a write encodes the job's other fields and only the
+members whose fingerprint moved, and says which those are: the SQLite store writes only them
+(`coordinator._store.JobRecord`).
+
+The whole text is `json.dumps(dump_job(job), separators=(",", ":"))` up to the order of keys
+(the decoder reads fields by name). The fingerprint takes every field of `_Member` and `_Worker`:
+the containers among them (`workers`, `seen_exits`) by value, the others as they are, so a
+field of a mutable type added to either must be added to `_CONTAINERS` (a unit test checks it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from operator import attrgetter
+from typing import Any
+
+from coordinator._cluster_records import _Job, _Member, _Round, _Worker
+from coordinator._codec import encode
+from coordinator._store import JobRecord
+
+__all__ = ["job_record"]
+
+_CONTAINERS = ("workers", "seen_exits")
+"""The fields of `_Member` whose value is changed in place (the fingerprint copies them)."""
+_MEMBER_VALUES = attrgetter(
+    *(f.name for f in dataclasses.fields(_Member) if f.name not in _CONTAINERS)
+)
+_WORKER_VALUES = attrgetter(*(f.name for f in dataclasses.fields(_Worker)))
+_JOB_FIELDS = tuple(f.name for f in dataclasses.fields(_Job) if f.name not in ("current", "events"))
+_ROUND_FIELDS = tuple(f.name for f in dataclasses.fields(_Round) if f.name != "members")
+_CACHE = "_member_texts"
+"""Where a job keeps its members' (fingerprints, texts) between writes (in its `__dict__`,
+outside its fields: never encoded)."""
+
+
+def _fingerprint(m: _Member) -> tuple[Any, ...]:
+    return (
+        _MEMBER_VALUES(m),
+        tuple(m.workers),
+        tuple(map(_WORKER_VALUES, m.workers.values())),
+        frozenset(m.seen_exits),
+    )
+
+
+def _dumps(doc: Any) -> str:
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def _inner(obj: object, names: tuple[str, ...]) -> str:
+    """The named fields of `obj` as JSON object members, without the braces."""
+    return _dumps({name: encode(getattr(obj, name)) for name in names})[1:-1]
+
+
+def job_record(job: _Job, *, keep: bool = True) -> JobRecord:
+    """The job's stored record (its events are stored on their own), its members apart, with
+    the indices of those that changed since the last call (all of them on the first).
+
+    `keep`: keep the members' texts for the next call (False for a job that will not change
+    again, so a finished job holds no second copy of its last round)."""
+    members = job.current.members
+    cached: tuple[list[tuple[Any, ...]], list[str]] | None = job.__dict__.get(_CACHE)
+    prints, texts = cached if cached is not None else ([], [])
+    del prints[len(members) :], texts[len(members) :]
+    changed: list[int] = []
+    for i, m in enumerate(members):
+        fp = _fingerprint(m)
+        if i < len(prints):
+            if prints[i] != fp:
+                prints[i], texts[i] = fp, _dumps(encode(m))
+                changed.append(i)
+        else:
+            prints.append(fp)
+            texts.append(_dumps(encode(m)))
+            changed.append(i)
+    if keep:
+        job.__dict__[_CACHE] = (prints, texts)
+    else:
+        job.__dict__.pop(_CACHE, None)
+    rest = _inner(job.current, _ROUND_FIELDS)
+    head = _inner(job, _JOB_FIELDS)
+    return JobRecord(
+        before="{" + (head + "," if head else "") + '"current":{"members":[',
+        members=tuple(texts),
+        after="]" + ("," + rest if rest else "") + "}}",
+        changed=frozenset(changed),
+    )

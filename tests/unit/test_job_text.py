@@ -1,0 +1,126 @@
+"""A job's stored record (`Cluster.job_record`): the same document as `dump_job` after every
+kind of change, while a write re-encodes, and names, only the round's members that changed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from enum import Enum
+from typing import Any
+
+import pytest
+
+from client.model import WorkerState
+from client.node_protocol import GroupHealth, Heartbeat, WorkerHealthSample
+from coordinator import _job_text
+from coordinator._cluster_records import _Member, _Worker
+from coordinator._codec import encode
+from coordinator._ranks import GroupRanks
+from tests.unit._cluster_driver import Driver
+
+
+def _same(d: Driver, job_id: str = "j") -> None:
+    text = d.cluster.job_record(job_id).text()
+    assert json.loads(text) == json.loads(json.dumps(d.cluster.dump_job(job_id)))
+
+
+def _members_encoded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The nodes whose member record `job_text` encodes from now on."""
+    seen: list[str] = []
+    real = encode
+
+    def counting(obj: Any) -> Any:
+        if isinstance(obj, _Member):
+            seen.append(obj.node)
+        return real(obj)
+
+    monkeypatch.setattr(_job_text, "encode", counting)
+    return seen
+
+
+def _job(nodes: int = 4, min_nodes: int | None = None) -> Driver:
+    d = Driver()
+    for i in range(nodes):
+        d.connect(f"n{i}", slots=2)
+    d.submit(
+        "j",
+        min_nodes=min_nodes or nodes,
+        max_nodes=nodes,
+        nproc_per_node=2,
+        last_call_timeout=0,
+        max_restarts=1,
+    )
+    d.settle()
+    return d
+
+
+def test_job_text_is_the_dumped_job_through_a_round_and_its_end() -> None:
+    d = _job(min_nodes=3)
+    _same(d)
+    # Only a worker's sample moves: the member's own fields stay as they were.
+    n2 = d.nodes["n2"]
+    pid = n2.running[("j", 1)][1]
+    sample = WorkerHealthSample(1, pid, 55.0, 123, "running")
+    d.cluster.step("n2", n2.incarnation, Heartbeat(groups=(GroupHealth("j", 1, (sample,)),)), d.now)
+    assert (
+        json.loads(d.cluster.job_record("j").text())["current"]["members"][2]["workers"]["__map__"][
+            1
+        ][1]["cpu_percent"]
+        == 55.0
+    )
+    _same(d)
+    d.exit("n1", 0)  # one worker of one member: its worker map and seen exits change in place
+    _same(d)
+    d.disconnect("n3")  # the round re-forms: another list of members
+    d.settle()
+    _same(d)
+    for name in ("n0", "n1", "n2"):
+        d.finish(name)
+    d.settle()
+    assert d.cluster.job_state("j").is_terminal()
+    _same(d)
+
+
+def test_a_write_after_one_report_encodes_only_the_member_it_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d = _job(nodes=6)
+    assert d.cluster.job_record("j").changed == set(range(6))
+    encoded = _members_encoded(monkeypatch)
+    assert d.cluster.job_record("j").changed == set()
+    assert encoded == []
+    d.exit("n4", 0)
+    assert d.cluster.job_record("j").changed == {4}
+    assert encoded == ["n4"]
+    _same(d)
+
+
+def test_a_finished_job_keeps_no_copy_of_its_members_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d = _job(nodes=2)
+    d.finish("n0")
+    d.finish("n1")
+    d.settle()
+    encoded = _members_encoded(monkeypatch)
+    d.cluster.job_record("j")
+    assert d.cluster.job_record("j").changed == {0, 1}
+    assert encoded == ["n0", "n1", "n0", "n1"]
+
+
+_IMMUTABLE = {str, int, float, bool, WorkerState, GroupRanks, tuple[int, ...], int | None}
+
+
+@pytest.mark.parametrize("cls", [_Member, _Worker])
+def test_the_fingerprint_copies_every_field_that_can_change_in_place(cls: type) -> None:
+    # A field of a mutable type changed in place would look unchanged to the fingerprint, and
+    # the store would keep its old value: such a field belongs in `_CONTAINERS`.
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if cls is _Member and f.name in _job_text._CONTAINERS:
+            continue
+        hint = hints[f.name]
+        assert hint in _IMMUTABLE or (isinstance(hint, type) and issubclass(hint, Enum)), (
+            f"{cls.__name__}.{f.name}: {hint} may change in place; add it to _CONTAINERS"
+        )
