@@ -209,6 +209,10 @@ async def test_a_deposed_leader_write_is_fenced_and_it_stops_sending(
         node = FakeNode(old.address, "node-a", "127.0.0.1", slots=1)
         welcome = await node.connect()
         assert welcome.epoch == old.leadership.epoch
+        # Everything the old leader had to write is written (the node's record): its next
+        # write is the submit's below.
+        journal = old.service.journal
+        await wait_for(lambda: not journal.wants_flush(), WAIT_S, what="the node's record")
         # Another replica takes the leader key while the old one's lease still lives: the old
         # one still believes it leads, until its next write.
         key = (parse_etcd_url(etcd_url)[1] + "/leader").encode()
