@@ -75,14 +75,10 @@ async def agent(
         await wait_gone([p.pid for p in started])
 
 
-@pytest.mark.parametrize(("max_restarts", "warmed"), [(1, 2), (2, 4)])
-async def test_standbys_are_warmed_only_while_a_restart_can_use_them(
-    tmp_path: Path,
-    agent: tuple[Coordinator, NodeAgent, list[ProcessHandle]],
-    max_restarts: int,
-    warmed: int,
-) -> None:
-    c, a, started = agent
+def _worker_job(
+    tmp_path: Path, max_restarts: int, preload: tuple[str, ...]
+) -> tuple[JobSpec, Path]:
+    """A spec of WORKER, 2 per node, and the directory its ranks report to."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     out = tmp_path / "out"
@@ -92,17 +88,35 @@ async def test_standbys_are_warmed_only_while_a_restart_can_use_them(
         nproc_per_node=2,
         max_restarts=max_restarts,
         stop_grace=2.0,
-        preload=("json",),
+        preload=preload,
         env={"OUT_DIR": str(out)},
     )
+    return spec, out
+
+
+def _started(c: Coordinator, job_id: str, attempt: int) -> bool:
+    """Whether attempt `attempt` of the job reported its workers started."""
+    return any(
+        e.kind == "workers_started" and e.attempt == attempt
+        for e in c.service.cluster.job_events(job_id)
+    )
+
+
+@pytest.mark.parametrize(("max_restarts", "warmed"), [(1, 2), (2, 4)])
+async def test_standbys_are_warmed_only_while_a_restart_can_use_them(
+    tmp_path: Path,
+    agent: tuple[Coordinator, NodeAgent, list[ProcessHandle]],
+    max_restarts: int,
+    warmed: int,
+) -> None:
+    c, a, started = agent
+    spec, out = _worker_job(tmp_path, max_restarts, ("json",))
     job_id = await c.service.submit(spec)
     cl = c.service.cluster
 
     def started_round(attempt: int) -> bool:
         # WorkersStarted is sent after the agent warmed (or did not warm) the pool.
-        return any(
-            e.kind == "workers_started" and e.attempt == attempt for e in cl.job_events(job_id)
-        )
+        return _started(c, job_id, attempt)
 
     # Attempt 0's workers are forks; it has a restart left: one standby per worker.
     await wait_for(lambda: started_round(0), DEADLINE, what="round 0 to start")
@@ -147,24 +161,12 @@ async def test_a_job_without_preload_restarts_on_standbys_only_if_it_can_restart
         return handle
 
     a._standbys._spawner = recording
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    out = tmp_path / "out"
-    out.mkdir()
-    spec = JobSpec(
-        entrypoint=[PY, str(script)],
-        nproc_per_node=2,
-        max_restarts=max_restarts,
-        stop_grace=2.0,
-        env={"OUT_DIR": str(out)},
-    )
+    spec, out = _worker_job(tmp_path, max_restarts, ())
     job_id = await c.service.submit(spec)
     cl = c.service.cluster
 
     def started_round(attempt: int) -> bool:
-        return any(
-            e.kind == "workers_started" and e.attempt == attempt for e in cl.job_events(job_id)
-        )
+        return _started(c, job_id, attempt)
 
     try:
         await wait_for(lambda: started_round(0), DEADLINE, what="round 0 to start")
@@ -233,18 +235,7 @@ async def test_a_drained_node_lets_the_jobs_standbys_go(
     tmp_path: Path, agent: tuple[Coordinator, NodeAgent, list[ProcessHandle]]
 ) -> None:
     c, a, _ = agent
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    out = tmp_path / "out"
-    out.mkdir()
-    spec = JobSpec(
-        entrypoint=[PY, str(script)],
-        nproc_per_node=2,
-        max_restarts=1,
-        stop_grace=2.0,
-        preload=("json",),
-        env={"OUT_DIR": str(out)},
-    )
+    spec, _ = _worker_job(tmp_path, 1, ("json",))
     job_id = await c.service.submit(spec)
     await wait_for(
         lambda: a._standbys.count(job_id) == 2, DEADLINE, what="two standbys for the job"
