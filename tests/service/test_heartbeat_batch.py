@@ -4,6 +4,8 @@ but it still lands, and never after a message its node sent later."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,18 @@ def _beat(asg: pb.Assign, state: int) -> pb.Heartbeat:
     )
 
 
-async def test_a_heartbeat_lands_and_never_after_what_its_node_sent_next(tmp_path: Path) -> None:
-    config = CoordinatorConfig(
+def _config(tmp_path: Path) -> CoordinatorConfig:
+    return CoordinatorConfig(
         state_dir=str(tmp_path / "state"), port=0, heartbeat_interval=0.5, lease=10.0
     )
-    async with Coordinator(config) as c:
+
+
+@contextlib.asynccontextmanager
+async def _two_node_round(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Coordinator, FakeNode, FakeNode, str, pb.Assign, pb.Assign]]:
+    """A coordinator, nodes a and b, and the round of a 2-node job on them."""
+    async with Coordinator(_config(tmp_path)) as c:
         a = FakeNode(c.address, "a", "10.0.0.1", slots=1)
         b = FakeNode(c.address, "b", "10.0.0.2", slots=1)
         await a.connect()
@@ -41,26 +50,31 @@ async def test_a_heartbeat_lands_and_never_after_what_its_node_sent_next(tmp_pat
                 JobSpec(entrypoint=["true"], min_nodes=2, max_nodes=2, last_call_timeout=0),
             )
             aa, ab = await run_round(a, b)
-            cluster = c.service.cluster
-
-            def group(node: str) -> WorkerState | None:
-                members = cluster.job_status(job.job_id).members
-                return next((m.group_state for m in members if m.node == node), None)
-
-            # A beat alone lands, within a batch.
-            await b.send(heartbeat=_beat(ab, pb.GROUP_STATE_UNHEALTHY))
-            await wait_for(lambda: group("b") == WorkerState.UNHEALTHY, 5.0, what="b's beat")
-            # A beat followed at once by the exit of the node's worker: the exit comes second.
-            await a.send(heartbeat=_beat(aa, pb.GROUP_STATE_UNHEALTHY))
-            await a.send(**{"worker_exited": worker_exit(aa, 0, 0).worker_exited})
-            await wait_for(lambda: group("a") == WorkerState.SUCCEEDED, 5.0, what="a's exit")
-            await asyncio.sleep(0)  # nothing is left to land after it
-            c.service.take_heartbeats()
-            assert group("a") == WorkerState.SUCCEEDED
+            yield c, a, b, job.job_id, aa, ab
         finally:
             client.close()
             await a.close()
             await b.close()
+
+
+async def test_a_heartbeat_lands_and_never_after_what_its_node_sent_next(tmp_path: Path) -> None:
+    async with _two_node_round(tmp_path) as (c, a, b, job_id, aa, ab):
+        cluster = c.service.cluster
+
+        def group(node: str) -> WorkerState | None:
+            members = cluster.job_status(job_id).members
+            return next((m.group_state for m in members if m.node == node), None)
+
+        # A beat alone lands, within a batch.
+        await b.send(heartbeat=_beat(ab, pb.GROUP_STATE_UNHEALTHY))
+        await wait_for(lambda: group("b") == WorkerState.UNHEALTHY, 5.0, what="b's beat")
+        # A beat followed at once by the exit of the node's worker: the exit comes second.
+        await a.send(heartbeat=_beat(aa, pb.GROUP_STATE_UNHEALTHY))
+        await a.send(**{"worker_exited": worker_exit(aa, 0, 0).worker_exited})
+        await wait_for(lambda: group("a") == WorkerState.SUCCEEDED, 5.0, what="a's exit")
+        await asyncio.sleep(0)  # nothing is left to land after it
+        c.service.take_heartbeats()
+        assert group("a") == WorkerState.SUCCEEDED
 
 
 async def test_a_beat_that_repeats_the_last_is_not_decoded_again_but_still_lands(
@@ -74,59 +88,36 @@ async def test_a_beat_that_repeats_the_last_is_not_decoded_again_but_still_lands
         return real(msg)
 
     monkeypatch.setattr(_heartbeat_batch, "decode_node", counting)
-    config = CoordinatorConfig(
-        state_dir=str(tmp_path / "state"), port=0, heartbeat_interval=0.5, lease=10.0
-    )
-    async with Coordinator(config) as c:
-        a = FakeNode(c.address, "a", "10.0.0.1", slots=1)
-        b = FakeNode(c.address, "b", "10.0.0.2", slots=1)
-        await a.connect()
-        await b.connect()
-        client = Client(c.address, timeout=10)
-        try:
-            job = await asyncio.to_thread(
-                client.submit,
-                JobSpec(entrypoint=["true"], min_nodes=2, max_nodes=2, last_call_timeout=0),
-            )
-            aa, _ = await run_round(a, b)
-            cluster = c.service.cluster
+    async with _two_node_round(tmp_path) as (c, a, _, job_id, aa, _):
+        cluster = c.service.cluster
 
-            def group() -> WorkerState | None:
-                members = cluster.job_status(job.job_id).members
-                return next(m.group_state for m in members if m.node == "a")
+        def group() -> WorkerState | None:
+            members = cluster.job_status(job_id).members
+            return next(m.group_state for m in members if m.node == "a")
 
-            def seen() -> float:
-                return next(n.last_seen for n in cluster.nodes() if n.name == "a")
+        def seen() -> float:
+            return next(n.last_seen for n in cluster.nodes() if n.name == "a")
 
-            await wait_for(
-                lambda: cluster.round_progress(job.job_id)[2], 5.0, what="the workers started"
-            )
-            for seq in (1, 2, 3):  # the same beat, seq apart: decoded once, each one taken
-                before = seen()
-                beat = _beat(aa, pb.GROUP_STATE_UNHEALTHY)
-                beat.seq = seq
-                await a.send(heartbeat=beat)
-                await wait_for(lambda b=before: seen() > b, 5.0, what=f"beat {seq} taken")
-            assert decoded == [1] and group() == WorkerState.UNHEALTHY
-            # A beat that says something new is decoded, and lands.
-            changed = _beat(aa, pb.GROUP_STATE_HEALTHY)
-            changed.seq = 9
-            await a.send(heartbeat=changed)
-            await wait_for(lambda: group() == WorkerState.HEALTHY, 5.0, what="the new beat")
-            assert decoded == [1, 9]
-        finally:
-            client.close()
-            await a.close()
-            await b.close()
+        await wait_for(lambda: cluster.round_progress(job_id)[2], 5.0, what="the workers started")
+        for seq in (1, 2, 3):  # the same beat, seq apart: decoded once, each one taken
+            before = seen()
+            beat = _beat(aa, pb.GROUP_STATE_UNHEALTHY)
+            beat.seq = seq
+            await a.send(heartbeat=beat)
+            await wait_for(lambda b=before: seen() > b, 5.0, what=f"beat {seq} taken")
+        assert decoded == [1] and group() == WorkerState.UNHEALTHY
+        # A beat that says something new is decoded, and lands.
+        changed = _beat(aa, pb.GROUP_STATE_HEALTHY)
+        changed.seq = 9
+        await a.send(heartbeat=changed)
+        await wait_for(lambda: group() == WorkerState.HEALTHY, 5.0, what="the new beat")
+        assert decoded == [1, 9]
 
 
 async def test_while_changes_wait_for_the_write_a_heartbeat_brings_no_fast_probe(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = CoordinatorConfig(
-        state_dir=str(tmp_path / "state"), port=0, heartbeat_interval=0.5, lease=10.0
-    )
-    async with Coordinator(config) as c:
+    async with Coordinator(_config(tmp_path)) as c:
         a = FakeNode(c.address, "a", "10.0.0.1", slots=1)
         await a.connect()
         await a.expect("clock_probe")  # the first, as the session opens
