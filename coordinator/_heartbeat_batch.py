@@ -90,10 +90,10 @@ def _decoded(session: _Session, msg: pb.NodeMessage) -> Heartbeat:
     h = msg.heartbeat
     seq, h.seq = h.seq, 0
     content = h.SerializeToString()
+    h.seq = seq
     last = session.last_beat
     if last is not None and last[0] == content:
         return last[1]
-    h.seq = seq
     beat = decode_node(msg)
     if not isinstance(beat, Heartbeat):
         raise MessageError("expected a heartbeat")
