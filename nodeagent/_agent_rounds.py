@@ -89,6 +89,9 @@ class RoundControl:
         self._plugins = plugins
         """Site hooks: `before_round` may veto a round, `after_worker_exit` hears each exit."""
         self.held: dict[tuple[str, int], Held] = {}
+        self._ending: set[WorkerGroup] = set()
+        """Groups of rounds no longer held whose close (the store host's end, the log pumps)
+        is under way: `stop_all` waits for them."""
         self.metrics: MetricChannel | None = None
         """Where the workers of a job with torch_metrics send them (None: not open)."""
 
@@ -284,7 +287,7 @@ class RoundControl:
         self._send(GroupStopped(a.job_id, a.round, tuple(unkillable)))
         self.held.pop((a.job_id, a.round), None)
         if held.group is not None:
-            await held.group.close()
+            await self._close(held.group)
 
     async def stop_group(
         self,
@@ -315,6 +318,15 @@ class RoundControl:
         await asyncio.gather(
             *(self.stop_group(h, grace_of(h)) for h in held), return_exceptions=True
         )
+        # Rounds that ended before: their close has no workers left to wait for.
+        await asyncio.gather(*(g.close() for g in list(self._ending)), return_exceptions=True)
+
+    async def _close(self, group: WorkerGroup) -> None:
+        self._ending.add(group)
+        try:
+            await group.close()
+        finally:
+            self._ending.discard(group)
 
     def idle(self) -> bool:
         """No worker of a held round runs, and no stop is under way (a drain is done here)."""
@@ -332,4 +344,4 @@ class RoundControl:
         linger = held.assignment.spec.standby_linger if held is not None else 0.0
         self._standbys.release(m.job_id, min(linger, MAX_STANDBY_LINGER_S))
         if held is not None and held.group is not None:
-            self._spawn(held.group.close(), "close-group")
+            self._spawn(self._close(held.group), "close-group")

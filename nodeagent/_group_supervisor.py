@@ -302,6 +302,7 @@ class Supervisor:
             on_failed=self.go_unknown,
         )
         self._stop_task: asyncio.Task[list[int]] | None = None
+        self._close_task: asyncio.Task[None] | None = None
 
     @property
     def pids(self) -> dict[int, int]:
@@ -612,7 +613,16 @@ class Supervisor:
         return unkillable
 
     async def close(self, grace: float) -> None:
-        """Stop what still runs (SIGKILL after `grace`), cancel every task, close what is open."""
+        """Stop what still runs (SIGKILL after `grace`), cancel every task, close what is open.
+
+        Once: a later call waits for the first. A caller that is cancelled does not cancel the
+        close, which still ends the store host and every worker (an agent that stops while a
+        finished round closes waits for that close, it does not cut it short)."""
+        if self._close_task is None:
+            self._close_task = asyncio.ensure_future(self._close(grace))
+        await asyncio.shield(self._close_task)
+
+    async def _close(self, grace: float) -> None:
         if self.phase is Phase.CLOSED:
             return
         await self.stop(grace)

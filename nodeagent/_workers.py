@@ -138,6 +138,11 @@ class WorkerGroup:
         return sum(1 for w in self._workers if w.handle is not None and not w.reported)
 
     @property
+    def closed(self) -> bool:
+        """`close` ran to its end: every worker and the store host are gone, the pumps done."""
+        return self._sup.phase is Phase.CLOSED
+
+    @property
     def exits(self) -> dict[int, WorkerExit]:
         """{local_rank: WorkerExit} reported so far."""
         return {w.launch.local_rank: w.exit for w in self._workers if w.exit is not None}

@@ -16,16 +16,27 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from client.assignment import RoundAssignment, WorkerRanks
-from client.model import JobSpec
+from client.model import JobSpec, JobState
+from client.node_protocol import Release
+from coordinator.server import Coordinator, CoordinatorConfig
 from nodeagent._launch import STORE_HOST_PATH
 from nodeagent._workers import WorkerExit, WorkerGroup
+from nodeagent.session import AgentConfig, NodeAgent
 from tests._helpers import free_port, gone, wait_for
 
 BOUND = 30.0
 HOST_STARTED = "started the c10d store host"
+HOST_READY = "c10d store serving at"
+WAIT_FOR_GO = """
+import os, pathlib, time
+deadline = time.monotonic() + 30
+while not pathlib.Path(os.environ["GO"]).exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+"""
 
 
 class Round:
@@ -151,3 +162,57 @@ async def test_a_store_host_without_torch_says_so_and_leaves(tmp_path: Path) -> 
         rc = await asyncio.wait_for(proc.wait(), BOUND)
     assert rc == 0
     assert line.decode().startswith("no-torch ModuleNotFoundError: No module named 'torch'")
+
+
+async def test_an_agent_stopped_as_its_job_is_released_reaps_the_store_host(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The worst moment: the agent stops in the same turn as the exit barrier's release, which
+    # begins the finished round's close (the store host's stop) in the background. Its stop
+    # must wait for that close: no host left running, none left for the parent to reap.
+    caplog.set_level(logging.INFO, logger="nodeagent")
+    config = CoordinatorConfig(
+        state_dir=str(tmp_path / "state"), port=0, lease=30.0, heartbeat_interval=0.2
+    )
+    async with Coordinator(config) as c:
+        a = NodeAgent(
+            AgentConfig(
+                coordinator=c.address,
+                name="node-a",
+                slots=1,
+                addr="127.0.0.1",
+                log_dir=str(tmp_path / "logs"),
+            )
+        )
+        stops: list[asyncio.Task[None]] = []
+        groups: list[WorkerGroup | None] = []
+        release = a._rounds.release
+
+        def release_then_stop(m: Release) -> None:
+            groups.append(a._rounds.held[(m.job_id, m.round)].group)
+            release(m)
+            stops.append(asyncio.ensure_future(a.stop()))
+
+        a._rounds.release = release_then_stop  # type: ignore[method-assign]
+        async with a:
+            await asyncio.wait_for(a.connected.wait(), BOUND)
+            go = tmp_path / "go"
+            job_id = await c.service.submit(
+                JobSpec(entrypoint=[sys.executable, "-c", WAIT_FOR_GO], env={"GO": str(go)})
+            )
+            # The host has imported torch, as it has in a real job: its teardown takes a while.
+            await wait_for(
+                lambda: any(HOST_READY in rec.getMessage() for rec in caplog.records),
+                BOUND,
+                what="the store host to serve",
+            )
+            go.touch()
+            await wait_for(lambda: bool(stops), BOUND, what="the job's release")
+            await asyncio.wait_for(stops[0], BOUND)
+            assert c.service.cluster.job_state(job_id) == JobState.SUCCEEDED
+            hosts = [int(m.split(" pid ")[1].split()[0]) for m in _host_lines(caplog)]
+            assert len(hosts) == 1
+            # Reaped: not a zombie either (a zombie's pid still exists until waited for).
+            assert not psutil.pid_exists(hosts[0])
+            # And the round's close ran to its end: its log pumps finished, its tasks ended.
+            assert groups[0] is not None and groups[0].closed
