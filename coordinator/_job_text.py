@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+from collections.abc import Callable
+from json.encoder import encode_basestring_ascii
 from operator import attrgetter
 from typing import Any
 
@@ -54,6 +57,46 @@ def _dumps(doc: Any) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
+_str: Callable[[str], str] = encode_basestring_ascii  # a JSON string, as json.dumps writes it
+
+
+def _bool(b: bool) -> str:
+    return "true" if b else "false"
+
+
+def _float(x: float) -> str:
+    return repr(x) if math.isfinite(x) else _dumps(x)
+
+
+def _worker_text(w: _Worker) -> str:
+    exitcode = "null" if w.exitcode is None else str(w.exitcode)
+    return (
+        f'{{"local_rank":{w.local_rank},"global_rank":{w.global_rank},'
+        f'"phase":{_str(w.phase.value)},"pid":{w.pid},"exitcode":{exitcode},'
+        f'"cpu_percent":{_float(w.cpu_percent)},"rss_bytes":{w.rss_bytes},'
+        f'"proc_state":{_str(w.proc_state)},"early":{_bool(w.early)}}}'
+    )
+
+
+def _member_text(m: _Member) -> str:
+    """`_dumps(encode(m))`, written out: the generic encoder was most of a large round's write
+    (a unit test holds the two equal for members of every shape)."""
+    r = m.ranks
+    workers = ",".join(f"[{k},{_worker_text(w)}]" for k, w in m.workers.items())
+    exits = ",".join(f"[{a},{b}]" for a, b in m.seen_exits)
+    gpus = ",".join(map(str, m.gpus))
+    return (
+        f'{{"node":{_str(m.node)},"addr":{_str(m.addr)},"group_rank":{m.group_rank},'
+        f'"ranks":{{"group_rank":{r.group_rank},"role":{_str(r.role)},'
+        f'"local_world_size":{r.local_world_size},"base_global_rank":{r.base_global_rank},'
+        f'"world_size":{r.world_size},"base_role_rank":{r.base_role_rank},'
+        f'"role_world_size":{r.role_world_size}}},'
+        f'"workers":{{"__map__":[{workers}]}},"done":{_bool(m.done)},'
+        f'"stopped":{_bool(m.stopped)},"released":{_bool(m.released)},"lost":{_bool(m.lost)},'
+        f'"seen_exits":[{exits}],"group_state":{_str(m.group_state.value)},"gpus":[{gpus}]}}'
+    )
+
+
 def _inner(obj: object, names: tuple[str, ...]) -> str:
     """The named fields of `obj` as JSON object members, without the braces."""
     return _dumps({name: encode(getattr(obj, name)) for name in names})[1:-1]
@@ -74,11 +117,11 @@ def job_record(job: _Job, *, keep: bool = True) -> JobRecord:
         fp = _fingerprint(m)
         if i < len(prints):
             if prints[i] != fp:
-                prints[i], texts[i] = fp, _dumps(encode(m))
+                prints[i], texts[i] = fp, _member_text(m)
                 changed.append(i)
         else:
             prints.append(fp)
-            texts.append(_dumps(encode(m)))
+            texts.append(_member_text(m))
             changed.append(i)
     if keep:
         job.__dict__[_CACHE] = (prints, texts)

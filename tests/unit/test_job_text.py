@@ -7,14 +7,15 @@ import dataclasses
 import json
 import typing
 from enum import Enum
-from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from client.model import WorkerState
 from client.node_protocol import GroupHealth, Heartbeat, WorkerHealthSample
 from coordinator import _job_text
-from coordinator._cluster_records import _Member, _Worker
+from coordinator._cluster_records import _Member, _Worker, _WorkerPhase
 from coordinator._codec import encode
 from coordinator._ranks import GroupRanks
 from tests.unit._cluster_driver import Driver
@@ -28,14 +29,13 @@ def _same(d: Driver, job_id: str = "j") -> None:
 def _members_encoded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The nodes whose member record `job_text` encodes from now on."""
     seen: list[str] = []
-    real = encode
+    real = _job_text._member_text
 
-    def counting(obj: Any) -> Any:
-        if isinstance(obj, _Member):
-            seen.append(obj.node)
-        return real(obj)
+    def counting(m: _Member) -> str:
+        seen.append(m.node)
+        return real(m)
 
-    monkeypatch.setattr(_job_text, "encode", counting)
+    monkeypatch.setattr(_job_text, "_member_text", counting)
     return seen
 
 
@@ -109,6 +109,7 @@ def test_a_finished_job_keeps_no_copy_of_its_members_text(
     assert encoded == ["n0", "n1", "n0", "n1"]
 
 
+_RANK_FIELDS = tuple(f.name for f in dataclasses.fields(GroupRanks))
 _IMMUTABLE = {str, int, float, bool, WorkerState, GroupRanks, tuple[int, ...], int | None}
 
 
@@ -124,3 +125,45 @@ def test_the_fingerprint_copies_every_field_that_can_change_in_place(cls: type) 
         assert hint in _IMMUTABLE or (isinstance(hint, type) and issubclass(hint, Enum)), (
             f"{cls.__name__}.{f.name}: {hint} may change in place; add it to _CONTAINERS"
         )
+
+
+_names = st.text(max_size=12)  # any characters: quotes, controls, non-ASCII
+_workers = st.builds(
+    _Worker,
+    local_rank=st.integers(0, 64),
+    global_rank=st.integers(0, 10**6),
+    phase=st.sampled_from(_WorkerPhase),
+    pid=st.integers(0, 2**22),
+    exitcode=st.none() | st.integers(-64, 255),
+    cpu_percent=st.floats(allow_nan=False, allow_infinity=False),
+    rss_bytes=st.integers(0, 2**50),
+    proc_state=_names,
+    early=st.booleans(),
+)
+_members = st.builds(
+    _Member,
+    node=_names,
+    addr=_names,
+    group_rank=st.integers(0, 10**5),
+    ranks=st.builds(
+        GroupRanks,
+        *(st.integers(0, 10**6) if n != "role" else _names for n in _RANK_FIELDS),
+    ),
+    workers=st.dictionaries(st.integers(0, 64), _workers, max_size=3),
+    done=st.booleans(),
+    stopped=st.booleans(),
+    released=st.booleans(),
+    lost=st.booleans(),
+    seen_exits=st.sets(st.tuples(st.integers(0, 64), st.integers(0, 10**6)), max_size=3),
+    group_state=st.sampled_from(WorkerState),
+    gpus=st.lists(st.integers(0, 15), max_size=3).map(tuple),
+)
+
+
+@given(_members)
+def test_a_member_written_out_is_the_member_encoded(m: _Member) -> None:
+    # Every field of every kind, so a field added to _Member or _Worker fails here until the
+    # written-out text has it too.
+    text = _job_text._member_text(m)
+    assert json.loads(text) == json.loads(json.dumps(encode(m), separators=(",", ":")))
+    assert text.isascii()
