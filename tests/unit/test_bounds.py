@@ -60,6 +60,9 @@ def test_events_keep_the_head_and_the_latest_with_a_note_of_the_cut(
     assert f"{int(note.node):,} events" in note.reason
     cuts = of_type(d.history, EventsCut)
     assert cuts and all(c.after_seq < c.before_seq for c in cuts)
+    # Each cut makes room for a tenth of the log (3 events here), not for one event.
+    assert all(c.before_seq - c.after_seq >= 3 for c in cuts)
+    assert len(cuts) <= (total - 40) // 3 + 1
 
 
 def test_attempt_summaries_keep_the_first_and_the_latest(monkeypatch: pytest.MonkeyPatch) -> None:
