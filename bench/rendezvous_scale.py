@@ -2,8 +2,8 @@
 
 A fresh `coordinator serve` process per run (lease 30 s, heartbeat 5 s, so leases never come
 into it) and N simulated nodes (`_simnodes.py`: the real NodeSession protocol, many nodes per
-process, 1 process up to 100 nodes, 2 beyond). Once ListNodes shows all N live, one job of
-N nodes x 1 worker (`last_call_timeout=0`) is submitted:
+process, 1 process up to 100 nodes, 2 up to 10,000, one per 5,000 beyond). Once ListNodes
+shows all N live, one job of N nodes x 1 worker (`last_call_timeout=0`) is submitted:
 
 - `N=n submit -> all assigned`: `submit()` -> the last simulated node's receive time of its
   Assign (`time.time()` in the node's process, max over the nodes). It includes the master
@@ -17,6 +17,7 @@ N nodes x 1 worker (`last_call_timeout=0`) is submitted:
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -45,6 +46,14 @@ class _Run:
     detail: str
 
 
+NODES_PER_PROCESS = 5000
+"""Above this many nodes the fleet takes one more simulator process per this many."""
+
+
+def _fleet_processes(n: int) -> int:
+    return 1 if n <= 100 else max(2, math.ceil(n / NODES_PER_PROCESS))
+
+
 def _timeout(n: int) -> float:
     return 30.0 + n / 50
 
@@ -57,7 +66,7 @@ def _one_run(n: int) -> _Run:
         coord.start()
         client = Client(coord.address)
         t_reg = time.monotonic()
-        fleet = SimFleet(coord.address, n, processes=1 if n <= 100 else 2)
+        fleet = SimFleet(coord.address, n, processes=_fleet_processes(n))
         fleets.append(fleet)
         fleet.start()
         reg = fleet.wait_welcomed(_timeout(n))
