@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client.assignment import RoundAssignment
 from client.model import MAX_STANDBY_LINGER_S, FailureCategory, ProcessFailure
@@ -39,9 +39,11 @@ from nodeagent._agent_logs import log_task_failure
 from nodeagent._launch import METRICS_CHANNEL_ENV
 from nodeagent._metric_channel import MetricChannel
 from nodeagent._plugins import AgentPlugins, exit_info, round_info
-from nodeagent._reaper import PidRegistry
-from nodeagent._standby import StandbyPool
-from nodeagent._workers import WorkerExit, WorkerGroup
+
+if TYPE_CHECKING:
+    from nodeagent._reaper import PidRegistry
+    from nodeagent._standby import StandbyPool
+    from nodeagent._workers import WorkerExit, WorkerGroup
 
 __all__ = ["Held", "RoundControl"]
 
@@ -162,6 +164,10 @@ class RoundControl:
                 reason,
             )
             self._send(GroupUnknown(a.job_id, a.round, reason))
+
+        # Imported at the first round: the supervision stack (health, watchdog, inotify, error
+        # files) is about 1 MB of heap an idle agent does without.
+        from nodeagent._workers import WorkerGroup
 
         log_root, state_dir = self._dirs()
         group = WorkerGroup(

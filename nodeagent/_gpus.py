@@ -38,10 +38,13 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
 _GPU_LIST = re.compile(r"\d{1,3}(,\d{1,3})*")
 FAULT_FILE_ENV = "GELASTIC_GPU_FAULT_FILE"
 _FAULT = re.compile(r"(lost|ecc) (\d{1,3})")
+NVML_LIBRARY = "libnvidia-ml.so.1"
+"""The driver's library, which pynvml loads (on Linux) when NVML starts."""
 
 
 def parse_gpus(text: str) -> str | tuple[int, ...]:
@@ -63,13 +66,47 @@ def parse_gpus(text: str) -> str | tuple[int, ...]:
     return indices
 
 
-def load_nvml() -> Any | None:
-    """The pynvml module, or None when nvidia-ml-py is not installed."""
+def load_nvml(library: str = NVML_LIBRARY) -> Any | None:
+    """The pynvml module, or None when nvidia-ml-py is not installed.
+
+    Where the driver's `library` cannot be loaded, NVML cannot start: then a stand-in whose
+    `nvmlInit` fails as pynvml's would, without importing pynvml (about 2 MB that an agent on a
+    host without GPUs would otherwise keep for nothing).
+    """
+    import ctypes  # only when GPUs are looked for (not with --gpus none)
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("pynvml") is None:
+            return None
+    except (ImportError, ValueError):  # ValueError: sys.modules holds None for it
+        return None
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        return _NvmlWithoutLibrary()
     try:
         import pynvml
     except ImportError:
         return None
     return pynvml
+
+
+class _NvmlError(Exception):
+    """What `_NvmlWithoutLibrary.nvmlInit` raises: pynvml's NVMLError_LibraryNotFound, in shape."""
+
+    def __init__(self, value: int, text: str) -> None:
+        super().__init__(text)
+        self.value = value
+
+
+class _NvmlWithoutLibrary:
+    """NVML on a host without its library: it cannot start, and says so as pynvml does."""
+
+    NVMLError = _NvmlError
+
+    def nvmlInit(self) -> None:
+        raise _NvmlError(NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library Not Found")
 
 
 def _text(value: Any) -> str:

@@ -16,14 +16,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import psutil
-
-from client.metrics_http import MetricsEndpoint
 from client.node_protocol import GroupHealth
 
 if TYPE_CHECKING:
+    import psutil
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import Metric
+
+    from client.metrics_http import MetricsEndpoint
 
 __all__ = ["AgentMetrics", "WorkerSample"]
 
@@ -57,6 +57,8 @@ class AgentMetrics:
         from prometheus_client import CollectorRegistry
         from prometheus_client.process_collector import ProcessCollector
 
+        from client.metrics_http import MetricsEndpoint
+
         registry = CollectorRegistry()
         registry.register(_AgentCollector(self))
         ProcessCollector(registry=registry)
@@ -85,6 +87,8 @@ class AgentMetrics:
         return self._samples
 
     def own_rss_bytes(self) -> int:
+        import psutil  # only when scraped: an agent without --metrics-port does without it
+
         try:
             if self._self is None:
                 self._self = psutil.Process()

@@ -29,8 +29,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from nodeagent._dirs import private_dir
 from nodeagent._sentinel import PROC, SWEEP_BUDGET_S, ProcInfo, kill, scan, start_ticks
 
@@ -91,6 +89,8 @@ class PidRegistry:
         return dict(self._workers)
 
     def add(self, pid: int, *, job_id: str = "", global_rank: int = -1) -> None:
+        import psutil  # with the first worker: an idle agent does without it
+
         try:
             create_time = psutil.Process(pid).create_time()
         except psutil.Error:
@@ -175,6 +175,8 @@ def record_workers(
 
     Pids that are already gone are left out (there is nothing to reap later).
     """
+    import psutil  # with the first worker: an idle agent does without it
+
     workers = []
     for pid in pids:
         try:

@@ -51,14 +51,16 @@ import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client.assignment import RoundAssignment
 from nodeagent._agent_logs import log_task_failure
 from nodeagent._launch import StandbyLaunch, StoreHostLaunch, WorkerLaunch
 from nodeagent._process import ProcessHandle, RealProcess, spawn
-from nodeagent._store_host import WarmStoreHost
-from nodeagent._zygote import Zygote
+
+if TYPE_CHECKING:
+    from nodeagent._store_host import WarmStoreHost
+    from nodeagent._zygote import Zygote
 
 __all__ = [
     "IDLE_S",
@@ -112,6 +114,11 @@ def can_serve(a: RoundAssignment) -> bool:
     return a.attempt < spec.max_restarts or a.group_world_size > 1 or spec.standby_linger > 0
 
 
+async def _fork(zygote: Zygote) -> tuple[ProcessHandle, int]:
+    """A standby forked from `zygote` (the pools' `_forker`, which tests may swap)."""
+    return await zygote.fork()
+
+
 def _key(launch: StandbyLaunch) -> tuple[object, ...]:
     """What two jobs' standbys must share for one to serve the other: all of the launch."""
     env = tuple(sorted(launch.env.items()))
@@ -163,7 +170,7 @@ class _Pools:
         """Pools of finished jobs, by launch, oldest first (insertion order)."""
         self._retiring: list[Zygote] = []
         """Zygotes of pools that are gone, kept until their last fork (a worker) has exited."""
-        self._forker: Callable[[Zygote], Awaitable[tuple[ProcessHandle, int]]] = Zygote.fork
+        self._forker: Callable[[Zygote], Awaitable[tuple[ProcessHandle, int]]] = _fork
         self._tasks: set[asyncio.Task[None]] = set()
         """The pools' forks in the background; cancelled by `close`."""
 
@@ -391,6 +398,9 @@ class StandbyPool(_Pools):
         self._retire(pool)
         if not pool.launch.preload:
             return None  # nothing to import once for all: standbys start on their own
+        # Imported with the first preload job: an agent that never runs one does without it.
+        from nodeagent._zygote import Zygote
+
         try:
             pool.zygote = Zygote.start(pool.launch, spawner=self._spawner)
         except Exception:
@@ -488,6 +498,8 @@ class StandbyPool(_Pools):
         self._start_store(pool, launch)
 
     async def _fork_store(self, pool: _JobPool, launch: StoreHostLaunch, zygote: Zygote) -> None:
+        from nodeagent._store_host import WarmStoreHost  # with the first warm store host
+
         try:
             store = await WarmStoreHost.forked(launch, zygote.fork_store)
         except OSError as e:
@@ -505,6 +517,8 @@ class StandbyPool(_Pools):
         )
 
     def _start_store(self, pool: _JobPool, launch: StoreHostLaunch) -> None:
+        from nodeagent._store_host import WarmStoreHost  # with the first warm store host
+
         try:
             pool.store = WarmStoreHost.start(launch)
         except Exception:

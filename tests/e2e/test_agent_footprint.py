@@ -1,5 +1,7 @@
 """An idle node agent imports only what it needs: no HTTP stack, no Prometheus client unless
-`--metrics-port`, no NVML unless GPUs are asked for, no libcrypto (hashlib, hmac, ssl).
+`--metrics-port`, no NVML unless GPUs are asked for (or, with `--gpus auto`, where its library
+is missing), no libcrypto (hashlib, hmac, ssl), and nothing that only a job needs (the worker
+group's supervision, psutil, the zygote) or a declared site plug-in (importlib.metadata).
 
 A real coordinator and a real `nodeagent` process. What the agent has imported is read from
 inside it: a `sitecustomize` on the agent's PYTHONPATH (test-only, nothing in the agent knows
@@ -9,13 +11,17 @@ has registered.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from gelastic.local import LocalCluster, poll_until
+from nodeagent._gpus import NVML_LIBRARY
 
 TIMEOUT = 30.0
 HOOK = """
@@ -31,6 +37,21 @@ def _dump(signum, frame):
 signal.signal(signal.SIGUSR1, _dump)
 """
 HEAVY = ("aiohttp", "prometheus_client", "pynvml", "_hashlib", "hashlib", "hmac", "_ssl", "ssl")
+JOB_TIME = (
+    "nodeagent._workers",
+    "nodeagent._group_supervisor",
+    "nodeagent._watchdog",
+    "nodeagent._inotify",
+    "nodeagent._zygote",
+    "nodeagent._store_host",
+    "client.metrics_http",
+    "psutil",
+    "ctypes",
+    "importlib.metadata",
+    "email",
+    "zipfile",
+)
+"""Loaded with a job's first round, a preload job, a metrics port or a declared plug-in."""
 
 
 def _idle_agent_modules(tmp_path: Path, agent_args: tuple[str, ...] = ()) -> set[str]:
@@ -60,3 +81,21 @@ def test_an_idle_agent_imports_no_http_metrics_nvml_or_crypto(tmp_path: Path) ->
     modules = _idle_agent_modules(tmp_path)
     loaded = sorted(m for m in modules if m.split(".")[0] in HEAVY)
     assert loaded == [], loaded
+
+
+def test_an_idle_agent_imports_nothing_only_a_job_needs(tmp_path: Path) -> None:
+    modules = _idle_agent_modules(tmp_path)
+    loaded = sorted(m for m in modules if any(m == j or m.startswith(j + ".") for j in JOB_TIME))
+    assert loaded == [], loaded
+
+
+def test_gpus_auto_without_nvmls_library_imports_no_pynvml(tmp_path: Path) -> None:
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError:
+        pass
+    else:
+        pytest.skip(f"{NVML_LIBRARY} loads here: the agent rightly imports pynvml")
+    modules = _idle_agent_modules(tmp_path, ("--gpus", "auto"))
+    assert "nodeagent._gpus" in modules
+    assert sorted(m for m in modules if m.split(".")[0] == "pynvml") == []
