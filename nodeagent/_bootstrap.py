@@ -691,12 +691,7 @@ def main() -> None:
     except SystemExit as e:
         # Like torch's @record: a deliberate sys.exit(n) writes no error file; the exit code
         # passes through unchanged (0/None is success).
-        end = _worker_end()
-        if e.code in (None, 0):
-            end.release_process_group()
-        if e.code is None or (isinstance(e.code, int) and not isinstance(e.code, bool)):
-            end.leave_before_teardown(e.code or 0)
-        end.spare_the_last_collections()
+        _worker_end().finish(e.code)
         raise
     except Exception as e:
         # None when nothing of the target ran (`-m missing`, a SyntaxError): then only the
@@ -712,15 +707,10 @@ def main() -> None:
         # The interpreter prints value.__traceback__, not the tb argument, so trim it there.
         e.__traceback__ = tb
         sys.excepthook(type(e), e, tb)
-        end = _worker_end()
-        end.leave_before_teardown(1)
-        end.spare_the_last_collections()
+        _worker_end().finish(1)
         sys.exit(1)
     else:
-        end = _worker_end()
-        end.release_process_group()
-        end.leave_before_teardown(0)
-        end.spare_the_last_collections()
+        _worker_end().finish(0)
     # KeyboardInterrupt and other BaseExceptions propagate: python then exits exactly as it
     # would without us (for SIGINT: by re-raising the signal). torch does not record them.
 

@@ -1,9 +1,10 @@
 """How a python worker whose target is done ends: loaded by path by `_bootstrap.py`.
 
 Standalone, like the bootstrap: the standard library only, and torch only if the worker
-loaded it itself. `release_process_group` destroys a gloo group the worker left initialized;
-`leave_before_teardown` ends a worker that loaded torch without the interpreter's teardown;
-`spare_the_last_collections` keeps the final collections of any other worker cheap.
+loaded it itself. `finish` is the whole end: `release_process_group` destroys a gloo group
+the worker left initialized; `leave_before_teardown` ends a worker that loaded torch without
+the interpreter's teardown; `spare_the_last_collections` keeps the final collections of any
+other worker cheap.
 """
 
 from __future__ import annotations
@@ -19,6 +20,17 @@ if TYPE_CHECKING:
 
 RELEASE_PG_TIMEOUT_S = 10.0
 """How long the end of a successful worker waits for its gloo process group to be destroyed."""
+
+
+def finish(code: object) -> None:
+    """The target is done with exit status `code` (what `sys.exit` got; 0 after a return, 1
+    after a recorded failure): a success releases its process group, a worker that loaded
+    torch leaves here with an int status, any other returns to python's exit."""
+    if code in (None, 0):
+        release_process_group()
+    if code is None or (isinstance(code, int) and not isinstance(code, bool)):
+        leave_before_teardown(code or 0)
+    spare_the_last_collections()
 
 
 def spare_the_last_collections() -> None:
