@@ -15,11 +15,12 @@ import pytest
 
 from client import Client, GelasticError, JobSpec
 from coordinator.server import Coordinator, CoordinatorConfig
-from nodeagent.session import DRAIN_ANSWER_S, AgentConfig, NodeAgent
+from nodeagent.session import DRAIN_ANSWER_S
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from protos.gelastic.v1 import gelastic_pb2_grpc as pb_grpc
 from tests._helpers import free_port, wait_for
 from tests.service._fakes import FakeNode, run_round
+from tests.service._local import local_agent
 from tests.service.test_dashboard import TOKEN, _node, base
 
 STEP = 10.0
@@ -172,15 +173,7 @@ async def test_an_agent_whose_drain_is_not_accepted_in_time_leaves_first(tmp_pat
         cluster = c.service.cluster
         # A coordinator that never answers a drain request (one from before drains, say).
         cluster._on_drain_request = lambda node, msg, now: None  # type: ignore[method-assign]
-        agent = NodeAgent(
-            AgentConfig(
-                coordinator=c.address,
-                name="node-a",
-                slots=1,
-                addr="127.0.0.1",
-                log_dir=str(tmp_path / "logs"),
-            )
-        )
+        agent = local_agent(c.address, tmp_path, slots=1)
         await agent.start()
         try:
             await asyncio.wait_for(agent.connected.wait(), STEP)

@@ -19,7 +19,7 @@ import pytest
 
 from client import Client, Job
 from client.model import FailureCategory, JobSpec, JobState, JobStatus, WorkerState
-from coordinator.server import Coordinator, CoordinatorConfig
+from coordinator.server import Coordinator
 from nodeagent import _faults, _standby
 from nodeagent._launch import WorkerLaunch
 from nodeagent._process import ProcessHandle
@@ -27,6 +27,7 @@ from nodeagent._workers import WorkerGroup
 from nodeagent.session import AgentConfig, NodeAgent, _Held
 from protos.gelastic.v1 import gelastic_pb2 as pb
 from tests._helpers import wait_for
+from tests.service._local import coordinator_config, local_agent
 from tests.service.test_workers import Harness, gone, h, wait_gone
 
 __all__ = ["h"]
@@ -54,19 +55,8 @@ def spawned(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[tuple[Coordinator, NodeAgent]]:
-    config = CoordinatorConfig(
-        state_dir=str(tmp_path / "state"), port=0, lease=30.0, heartbeat_interval=0.2
-    )
-    async with Coordinator(config) as c:
-        agent = NodeAgent(
-            AgentConfig(
-                coordinator=c.address,
-                name="node-a",
-                slots=2,
-                addr="127.0.0.1",
-                log_dir=str(tmp_path / "logs"),
-            )
-        )
+    async with Coordinator(coordinator_config(tmp_path)) as c:
+        agent = local_agent(c.address, tmp_path, slots=2)
         async with agent:
             await asyncio.wait_for(agent.connected.wait(), DEADLINE)
             yield c, agent

@@ -22,11 +22,11 @@ import pytest
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import JobSpec, JobState
 from client.node_protocol import Release
-from coordinator.server import Coordinator, CoordinatorConfig
+from coordinator.server import Coordinator
 from nodeagent._launch import STORE_HOST_PATH
 from nodeagent._workers import WorkerExit, WorkerGroup
-from nodeagent.session import AgentConfig, NodeAgent
 from tests._helpers import free_port, gone, wait_for
+from tests.service._local import coordinator_config, local_agent
 
 BOUND = 30.0
 HOST_STARTED = "started the c10d store host"
@@ -171,19 +171,8 @@ async def test_an_agent_stopped_as_its_job_is_released_reaps_the_store_host(
     # begins the finished round's close (the store host's stop) in the background. Its stop
     # must wait for that close: no host left running, none left for the parent to reap.
     caplog.set_level(logging.INFO, logger="nodeagent")
-    config = CoordinatorConfig(
-        state_dir=str(tmp_path / "state"), port=0, lease=30.0, heartbeat_interval=0.2
-    )
-    async with Coordinator(config) as c:
-        a = NodeAgent(
-            AgentConfig(
-                coordinator=c.address,
-                name="node-a",
-                slots=1,
-                addr="127.0.0.1",
-                log_dir=str(tmp_path / "logs"),
-            )
-        )
+    async with Coordinator(coordinator_config(tmp_path)) as c:
+        a = local_agent(c.address, tmp_path, slots=1)
         stops: list[asyncio.Task[None]] = []
         groups: list[WorkerGroup | None] = []
         release = a._rounds.release

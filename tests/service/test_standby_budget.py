@@ -21,11 +21,12 @@ import pytest
 
 from client.assignment import RoundAssignment, WorkerRanks
 from client.model import JobSpec, JobState
-from coordinator.server import Coordinator, CoordinatorConfig
+from coordinator.server import Coordinator
 from nodeagent._process import ProcessHandle, RealProcess
 from nodeagent._standby import can_serve
-from nodeagent.session import AgentConfig, NodeAgent
+from nodeagent.session import NodeAgent
 from tests._helpers import wait_for
+from tests.service._local import coordinator_config, local_agent
 from tests.service.test_workers import wait_gone
 
 PY = sys.executable
@@ -47,19 +48,8 @@ sys.exit(1 if attempt == "0" else 0)
 async def agent(
     tmp_path: Path,
 ) -> AsyncIterator[tuple[Coordinator, NodeAgent, list[ProcessHandle]]]:
-    config = CoordinatorConfig(
-        state_dir=str(tmp_path / "state"), port=0, lease=30.0, heartbeat_interval=0.2
-    )
-    async with Coordinator(config) as c:
-        a = NodeAgent(
-            AgentConfig(
-                coordinator=c.address,
-                name="node-a",
-                slots=2,
-                addr="127.0.0.1",
-                log_dir=str(tmp_path / "logs"),
-            )
-        )
+    async with Coordinator(coordinator_config(tmp_path)) as c:
+        a = local_agent(c.address, tmp_path, slots=2)
         started: list[ProcessHandle] = []
         real = a._standbys._forker
 
@@ -114,19 +104,16 @@ async def test_standbys_are_warmed_only_while_a_restart_can_use_them(
     job_id = await c.service.submit(spec)
     cl = c.service.cluster
 
-    def started_round(attempt: int) -> bool:
-        # WorkersStarted is sent after the agent warmed (or did not warm) the pool.
-        return _started(c, job_id, attempt)
-
     # Attempt 0's workers are forks; it has a restart left: one standby per worker.
-    await wait_for(lambda: started_round(0), DEADLINE, what="round 0 to start")
+    # (WorkersStarted is sent after the agent warmed, or did not warm, the pool.)
+    await wait_for(lambda: _started(c, job_id, 0), DEADLINE, what="round 0 to start")
     await wait_for(
         lambda: a._standbys.count(job_id) == 2, DEADLINE, what="two standbys for the job"
     )
     assert len(started) == 2 + 2
     (out / "go-0").touch()
     # Attempt 1 runs on them; it warms new ones only if a restart is still left.
-    await wait_for(lambda: started_round(1), DEADLINE, what="round 1 to start")
+    await wait_for(lambda: _started(c, job_id, 1), DEADLINE, what="round 1 to start")
     await wait_for(
         lambda: a._standbys.count(job_id) == warmed - 2, DEADLINE, what="the standbys warmed"
     )
@@ -165,11 +152,8 @@ async def test_a_job_without_preload_restarts_on_standbys_only_if_it_can_restart
     job_id = await c.service.submit(spec)
     cl = c.service.cluster
 
-    def started_round(attempt: int) -> bool:
-        return _started(c, job_id, attempt)
-
     try:
-        await wait_for(lambda: started_round(0), DEADLINE, what="round 0 to start")
+        await wait_for(lambda: _started(c, job_id, 0), DEADLINE, what="round 0 to start")
         # WorkersStarted is sent after the agent warmed (or did not warm) the pool.
         assert a._standbys.count(job_id) == 2 * max_restarts
         assert len(spawned) == 2 * max_restarts
@@ -179,7 +163,7 @@ async def test_a_job_without_preload_restarts_on_standbys_only_if_it_can_restart
             await wait_for(lambda: cl.job_state(job_id).is_terminal(), DEADLINE, what="the end")
             assert cl.job_state(job_id) == JobState.FAILED
             return
-        await wait_for(lambda: started_round(1), DEADLINE, what="round 1 to start")
+        await wait_for(lambda: _started(c, job_id, 1), DEADLINE, what="round 1 to start")
         stamps = [out / f"started-1-{rank}" for rank in (0, 1)]
         await wait_for(
             lambda: all(f.exists() and f.read_text() for f in stamps),
