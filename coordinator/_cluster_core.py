@@ -193,8 +193,9 @@ class _Core:
         # of 30,000 nodes' reports quadratic.
         head = job.events[:EVENTS_HEAD]
         note = job.events[EVENTS_HEAD] if job.events[EVENTS_HEAD].kind == "events_cut" else None
-        room = MAX_EVENTS_PER_JOB - EVENTS_HEAD - 1
-        cut_before = len(job.events) - (room - max(0, room // 10 - 1))
+        room = MAX_EVENTS_PER_JOB - EVENTS_HEAD - 1  # the latest events a full log keeps
+        kept = room - max(0, room // 10 - 1)  # after the cut, a tenth of the room is free
+        cut_before = len(job.events) - kept
         dropped = job.events[EVENTS_HEAD + (1 if note else 0) : cut_before]
         if not dropped:
             return
