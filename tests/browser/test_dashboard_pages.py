@@ -8,6 +8,7 @@ GELASTIC_UPDATE_SCREENSHOTS=1).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -40,6 +41,11 @@ def requested(browser: Any) -> list[str]:
 def script_errors(browser: Any) -> list[str]:
     """Uncaught errors of the pages' script: each test ends with none."""
     return []
+
+
+def _exactly(text: str) -> re.Pattern[str]:
+    """`has_text` for `text` as it is written (a plain string would match any case)."""
+    return re.compile(re.escape(text))
 
 
 def _watch(ctx: Any, requested: list[str], script_errors: list[str]) -> None:
@@ -158,10 +164,9 @@ def test_a_job_that_crashes_once(
     page.goto(f"{cluster.dashboard_url}jobs/{job.job_id}")
     log = page.locator("#log")
     log.wait_for(timeout=WAIT_MS)
-    page.wait_for_function(
-        "document.getElementById('log').textContent.includes('rank 0 attempt 0 says hello')",
-        timeout=WAIT_MS,
-    )
+    # A locator, not a string predicate: the dashboard's CSP forbids eval, and playwright
+    # evaluates a string predicate with eval once it has to poll (a line that comes late).
+    page.locator("#log", has_text=_exactly("rank 0 attempt 0 says hello")).wait_for(timeout=WAIT_MS)
     # Still running: the line came while the rank waits on its gate, not from a finished log.
     assert job.status().state == JobState.RUNNING and not (gate / "go0").exists()
     assert "<b id=bold>in markup</b>" in log.inner_text() and page.locator("#bold").count() == 0
@@ -235,10 +240,8 @@ def test_the_jobs_page_lists_finished_jobs_with_their_root_cause(
     row = page.locator(f'tr[data-job="{failed.job_id}"]')
     row.wait_for(timeout=WAIT_MS)
     assert "FAILED" in row.inner_text()
-    page.wait_for_function(
-        f"document.querySelector('tr[data-job=\"{failed.job_id}\"] td.cause')"
-        ".textContent.includes('RuntimeError: out of patience')",
-        timeout=WAIT_MS,
+    row.locator("td.cause", has_text=_exactly("RuntimeError: out of patience")).wait_for(
+        timeout=WAIT_MS
     )
     assert page.locator("tr[data-job]").count() >= 2, "the job of the test before is listed too"
     page.wait_for_selector(f'tr[data-job="{running.job_id}"] .badge.s-running', timeout=WAIT_MS)
