@@ -113,6 +113,7 @@ from coordinator._cluster_words import (
     _describe_spec,
     _then,
 )
+from coordinator._job_text import note_member_changed
 
 __all__ = [
     "MAX_FAILURE_TEXT",
@@ -254,6 +255,9 @@ class Cluster(_Stacks):
         else:
             job, member = self._fenced(node, msg.job_id, msg.round, now)
             if job is not None and member is not None:
+                # What a handler changes of its own member without a `_changed` of its own (an
+                # exit while the job stops) goes out with the job's next write all the same.
+                note_member_changed(job, member.node)
                 if isinstance(msg, WorkersStarted):
                     self._on_workers_started(job, member, msg, now)
                 elif isinstance(msg, WorkerExited):
@@ -336,7 +340,7 @@ class Cluster(_Stacks):
                 f"attempt {job.attempt} running: {_count(self._worker_count(job), 'worker')}",
                 now,
             )
-        self._changed(job)
+        self._changed(job, member=name)
 
     def _on_worker_failing(
         self, job: _Job, member: _Member, msg: WorkerFailing, now: float

@@ -28,6 +28,7 @@ from coordinator._cluster_records import (
     _Member,
     _Node,
 )
+from coordinator._job_text import note_job_changed, note_member_changed
 from coordinator._progress_state import JobProgress
 
 logger = logging.getLogger("coordinator._cluster")
@@ -159,7 +160,15 @@ class _Core:
             job.reason = reason
             self._changed(job, durable=False)
 
-    def _changed(self, job: _Job, *, durable: bool = True) -> None:
+    def _changed(self, job: _Job, *, durable: bool = True, member: str = "") -> None:
+        """Job `job` changed: watchers hear of it, and the journal writes it when `durable`.
+        `member`: the change touched that member of the round alone (besides the job's and the
+        round's own fields), so a write looks only at it (`coordinator._job_text`). A change
+        that is not durable and names no member touched no member."""
+        if member:
+            note_member_changed(job, member)
+        elif durable:
+            note_job_changed(job)
         key = (job.job_id, durable)
         if key not in self._changed_keys:
             self._changed_keys.add(key)

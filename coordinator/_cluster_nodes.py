@@ -35,6 +35,7 @@ from coordinator._cluster_records import (
 from coordinator._cluster_words import (
     _ENDED_GROUP,
 )
+from coordinator._job_text import note_member_changed
 from coordinator._node_claims import Claim, judge_claim
 
 logger = logging.getLogger("coordinator._cluster")
@@ -213,7 +214,7 @@ class _Nodes(_Drains):
             if state == WorkerState.STOPPED and m.group_state in _ENDED_GROUP:
                 continue  # stopped after it failed or finished: that is how it ended
             m.group_state = state
-            self._changed(job, durable=False)
+            self._changed(job, durable=False, member=name)
         if beat.gpus and node.gpus:
             problem = self._gpu_samples(node, beat.gpus)
             if problem and not node.quarantine_reason:
@@ -229,6 +230,7 @@ class _Nodes(_Drains):
             m = job.member(name)
             if m is None:
                 continue
+            note_member_changed(job, name)  # its workers' figures, written with its next write
             for s in g.workers:
                 w = m.workers.get(s.local_rank)
                 if w is not None and w.pid == s.pid:

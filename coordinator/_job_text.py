@@ -9,6 +9,14 @@ with a fingerprint of everything it holds; a write encodes the job's other field
 members whose fingerprint moved, and says which those are: the SQLite store writes only them
 (`coordinator._store.JobRecord`).
 
+Finding the members that moved costs a fingerprint of every member, which at ten thousand nodes
+is most of a write during the round's start, when each node's report changes its own member.
+A change the cluster knows to touch one member says so (`note_member_changed`); while every
+change since the last write did, the write fingerprints only those members. Any other change
+(`note_job_changed`), a new round, or a member list that grew makes the next write look at all.
+A change written nowhere (`durable=False`, such as a heartbeat's figures) waits for the next
+write that looks at its member.
+
 The whole text is `json.dumps(dump_job(job), separators=(",", ":"))` up to the order of keys
 (the decoder reads fields by name). The fingerprint takes every field of `_Member` and `_Worker`:
 the containers among them (`workers`, `seen_exits`) by value, the others as they are, so a
@@ -29,7 +37,7 @@ from coordinator._cluster_records import _Job, _Member, _Round, _Worker
 from coordinator._codec import encode
 from coordinator._store import JobRecord
 
-__all__ = ["job_record"]
+__all__ = ["job_record", "note_job_changed", "note_member_changed"]
 
 _CONTAINERS = ("workers", "seen_exits")
 """The fields of `_Member` whose value is changed in place (the fingerprint copies them)."""
@@ -40,8 +48,36 @@ _WORKER_VALUES = attrgetter(*(f.name for f in dataclasses.fields(_Worker)))
 _JOB_FIELDS = tuple(f.name for f in dataclasses.fields(_Job) if f.name not in ("current", "events"))
 _ROUND_FIELDS = tuple(f.name for f in dataclasses.fields(_Round) if f.name != "members")
 _CACHE = "_member_texts"
-"""Where a job keeps its members' (fingerprints, texts) between writes (in its `__dict__`,
-outside its fields: never encoded)."""
+"""Where a job keeps its members' (fingerprints, texts) between writes, with the member list
+they were taken of and each node's index in it (in its `__dict__`, outside its fields: never
+encoded)."""
+_TOUCHED = "_members_touched"
+"""The nodes whose members alone changed since the last write (in the job's `__dict__`).
+Absent: the next write looks at every member."""
+
+
+def note_member_changed(job: _Job, node: str) -> None:
+    """A change of job `job` touched its round's member on `node` and no other member."""
+    touched: set[str] | None = job.__dict__.get(_TOUCHED)
+    if touched is not None:
+        touched.add(node)
+
+
+def note_job_changed(job: _Job) -> None:
+    """A change of job `job` may have touched any member of its round."""
+    job.__dict__.pop(_TOUCHED, None)
+
+
+@dataclasses.dataclass
+class _Texts:
+    """A job's members as its last write encoded them."""
+
+    members: list[_Member]
+    """The member list they were taken of (a new round brings a new list)."""
+    prints: list[tuple[Any, ...]]
+    texts: list[str]
+    index: dict[str, int]
+    """Each member's index by its node."""
 
 
 def _fingerprint(m: _Member) -> tuple[Any, ...]:
@@ -109,24 +145,42 @@ def job_record(job: _Job, *, keep: bool = True) -> JobRecord:
     `keep`: keep the members' texts for the next call (False for a job that will not change
     again, so a finished job holds no second copy of its last round)."""
     members = job.current.members
-    cached: tuple[list[tuple[Any, ...]], list[str]] | None = job.__dict__.get(_CACHE)
-    prints, texts = cached if cached is not None else ([], [])
-    del prints[len(members) :], texts[len(members) :]
+    cached: _Texts | None = job.__dict__.get(_CACHE)
+    touched: set[str] | None = job.__dict__.get(_TOUCHED)
     changed: list[int] = []
-    for i, m in enumerate(members):
-        fp = _fingerprint(m)
-        if i < len(prints):
-            if prints[i] != fp:
-                prints[i], texts[i] = fp, _member_text(m)
+    if (
+        cached is not None
+        and touched is not None
+        and cached.members is members
+        and len(cached.prints) == len(cached.index) == len(members)
+        and touched.issubset(cached.index)
+    ):
+        texts = cached.texts
+        for i in sorted(map(cached.index.__getitem__, touched)):
+            if cached.prints[i] != (fp := _fingerprint(members[i])):
+                cached.prints[i], texts[i] = fp, _member_text(members[i])
                 changed.append(i)
-        else:
-            prints.append(fp)
-            texts.append(_member_text(m))
-            changed.append(i)
+    else:
+        prints, texts = (cached.prints, cached.texts) if cached is not None else ([], [])
+        del prints[len(members) :], texts[len(members) :]
+        for i, m in enumerate(members):
+            fp = _fingerprint(m)
+            if i < len(prints):
+                if prints[i] != fp:
+                    prints[i], texts[i] = fp, _member_text(m)
+                    changed.append(i)
+            else:
+                prints.append(fp)
+                texts.append(_member_text(m))
+                changed.append(i)
+        index = {m.node: i for i, m in enumerate(members)}
+        cached = _Texts(members, prints, texts, index)
     if keep:
-        job.__dict__[_CACHE] = (prints, texts)
+        job.__dict__[_CACHE] = cached
+        job.__dict__[_TOUCHED] = set()
     else:
         job.__dict__.pop(_CACHE, None)
+        job.__dict__.pop(_TOUCHED, None)
     rest = _inner(job.current, _ROUND_FIELDS)
     head = _inner(job, _JOB_FIELDS)
     return JobRecord(

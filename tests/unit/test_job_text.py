@@ -167,3 +167,69 @@ def test_a_member_written_out_is_the_member_encoded(m: _Member) -> None:
     text = _job_text._member_text(m)
     assert json.loads(text) == json.loads(json.dumps(encode(m), separators=(",", ":")))
     assert text.isascii()
+
+
+def _members_fingerprinted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The nodes whose member `job_text` fingerprints from now on."""
+    seen: list[str] = []
+    real = _job_text._fingerprint
+
+    def counting(m: _Member) -> tuple[object, ...]:
+        seen.append(m.node)
+        return real(m)
+
+    monkeypatch.setattr(_job_text, "_fingerprint", counting)
+    return seen
+
+
+def test_a_write_after_reports_of_single_members_looks_at_those_members_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Ten thousand nodes starting their workers each change their own member: the write after
+    # such reports must not fingerprint every member of the round.
+    d = Driver()
+    for i in range(6):
+        d.connect(f"n{i}", slots=2)
+    d.nodes["n5"].mute = True  # its assignment waits: it reports its workers started later
+    d.submit("j", min_nodes=6, max_nodes=6, nproc_per_node=2, last_call_timeout=0)
+    d.settle()
+    assert d.cluster.job_record("j").changed == set(range(6))
+    looked = _members_fingerprinted(monkeypatch)
+    d.unmute("n5")
+    d.settle()
+    assert d.cluster.job_record("j").changed == {5}
+    assert looked == ["n5"]
+    _same(d)
+    # A heartbeat's figures are not a durable change, but the next write has them.
+    looked.clear()
+    pid = d.nodes["n2"].running[("j", 1)][1]
+    sample = WorkerHealthSample(1, pid, 55.0, 123, "running")
+    n2 = d.nodes["n2"]
+    d.cluster.step("n2", n2.incarnation, Heartbeat(groups=(GroupHealth("j", 1, (sample,)),)), d.now)
+    assert d.cluster.job_record("j").changed == {2}
+    assert looked == ["n2"]
+    _same(d)
+    # A failure stops every member: the write looks at all of them.
+    looked.clear()
+    d.exit("n1", 1)
+    record = d.cluster.job_record("j")
+    assert sorted(looked) == [f"n{i}" for i in range(6)]
+    assert 1 in record.changed
+    _same(d)
+
+
+def test_an_exit_taken_without_a_change_of_its_own_is_in_the_next_write() -> None:
+    # A worker the agent stopped while the job stops changes its member and nothing else: no
+    # change is announced, and the write after it must have the exit all the same.
+    d = _job(nodes=3)
+    for n in d.nodes.values():
+        n.auto_stop = False  # the job stays STOPPING while its workers report their exits
+    d.exit("n0", 0, exitcode=1)
+    d.settle()
+    assert d.cluster.job_state("j").value == "STOPPING"
+    d.cluster.job_record("j")
+    d.exit("n1", 0, exitcode=-15, stopped_by_agent=True)
+    d.exit("n2", 1, exitcode=-15, stopped_by_agent=True)
+    record = d.cluster.job_record("j")
+    assert record.changed == {1, 2}
+    _same(d)
