@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +23,19 @@ PY = sys.executable
 
 def script(name: str) -> str:
     return str(SCRIPTS / name)
+
+
+@contextlib.contextmanager
+def ctrl_c_as_on_a_terminal() -> Iterator[None]:
+    """Processes started inside take SIGINT as a terminal's foreground job does, even when the
+    tests run in the background: a shell starts a background job with SIGINT ignored, an ignored
+    signal stays ignored across exec, and Python then installs no KeyboardInterrupt. A handled
+    one is reset to its default by exec."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def assert_no_leftovers(cluster: LocalCluster) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from client import JobSpec, JobState, cli
 from gelastic.local import LocalCluster, poll_until
-from tests.e2e.conftest import PY, assert_no_leftovers
+from tests.e2e.conftest import PY, assert_no_leftovers, ctrl_c_as_on_a_terminal
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 90
@@ -118,15 +118,16 @@ def test_ctrl_c_on_a_terminal_detaches_and_the_job_runs_on(shared: LocalCluster)
     )
     env = {k: v for k, v in os.environ.items() if k != "GELASTIC_COORDINATOR"}
     env.update(shared.client_env)
-    proc = subprocess.Popen(
-        [PY, "-m", "gelastic", "submit", "--watch", "--", PY, "-c", script],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        env=env,
-        cwd=REPO,
-        start_new_session=True,
-    )
+    with ctrl_c_as_on_a_terminal():
+        proc = subprocess.Popen(
+            [PY, "-m", "gelastic", "submit", "--watch", "--", PY, "-c", script],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+        )
     os.close(slave)
     seen = bytearray()
     job_id = ""

@@ -18,7 +18,7 @@ import pytest
 
 from client import JobState
 from gelastic.local import LocalCluster, poll_until
-from tests.e2e.conftest import PY, assert_no_leftovers
+from tests.e2e.conftest import PY, assert_no_leftovers, ctrl_c_as_on_a_terminal
 
 TIMEOUT = 90
 CALL_TIMEOUT = 60
@@ -149,23 +149,24 @@ def test_a_job_no_node_could_ever_hold_fails_at_once_saying_why(shared: LocalClu
 
 @pytest.mark.timeout(TIMEOUT)
 def test_ctrl_c_on_a_queued_job_says_it_is_queued_and_why_it_waits(shared: LocalCluster) -> None:
-    proc = subprocess.Popen(
-        gelastic(
-            shared,
-            "submit",
-            "--watch",
-            "--wait-for-nodes",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            "4",
-            "--",
-            "true",
-        ),
-        env=cli_env(shared),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    with ctrl_c_as_on_a_terminal():
+        proc = subprocess.Popen(
+            gelastic(
+                shared,
+                "submit",
+                "--watch",
+                "--wait-for-nodes",
+                "--nnodes",
+                "1",
+                "--nproc-per-node",
+                "4",
+                "--",
+                "true",
+            ),
+            env=cli_env(shared),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
     assert proc.stdout is not None
     seen = bytearray()
     job_id = ""
