@@ -108,7 +108,8 @@ def _gelastic_run(
     if later is None or result.state != WorkerState.SUCCEEDED:
         raise RuntimeError(f"no re-form: {result.state} {result.reason}")
     if [a.attempt for a in result.attempts] != [0, 0]:
-        raise RuntimeError(f"a restart was spent: {[a.attempt for a in result.attempts]}")
+        ended = "; ".join(f"attempt {a.attempt}: {a.end_reason}" for a in result.attempts)
+        raise RuntimeError(f"not one re-form and the end, without a restart: {ended}")
     notices = _stamps(run_dir, "notice")
     terms = _stamps(run_dir, "term")
     # A worker told: it saw the notice, or (SIGTERM at once) the notice was there at SIGTERM.

@@ -77,6 +77,13 @@ def _run_bench(args: list[str], mark: str, timeout: float) -> tuple[int, str]:
     return proc.returncode, output.decode(errors="replace")
 
 
+def _why(text: str) -> str:
+    """What a failed benchmark printed: each scenario's failure (said in the middle of the
+    output, with the numbers after it), then the end of the output."""
+    failures = [line for line in text.splitlines() if " FAILED: " in line]
+    return "\n".join([*failures, "...", text[-3000:]])
+
+
 def _assert_nothing_left(mark: str) -> None:
     try:
         poll_until(lambda: not _marked(mark), 15, what="the benchmark's processes to exit")
@@ -93,7 +100,7 @@ def test_quick_bench_reports_every_scenario(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     mark = uuid.uuid4().hex
     code, text = _run_bench(["--quick", "--json", str(out)], mark, TIMEOUT)
-    assert code == 0, text[-4000:]
+    assert code == 0, _why(text)
 
     doc = json.loads(out.read_text())
     assert doc["meta"]["quick"] is True
@@ -128,7 +135,7 @@ def test_quick_soak_writes_rows_and_passes_coordinator_args_on(tmp_path: Path) -
     # A flag `coordinator serve` has today: the soak must hand it over word for word.
     args = ["soak", "--quick", "--json", str(out), "--coordinator-arg=--log-level=INFO"]
     code, text = _run_bench(args, mark, SOAK_TIMEOUT)
-    assert code == 0, text[-4000:]
+    assert code == 0, _why(text)
 
     doc = json.loads(out.read_text())
     assert doc["meta"]["scenarios"] == ["soak"] and doc["meta"]["failed"] == []
@@ -168,7 +175,7 @@ def test_quick_torch_failure_reports_the_raise_on_both_systems(tmp_path: Path) -
     out = tmp_path / "torch.json"
     mark = uuid.uuid4().hex
     code, text = _run_bench(["torch_failure", "--quick", "--json", str(out)], mark, TORCH_TIMEOUT)
-    assert code == 0, text[-4000:]
+    assert code == 0, _why(text)
 
     doc = json.loads(out.read_text())
     assert doc["meta"]["scenarios"] == ["torch_failure"] and doc["meta"]["failed"] == []
