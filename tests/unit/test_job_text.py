@@ -26,16 +26,17 @@ def _same(d: Driver, job_id: str = "j") -> None:
     assert json.loads(text) == json.loads(json.dumps(d.cluster.dump_job(job_id)))
 
 
-def _members_encoded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The nodes whose member record `job_text` encodes from now on."""
+def _members_seen(monkeypatch: pytest.MonkeyPatch, step: str) -> list[str]:
+    """The nodes whose member `job_text` passes to its function `step` from now on
+    (`_member_text`: encodes it; `_fingerprint`: looks at it)."""
     seen: list[str] = []
-    real = _job_text._member_text
+    real = getattr(_job_text, step)
 
-    def counting(m: _Member) -> str:
+    def counting(m: _Member) -> object:
         seen.append(m.node)
         return real(m)
 
-    monkeypatch.setattr(_job_text, "_member_text", counting)
+    monkeypatch.setattr(_job_text, step, counting)
     return seen
 
 
@@ -87,7 +88,7 @@ def test_a_write_after_one_report_encodes_only_the_member_it_changed(
 ) -> None:
     d = _job(nodes=6)
     assert d.cluster.job_record("j").changed == set(range(6))
-    encoded = _members_encoded(monkeypatch)
+    encoded = _members_seen(monkeypatch, "_member_text")
     assert d.cluster.job_record("j").changed == set()
     assert encoded == []
     d.exit("n4", 0)
@@ -103,7 +104,7 @@ def test_a_finished_job_keeps_no_copy_of_its_members_text(
     d.finish("n0")
     d.finish("n1")
     d.settle()
-    encoded = _members_encoded(monkeypatch)
+    encoded = _members_seen(monkeypatch, "_member_text")
     d.cluster.job_record("j")
     assert d.cluster.job_record("j").changed == {0, 1}
     assert encoded == ["n0", "n1", "n0", "n1"]
@@ -169,19 +170,6 @@ def test_a_member_written_out_is_the_member_encoded(m: _Member) -> None:
     assert text.isascii()
 
 
-def _members_fingerprinted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The nodes whose member `job_text` fingerprints from now on."""
-    seen: list[str] = []
-    real = _job_text._fingerprint
-
-    def counting(m: _Member) -> tuple[object, ...]:
-        seen.append(m.node)
-        return real(m)
-
-    monkeypatch.setattr(_job_text, "_fingerprint", counting)
-    return seen
-
-
 def test_a_write_after_reports_of_single_members_looks_at_those_members_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -194,7 +182,7 @@ def test_a_write_after_reports_of_single_members_looks_at_those_members_alone(
     d.submit("j", min_nodes=6, max_nodes=6, nproc_per_node=2, last_call_timeout=0)
     d.settle()
     assert d.cluster.job_record("j").changed == set(range(6))
-    looked = _members_fingerprinted(monkeypatch)
+    looked = _members_seen(monkeypatch, "_fingerprint")
     d.unmute("n5")
     d.settle()
     assert d.cluster.job_record("j").changed == {5}
